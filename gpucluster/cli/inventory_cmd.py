@@ -1,0 +1,29 @@
+"""`gpucluster inventory show|check`."""
+
+from __future__ import annotations
+
+import typer
+
+from gpucluster import render
+from gpucluster.cli.options import InventoryOption, JsonOption, load_inventory, stdout_console
+
+app = typer.Typer(help="Inspect and validate the inventory.", no_args_is_help=True)
+
+
+@app.command("show")
+def show(inventory: InventoryOption = None, json_output: JsonOption = False) -> None:
+    """Show every host as resolved (ranges expanded, ~/.ssh/config and defaults applied)."""
+    loaded = load_inventory(inventory)
+    console = stdout_console()
+    if json_output:
+        render.print_json(console, render.hosts_payload(loaded))
+    else:
+        render.print_hosts(console, loaded)
+
+
+@app.command("check")
+def check(inventory: InventoryOption = None) -> None:
+    """Validate the inventory; print every problem with file:line and a fix."""
+    loaded = load_inventory(inventory)
+    stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
+                           f"{len(loaded.groups)} groups")

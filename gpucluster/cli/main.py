@@ -1,0 +1,48 @@
+"""The `gpucluster` application: sub-commands, --version, and the one place that turns
+errors into exit codes and one-line messages."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from gpucluster import __version__
+from gpucluster.cli import inventory_cmd, run_cmd, sandbox_cmd
+from gpucluster.errors import GpuclusterError
+
+app = typer.Typer(
+    name="gpucluster",
+    help="Turn a handful of GPU servers into a working multi-node PyTorch cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(inventory_cmd.app, name="inventory")
+app.add_typer(sandbox_cmd.app, name="sandbox")
+app.command("run")(run_cmd.run)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpucluster {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """gpucluster: doctor, provision and launch on plain SSH servers."""
+
+
+def main() -> None:
+    """Console-script entry point: the one place errors become messages and exit codes."""
+    try:
+        app(prog_name="gpucluster")
+    except GpuclusterError as error:
+        for line in str(error).splitlines():
+            print(f"gpucluster: error: {line}", file=sys.stderr)
+        sys.exit(error.exit_code)

@@ -1,0 +1,60 @@
+"""Options shared by several commands, and the helpers that turn them into core values."""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpucluster import inventory as inventory_module
+from gpucluster.inventory import Inventory
+
+InventoryOption = Annotated[
+    str | None,
+    typer.Option("--inventory", "-i", metavar="PATH",
+                 help="Inventory YAML (default: $GPUCLUSTER_INVENTORY, then ./inventory.yaml)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output (schema 1).")]
+AcceptNewOption = Annotated[
+    bool,
+    typer.Option("--accept-new-host-keys",
+                 help="Trust and record keys of hosts not yet in known_hosts (like OpenSSH "
+                      "accept-new). A changed key is refused regardless."),
+]
+AskPassOption = Annotated[
+    bool, typer.Option("--ask-pass", help="Prompt once for an SSH password (never shown).")]
+ConnectTimeoutOption = Annotated[
+    float | None,
+    typer.Option("--connect-timeout", metavar="SECONDS", min=0.1,
+                 help="Give up connecting to a host after this long (inventory default: 10)."),
+]
+FanoutOption = Annotated[
+    int | None,
+    typer.Option("--fanout", "-f", min=1, max=1024,
+                 help="Hosts worked on at once (inventory default: 64)."),
+]
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def load_inventory(path: str | None) -> Inventory:
+    return inventory_module.load(inventory_module.find_inventory(path))
+
+
+def ask_password(ask: bool) -> str | None:
+    if not ask:
+        return None
+    return getpass.getpass("SSH password: ")
+
+
+def known_hosts_path(inventory: Inventory) -> Path:
+    return Path(inventory.cluster.known_hosts).expanduser()

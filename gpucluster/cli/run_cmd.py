@@ -1,0 +1,72 @@
+"""`gpucluster run 'CMD'`: one shell command on all or some hosts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpucluster import render
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    FanoutOption,
+    InventoryOption,
+    JsonOption,
+    ask_password,
+    known_hosts_path,
+    load_inventory,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.errors import EXIT_FAILED
+from gpucluster.remote.session import Session
+from gpucluster.remote.ssh import SshOptions
+
+
+def run(
+    command: Annotated[str, typer.Argument(help="Shell command, run by /bin/sh on each host.")],
+    inventory: InventoryOption = None,
+    hosts: Annotated[str | None, typer.Option(
+        "--hosts", "-w", metavar="RANGE", help="Only these hosts, e.g. gpu[01-04],login1.")
+    ] = None,
+    group: Annotated[str | None, typer.Option(
+        "--group", "-g", help="Only the hosts of this inventory group.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", "-t", min=0.1, metavar="SECONDS",
+        help="Per-host command time limit (inventory default: 120).")] = None,
+    sudo: Annotated[bool, typer.Option(
+        "--sudo", help="Run through non-interactive sudo (sudo -n) for non-root users.")
+    ] = False,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+    fanout: FanoutOption = None,
+) -> None:
+    """Run COMMAND on every host (or a selection); identical outputs are folded."""
+    loaded = load_inventory(inventory)
+    if fanout is not None:
+        from dataclasses import replace
+
+        loaded = replace(loaded, cluster=replace(loaded.cluster, fanout=fanout))
+    selected = loaded.select(hosts, group)
+    options = SshOptions(
+        known_hosts=known_hosts_path(loaded),
+        accept_new_host_keys=accept_new_host_keys,
+        connect_timeout=connect_timeout or loaded.cluster.connect_timeout,
+        password=ask_password(ask_pass),
+    )
+    with Session(loaded, options) as session:
+        result = session.run(selected, command, timeout=timeout, sudo=sudo)
+    console = stdout_console()
+    if json_output:
+        render.print_json(console, render.run_payload(command, result))
+    else:
+        render.print_run(console, result)
+    summary = render.failure_summary(result)
+    if summary is not None:
+        if not json_output:
+            stderr_console().print(f"[bold red]{summary}[/]")
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,98 @@
+"""`gpucluster sandbox up|down|status`: a local cluster of network-namespace nodes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpucluster import render
+from gpucluster.cli.options import JsonOption, stdout_console
+from gpucluster.sandbox import spec as sandbox_spec
+
+app = typer.Typer(help="A local cluster of network-namespace nodes with real sshd "
+                       "and simulated GPUs (needs root).", no_args_is_help=True)
+
+NameOption = Annotated[str, typer.Option(
+    "--name", help="Sandbox name (several can coexist on different subnets).")]
+
+
+@app.command("up")
+def up(
+    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes (node1..nodeN).")
+                     ] = 4,
+    name: NameOption = sandbox_spec.DEFAULT_NAME,
+    subnet: Annotated[str, typer.Option(help="A /24 inside 198.18.0.0/15.")
+                      ] = sandbox_spec.DEFAULT_SUBNET,
+    gpu_model: Annotated[str, typer.Option(
+        "--gpu-model", help="Which real capture the simulated GPUs replay (h100, h200, l40s...)")
+    ] = "h100",
+    gpus: Annotated[list[str] | None, typer.Option(
+        "--gpus", metavar="[NODE=]COUNT",
+        help="Simulated GPUs per node (default 8); NODE=0 means no GPU. Repeatable.")] = None,
+    driver: Annotated[list[str] | None, typer.Option(
+        "--driver", metavar="[NODE=]VERSION",
+        help="Stage a driver version, or NODE=failed for a driver nvidia-smi cannot reach.")
+    ] = None,
+    link_rate: Annotated[list[str] | None, typer.Option(
+        "--link-rate", metavar="[NODE=]RATE",
+        help="Shape links with tc (e.g. 1gbit; node4=100mbit). A plain rate also shapes the "
+             "controller's own link into the sandbox.")] = None,
+    latency: Annotated[str, typer.Option(
+        help="tbf latency: the most a packet may wait in a shaped link's queue.")] = "50ms",
+    write_inventory: Annotated[Path, typer.Option(
+        "--write-inventory", metavar="PATH", help="Where to write the sandbox's inventory.")
+    ] = Path("sandbox.yaml"),
+) -> None:
+    """Bring up (or repair, or restage) a sandbox cluster; idempotent."""
+    from gpucluster.sandbox import cluster
+
+    wanted = sandbox_spec.build(name, subnet, nodes, gpu_model, gpus or [], driver or [],
+                                link_rate or [], latency)
+    result = cluster.up(wanted, write_inventory)
+    console = stdout_console()
+    started = ", ".join(result.started) or "none (all were up)"
+    console.print(f"sandbox {name}: {len(wanted.nodes)} nodes on {wanted.subnet}; "
+                  f"started: {started}")
+    if result.removed:
+        console.print(f"removed: {', '.join(result.removed)}")
+    console.print("GPUs are SIMULATED: each node's nvidia-smi replays a real capture.")
+    console.print(f"inventory: {result.inventory}")
+    console.print(f"try: gpucluster run -i {result.inventory} 'hostname; nproc'")
+
+
+@app.command("status")
+def status(name: NameOption = sandbox_spec.DEFAULT_NAME, json_output: JsonOption = False
+           ) -> None:
+    """Show each node: namespace, sshd, simulated GPUs, link shaping."""
+    from gpucluster.sandbox import cluster
+
+    spec, rows = cluster.status(name)
+    console = stdout_console()
+    if json_output:
+        render.print_json(console, {"sandbox": name, "subnet": spec.subnet,
+                                    "gpus_simulated": True,
+                                    "nodes": [{**asdict(r), "up": r.up} for r in rows]})
+    else:
+        render.print_table(
+            console, f"sandbox {name} ({spec.subnet}); GPUs are SIMULATED",
+            ["node", "address", "state", "sshd pid", "GPUs", "link"],
+            [[r.name, r.address, "up" if r.up else "DOWN", str(r.sshd_pid or "-"), r.gpus,
+              r.link_rate or "unshaped"] for r in rows])
+    if not all(r.up for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("down")
+def down(name: NameOption = sandbox_spec.DEFAULT_NAME) -> None:
+    """Remove everything the sandbox made: processes, namespaces, links, files."""
+    from gpucluster.sandbox import cluster
+
+    removed = cluster.down(name)
+    console = stdout_console()
+    if not removed:
+        console.print(f"sandbox {name}: nothing to remove")
+    for item in removed:
+        console.print(f"removed {item}")

@@ -1,0 +1,125 @@
+"""Host ranges as HPC people write them: `gpu[01-16]`, `node[1-4,7]`, `r[1-2]n[1-3]`.
+
+`expand` turns a pattern into names (zero padding kept); `fold` does the reverse for
+display, grouping names that differ only in one trailing number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from gpucluster.errors import HostRangeError
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_MAX_EXPANSION = 100_000  # a typo like node[1-999999999] must not eat the memory
+
+
+def _expand_set(body: str, pattern: str) -> list[str]:
+    """`01-03,7` -> ['01', '02', '03', '7']; the width of the lower bound is kept."""
+    values: list[str] = []
+    for part in body.split(","):
+        part = part.strip()
+        if not part:
+            raise HostRangeError(f"empty element in host range {pattern!r}")
+        if "-" in part:
+            low, _, high = part.partition("-")
+            if not (low.isdigit() and high.isdigit()):
+                raise HostRangeError(
+                    f"bad range {part!r} in {pattern!r}: use digits like [01-16]"
+                )
+            if int(low) > int(high):
+                raise HostRangeError(f"range {part!r} in {pattern!r} goes backwards")
+            width = len(low) if low.startswith("0") else 0
+            values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+        elif part.isdigit():
+            values.append(part)
+        else:
+            raise HostRangeError(f"bad element {part!r} in {pattern!r}: use digits")
+        if len(values) > _MAX_EXPANSION:
+            raise HostRangeError(f"host range {pattern!r} expands to too many names")
+    return values
+
+
+def expand(pattern: str) -> list[str]:
+    """Expand every bracket group of `pattern`, left to right, in order."""
+    if "[" not in pattern and "]" not in pattern:
+        return [pattern]
+    match = _BRACKET.search(pattern)
+    if match is None:
+        raise HostRangeError(f"unbalanced brackets in host range {pattern!r}")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    if "[" in head or "]" in head:
+        raise HostRangeError(f"unbalanced brackets in host range {pattern!r}")
+    names = [head + value + rest for value in _expand_set(match.group(1), pattern)
+             for rest in expand(tail)]
+    if len(names) > _MAX_EXPANSION:
+        raise HostRangeError(f"host range {pattern!r} expands to too many names")
+    return names
+
+
+def expand_list(patterns: str) -> list[str]:
+    """Expand a comma-separated list of patterns (`gpu[01-04],login1`), keeping order."""
+    names: list[str] = []
+    depth, start = 0, 0
+    for i, char in enumerate(patterns + ","):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            piece = patterns[start:i].strip()
+            if piece:
+                names.extend(expand(piece))
+            start = i + 1
+    return list(dict.fromkeys(names))
+
+
+_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
+
+
+def _spans(numbers: list[int], width: int) -> str:
+    """[1, 2, 3, 7] -> '1-3,7', each number padded to `width`."""
+    spans: list[str] = []
+    run_start = previous = numbers[0]
+    for number in [*numbers[1:], None]:
+        if number is not None and number == previous + 1:
+            previous = number
+            continue
+        low, high = str(run_start).zfill(width), str(previous).zfill(width)
+        spans.append(low if run_start == previous else f"{low}-{high}")
+        if number is not None:
+            run_start = previous = number
+    return ",".join(spans)
+
+
+def fold(names: Iterable[str]) -> str:
+    """Fold names into range form: node1,node2,node3,gpu07 -> gpu07,node[1-3]."""
+    plain: list[str] = []
+    # (prefix, suffix) -> {width: numbers}; width 0 means "written without padding".
+    numbered: dict[tuple[str, str], dict[int, list[int]]] = {}
+    for name in dict.fromkeys(names):
+        match = _TRAILING_NUMBER.match(name)
+        if match is None:
+            plain.append(name)
+            continue
+        prefix, digits, suffix = match.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        numbered.setdefault((prefix, suffix), {}).setdefault(width, []).append(int(digits))
+    parts = list(plain)
+    for (prefix, suffix), by_width in numbered.items():
+        # gpu09 and gpu10 belong together: an unpadded number as wide as a padded
+        # group joins it.
+        for width in [w for w in by_width if w]:
+            fits = [n for n in by_width.get(0, []) if len(str(n)) == width]
+            by_width[width].extend(fits)
+            by_width[0] = [n for n in by_width.get(0, []) if n not in fits]
+        for width, numbers in by_width.items():
+            if not numbers:
+                continue
+            numbers = sorted(set(numbers))
+            if len(numbers) == 1:
+                parts.append(f"{prefix}{str(numbers[0]).zfill(width)}{suffix}")
+            else:
+                parts.append(f"{prefix}[{_spans(numbers, width)}]{suffix}")
+    return ",".join(sorted(parts))

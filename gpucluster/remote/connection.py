@@ -1,0 +1,93 @@
+"""The one interface every host connection offers, and how a command line is built.
+
+Core code receives a `Connection`; it never knows whether the host is reached over SSH
+or is the local machine, which keeps it testable against both.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Iterator, Mapping
+from typing import BinaryIO, Protocol
+
+from gpucluster.remote.result import CommandResult
+
+LineCallback = Callable[[str, str], None]
+"""Called as `on_line(stream, line)` with stream "stdout" or "stderr", newline stripped."""
+
+Stdin = bytes | BinaryIO | None
+"""Bytes for small input; an open binary file is streamed in chunks, never read whole."""
+
+STDIN_CHUNK = 256 * 1024
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Connection(Protocol):
+    """A host that can run shell commands."""
+
+    host: str
+
+    def run(
+        self,
+        command: str,
+        timeout: float,
+        sudo: bool = False,
+        env: Mapping[str, str] | None = None,
+        stdin: Stdin = None,
+        on_line: LineCallback | None = None,
+    ) -> CommandResult:
+        """Run `command` in a POSIX shell; output is both returned and, if `on_line` is
+        given, streamed line by line while it runs. Raises RemoteError when the command
+        could not run or did not finish within `timeout` seconds."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
+                  is_root: bool) -> str:
+    """Prefix exported variables (values quoted) and wrap in non-interactive sudo."""
+    if env:
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"not a valid environment variable name: {name!r}")
+        exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+        command = f"export {exports}; {command}"
+    if sudo and not is_root:
+        # -n: fail at once instead of waiting for a password prompt nobody will answer.
+        command = f"sudo -n -- /bin/sh -c {shlex.quote(command)}"
+    return command
+
+
+class LineSplitter:
+    """Turns chunks of bytes from one stream into decoded lines for a callback."""
+
+    def __init__(self, stream: str, on_line: LineCallback | None) -> None:
+        self.stream = stream
+        self.on_line = on_line
+        self.chunks: list[bytes] = []
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        self.chunks.append(data)
+        if self.on_line is None:
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            self.on_line(self.stream, line.decode("utf-8", "replace").rstrip("\r"))
+
+    def finish(self) -> str:
+        if self.on_line is not None and self._partial:
+            self.on_line(self.stream, self._partial.decode("utf-8", "replace").rstrip("\r"))
+            self._partial = b""
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+
+def stdin_chunks(stdin: bytes | BinaryIO) -> Iterator[bytes]:
+    """Yield stdin in chunks; a file is read STDIN_CHUNK bytes at a time, never whole."""
+    if isinstance(stdin, bytes):
+        yield stdin
+        return
+    while chunk := stdin.read(STDIN_CHUNK):
+        yield chunk

@@ -1,0 +1,112 @@
+"""The local machine as a host: same interface as SSH, run with /bin/sh, no network."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO
+
+from gpucluster.remote.connection import (
+    LineCallback,
+    LineSplitter,
+    Stdin,
+    build_command,
+    stdin_chunks,
+)
+from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
+
+
+class LocalConnection:
+    """Runs commands on this machine, each in its own process group."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    def run(
+        self,
+        command: str,
+        timeout: float,
+        sudo: bool = False,
+        env: Mapping[str, str] | None = None,
+        stdin: Stdin = None,
+        on_line: LineCallback | None = None,
+    ) -> CommandResult:
+        full = build_command(command, env, sudo, is_root=os.geteuid() == 0)
+        started = time.monotonic()
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", full],
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # so a timeout can end the whole process group
+        )
+        if stdin is not None:
+            assert process.stdin is not None
+            threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
+        assert process.stdout is not None and process.stderr is not None
+        splitters = {process.stdout: LineSplitter("stdout", on_line),
+                     process.stderr: LineSplitter("stderr", on_line)}
+        deadline = started + timeout
+        try:
+            _pump(splitters, deadline)
+            # Output closed; a child that keeps running detached still gets the deadline.
+            exit_code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time") from None
+        except BaseException:
+            _kill_group(process)
+            raise
+        return CommandResult(
+            host=self.host,
+            command=command,
+            exit_code=exit_code,
+            stdout=splitters[process.stdout].finish(),
+            stderr=splitters[process.stderr].finish(),
+            duration_s=time.monotonic() - started,
+        )
+
+    def close(self) -> None:
+        """Nothing to close: each command is its own process."""
+
+
+def _pump(splitters: dict[IO[bytes], LineSplitter], deadline: float) -> None:
+    with selectors.DefaultSelector() as selector:
+        for pipe in splitters:
+            selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time")
+            for key, _ in selector.select(min(remaining, 1.0)):
+                data = os.read(key.fd, 65536)
+                if data:
+                    splitters[key.fileobj].feed(data)  # type: ignore[index]
+                else:
+                    selector.unregister(key.fileobj)
+
+
+def _feed(pipe: IO[bytes], stdin: bytes | IO[bytes]) -> None:
+    try:
+        for chunk in stdin_chunks(stdin):  # type: ignore[arg-type]
+            pipe.write(chunk)
+    except BrokenPipeError:
+        pass  # the command stopped reading; its exit code tells the story
+    finally:
+        try:
+            pipe.close()
+        except BrokenPipeError:
+            pass
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

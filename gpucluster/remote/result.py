@@ -1,0 +1,76 @@
+"""Values that come back from hosts: command results and typed per-host failures."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A command that ran to completion; a non-zero exit code is data, not an error."""
+
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class FailureKind(enum.Enum):
+    """Why a host gave no result. The value is what reports and --json show."""
+
+    UNREACHABLE = "unreachable"
+    AUTH_FAILED = "auth failed"
+    HOST_KEY_UNKNOWN = "host key unknown"
+    HOST_KEY_CHANGED = "host key changed"
+    TIMED_OUT = "timed out"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+
+class RemoteError(Exception):
+    """Raised by a connection when a command could not run (or finish) on its host."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class HostFailure:
+    """A host on which the work could not be done, and why, in one line."""
+
+    host: str
+    kind: FailureKind
+    message: str
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FanoutResult(Generic[T]):
+    """Per-host values and per-host failures of one fan-out, in inventory order."""
+
+    hosts: tuple[str, ...]
+    values: Mapping[str, T] = field(default_factory=dict)
+    failures: Mapping[str, HostFailure] = field(default_factory=dict)
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return [h for h in self.hosts if h in self.failures]
+
+
+def failed_commands(result: FanoutResult[CommandResult]) -> list[str]:
+    """Hosts that could not run the command or where it exited non-zero."""
+    return [h for h in result.hosts
+            if h in result.failures or (h in result.values and not result.values[h].ok)]

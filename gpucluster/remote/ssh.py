@@ -1,0 +1,255 @@
+"""Hosts reached over SSH (paramiko): one kept-open connection per host.
+
+Everything that can go wrong before or while a command runs becomes a RemoteError
+with a FailureKind, so the fan-out can report it per host and carry on.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpucluster.remote import hostkeys
+from gpucluster.remote.connection import (
+    LineCallback,
+    LineSplitter,
+    Stdin,
+    build_command,
+    stdin_chunks,
+)
+from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
+
+if TYPE_CHECKING:
+    import paramiko
+
+# curve25519 first: the hybrid post-quantum exchange paramiko now prefers costs more
+# CPU per handshake, and handshakes dominate a cold fan-out.
+_KEX_FIRST = ("curve25519-sha256", "curve25519-sha256@libssh.org")
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to connect; shared by every host of one CLI invocation."""
+
+    known_hosts: Path
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    keepalive_s: int = 15
+    password: str | None = None  # only from --ask-pass; never logged or printed
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to connect: the host itself, or a jump host in front of it."""
+
+    label: str
+    address: str
+    port: int
+    user: str
+    identity_file: str | None = None
+
+
+class SshConnection:
+    """A host over SSH. Connects on first use; `via` is an open jump-host connection."""
+
+    def __init__(self, endpoint: Endpoint, options: SshOptions,
+                 via: SshConnection | None = None) -> None:
+        self.host = endpoint.label
+        self.endpoint = endpoint
+        self.options = options
+        self.via = via
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+
+    # -- connecting
+
+    def connect(self) -> None:
+        with self._lock:
+            if self._client is None:
+                self._client = self._open()
+
+    def _open(self) -> paramiko.SSHClient:
+        import paramiko
+
+        endpoint, options = self.endpoint, self.options
+        client = paramiko.SSHClient()
+        if options.known_hosts.is_file():
+            try:
+                client.load_host_keys(str(options.known_hosts))
+            except (OSError, paramiko.SSHException) as error:
+                raise RemoteError(FailureKind.ERROR,
+                                  f"cannot read {options.known_hosts}: {error}") from None
+        client.set_missing_host_key_policy(
+            hostkeys.make_policy(options.known_hosts, options.accept_new_host_keys,
+                                 endpoint.label))
+        identity = str(Path(endpoint.identity_file).expanduser()) \
+            if endpoint.identity_file else None
+        try:
+            client.connect(
+                hostname=endpoint.address,
+                port=endpoint.port,
+                username=endpoint.user,
+                password=options.password,
+                key_filename=identity,
+                look_for_keys=identity is None,
+                allow_agent=True,
+                timeout=options.connect_timeout,
+                banner_timeout=options.connect_timeout,
+                auth_timeout=options.connect_timeout,
+                channel_timeout=options.connect_timeout,
+                sock=self._tunnel() if self.via else None,
+                disabled_algorithms=_slow_kex_disabled(),
+            )
+        except RemoteError:
+            client.close()
+            raise
+        except BaseException as error:
+            client.close()
+            raise self._classify(error) from None
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(options.keepalive_s)
+        return client
+
+    def _tunnel(self) -> paramiko.Channel:
+        """A direct-tcpip channel through the jump host to this host's sshd."""
+        assert self.via is not None
+        self.via.connect()
+        transport = self.via.transport()
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (self.endpoint.address, self.endpoint.port), ("127.0.0.1", 0),
+                timeout=self.options.connect_timeout)
+        except Exception as error:
+            raise RemoteError(FailureKind.UNREACHABLE,
+                              f"jump host {self.via.host} could not reach "
+                              f"{self.endpoint.address}:{self.endpoint.port}: {error}") from None
+
+    def _classify(self, error: BaseException) -> BaseException:
+        import paramiko
+
+        where = f"{self.endpoint.address}:{self.endpoint.port}"
+        if isinstance(error, paramiko.BadHostKeyException):
+            return hostkeys.refuse_changed(self.host, error, self.options.known_hosts,
+                                           self.endpoint.address, self.endpoint.port)
+        if isinstance(error, paramiko.PasswordRequiredException):
+            return RemoteError(FailureKind.AUTH_FAILED,
+                               f"identity file {self.endpoint.identity_file} is passphrase-"
+                               f"protected: add it to ssh-agent (ssh-add) and rerun")
+        if isinstance(error, paramiko.AuthenticationException):
+            how = "password" if self.options.password else (
+                self.endpoint.identity_file or "ssh-agent and default keys")
+            return RemoteError(FailureKind.AUTH_FAILED,
+                               f"{self.endpoint.user}@{where} refused {how}: check user and "
+                               f"identity_file, or pass --ask-pass for password login")
+        if isinstance(error, (TimeoutError, socket.timeout)):
+            return RemoteError(FailureKind.UNREACHABLE,
+                               f"no answer from {where} within {self.options.connect_timeout:g}s")
+        if isinstance(error, socket.gaierror):
+            return RemoteError(FailureKind.UNREACHABLE,
+                               f"cannot resolve {self.endpoint.address}: {error.strerror}")
+        if isinstance(error, OSError):
+            return RemoteError(FailureKind.UNREACHABLE,
+                               f"cannot connect to {where}: {error.strerror or error}")
+        if isinstance(error, paramiko.SSHException):
+            return RemoteError(FailureKind.UNREACHABLE, f"SSH failed with {where}: {error}")
+        return error
+
+    def transport(self) -> paramiko.Transport:
+        self.connect()
+        assert self._client is not None
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(FailureKind.UNREACHABLE, "connection closed")
+        return transport
+
+    # -- running
+
+    def run(
+        self,
+        command: str,
+        timeout: float,
+        sudo: bool = False,
+        env: Mapping[str, str] | None = None,
+        stdin: Stdin = None,
+        on_line: LineCallback | None = None,
+    ) -> CommandResult:
+        import paramiko
+
+        full = build_command(command, env, sudo, is_root=self.endpoint.user == "root")
+        started = time.monotonic()
+        try:
+            channel = self.transport().open_session(timeout=self.options.connect_timeout)
+            channel.exec_command(full)
+        except RemoteError:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            raise RemoteError(FailureKind.UNREACHABLE,
+                              f"lost the connection: {error or type(error).__name__}") from None
+        try:
+            if stdin is not None:
+                threading.Thread(target=_feed, args=(channel, stdin), daemon=True).start()
+            stdout = LineSplitter("stdout", on_line)
+            stderr = LineSplitter("stderr", on_line)
+            _pump(channel, stdout, stderr, started + timeout)
+            exit_code = channel.recv_exit_status()
+            if exit_code == -1 and not channel.get_transport().is_active():
+                raise RemoteError(FailureKind.UNREACHABLE, "connection lost while running")
+        finally:
+            channel.close()
+        return CommandResult(self.host, command, exit_code, stdout.finish(), stderr.finish(),
+                             time.monotonic() - started)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def _pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: LineSplitter,
+          deadline: float) -> None:
+    """Read both streams until the command has exited and its output is drained."""
+    while True:
+        drained = True
+        while channel.recv_ready():
+            stdout.feed(channel.recv(65536))
+            drained = False
+        while channel.recv_stderr_ready():
+            stderr.feed(channel.recv_stderr(65536))
+            drained = False
+        if drained and channel.exit_status_ready() and (channel.eof_received or channel.closed):
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time")
+        if not drained:
+            continue
+        if channel.eof_received:
+            # Output is closed: wait for the exit status rather than spin on select.
+            channel.status_event.wait(min(remaining, 1.0))
+        else:
+            select.select([channel], [], [], min(remaining, 1.0))
+
+
+def _feed(channel: paramiko.Channel, stdin: bytes) -> None:
+    try:
+        for chunk in stdin_chunks(stdin):
+            channel.sendall(chunk)
+        channel.shutdown_write()
+    except (OSError, EOFError):
+        pass  # the channel closed; the command's exit code tells the story
+
+
+def _slow_kex_disabled() -> dict[str, list[str]]:
+    import paramiko
+
+    preferred = paramiko.Transport._preferred_kex  # noqa: SLF001 - no public accessor
+    slow = [k for k in preferred if k not in _KEX_FIRST and k.startswith("mlkem")]
+    return {"kex": slow}

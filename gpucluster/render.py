@@ -1,0 +1,155 @@
+"""All output: rich tables and clush-style folded results for people, JSON for machines.
+
+Core code returns values; only this module (called by the CLI) turns them into text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpucluster import hostrange
+from gpucluster.inventory import Inventory
+from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
+
+JSON_SCHEMA_VERSION = 1
+
+
+def print_json(console: Console, payload: dict[str, Any]) -> None:
+    """JSON on stdout, exactly as given (no rich markup or wrapping)."""
+    console.file.write(json.dumps({"schema": JSON_SCHEMA_VERSION, **payload}, indent=2) + "\n")
+
+
+# -- inventory
+
+
+def hosts_payload(inventory: Inventory) -> dict[str, Any]:
+    return {
+        "inventory": str(inventory.path),
+        "cluster": {
+            "rendezvous_port": inventory.cluster.rendezvous_port,
+            "python": inventory.cluster.python,
+            "torchrun": inventory.cluster.torchrun,
+            "env": dict(inventory.cluster.env),
+            "image": inventory.cluster.image,
+            "work_dir": inventory.cluster.work_dir,
+            "known_hosts": inventory.cluster.known_hosts,
+        },
+        "groups": {name: list(members) for name, members in inventory.groups.items()},
+        "hosts": [
+            {
+                "name": h.name, "address": h.address, "user": h.user, "port": h.port,
+                "identity_file": h.identity_file, "jump_host": h.jump_host,
+                "connection": h.connection, "gpus": h.gpus, "gpu_model": h.gpu_model,
+                "labels": dict(h.labels), "groups": list(h.groups),
+            }
+            for h in inventory.hosts
+        ],
+    }
+
+
+def print_hosts(console: Console, inventory: Inventory) -> None:
+    table = Table(title=f"{len(inventory.hosts)} hosts in {inventory.path}")
+    for column in ("name", "address", "user", "port", "via", "gpus", "model", "groups",
+                   "labels"):
+        table.add_column(column)
+    for h in inventory.hosts:
+        table.add_row(
+            h.name, "local" if h.is_local else h.address, h.user, str(h.port),
+            h.jump_host or "", "" if h.gpus is None else str(h.gpus), h.gpu_model or "",
+            ",".join(h.groups), ",".join(f"{k}={v}" for k, v in h.labels.items()),
+        )
+    console.print(table)
+    cluster = inventory.cluster
+    console.print(f"head (rendezvous): {inventory.head.name}:{cluster.rendezvous_port}  "
+                  f"python: {cluster.python}  work_dir: {cluster.work_dir}")
+
+
+# -- gpucluster run
+
+
+def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, Any]:
+    hosts = []
+    for name in result.hosts:
+        value = result.values.get(name)
+        failure = result.failures.get(name)
+        hosts.append({
+            "host": name,
+            "ok": value is not None and value.ok,
+            "exit_code": value.exit_code if value else None,
+            "stdout": value.stdout if value else None,
+            "stderr": value.stderr if value else None,
+            "duration_s": round(value.duration_s, 3) if value else None,
+            "error": {"kind": failure.kind.value, "message": failure.message}
+            if failure else None,
+        })
+    return {"command": command, "hosts": hosts,
+            "failed": [h["host"] for h in hosts if not h["ok"]]}
+
+
+def _combined_output(result: CommandResult) -> str:
+    return result.stdout + result.stderr
+
+
+def fold_outputs(result: FanoutResult[CommandResult]) -> list[tuple[list[str], str]]:
+    """Hosts grouped by identical output, in order of first appearance."""
+    groups: dict[str, list[str]] = {}
+    for name in result.hosts:
+        value = result.values.get(name)
+        if value is not None:
+            groups.setdefault(_combined_output(value), []).append(name)
+    return [(hosts, output) for output, hosts in groups.items()]
+
+
+def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
+    """clush -b: a shared output under its folded host list, a unique one line-prefixed."""
+    for hosts, output in fold_outputs(result):
+        lines = output.rstrip("\n").split("\n") if output else []
+        if len(hosts) > 1:
+            header = f"{hostrange.fold(hosts)} ({len(hosts)})"
+            console.print(f"[bold cyan]{'-' * 15}\n{escape(header)}\n{'-' * 15}[/]")
+            for line in lines:
+                console.print(escape(line), highlight=False)
+        else:
+            for line in lines:
+                console.print(f"[cyan]{escape(hosts[0])}:[/] {escape(line)}", highlight=False)
+    for name in result.failed_hosts:
+        failure = result.failures[name]
+        console.print(f"[bold red]{escape(name)}: {failure.kind.value}:[/] "
+                      f"{escape(failure.message)}", highlight=False)
+
+
+def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
+    """One line naming every host that failed and why; None when all succeeded."""
+    reasons: list[str] = []
+    for name in result.hosts:
+        failure = result.failures.get(name)
+        value = result.values.get(name)
+        if failure is not None:
+            reasons.append(f"{name} ({failure.kind.value})")
+        elif value is not None and not value.ok:
+            reasons.append(f"{name} (exit {value.exit_code})")
+    if not reasons:
+        return None
+    return f"{len(reasons)} of {len(result.hosts)} hosts failed: {', '.join(reasons)}"
+
+
+def host_status_line(name: str, outcome: CommandResult | HostFailure) -> str:
+    if isinstance(outcome, HostFailure):
+        return f"{name}: {outcome.kind.value}"
+    return f"{name}: exit {outcome.exit_code} in {outcome.duration_s:.2f}s"
+
+
+def print_table(console: Console, title: str, columns: Sequence[str],
+                rows: Sequence[Sequence[str]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

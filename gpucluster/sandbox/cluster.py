@@ -1,0 +1,234 @@
+"""Bring a sandbox up (idempotently), report its status, and take it down completely."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucluster.errors import SandboxError
+from gpucluster.sandbox import captures, node, system
+from gpucluster.sandbox.spec import NodeSpec, SandboxSpec
+from gpucluster.templating import render
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What `sandbox status` reports per node."""
+
+    name: str
+    address: str
+    namespace: bool
+    sshd_pid: int | None
+    ssh_port_open: bool
+    gpus: str
+    link_rate: str | None
+
+    @property
+    def up(self) -> bool:
+        return self.namespace and self.sshd_pid is not None and self.ssh_port_open
+
+
+@dataclass(frozen=True)
+class UpResult:
+    spec: SandboxSpec
+    inventory: Path
+    started: tuple[str, ...]  # nodes whose sshd was (re)started now
+    removed: tuple[str, ...]  # nodes beyond --nodes taken down
+
+
+def _state_file(name: str) -> Path:
+    return node.sandbox_dir(name) / "state.json"
+
+
+def _read_state(name: str) -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads(_state_file(name).read_text())
+    except (OSError, ValueError):
+        return None
+    return state
+
+
+def _spec_from_state(state: dict[str, Any]) -> SandboxSpec:
+    raw = dict(state["spec"])
+    raw["nodes"] = tuple(NodeSpec(**n) for n in raw["nodes"])
+    return SandboxSpec(**raw)
+
+
+def load_spec(name: str) -> SandboxSpec:
+    state = _read_state(name)
+    if state is None:
+        raise SandboxError(f"no sandbox {name!r} is up (start one with "
+                           f"`sudo gpucluster sandbox up`)")
+    return _spec_from_state(state)
+
+
+def _controller_key(spec: SandboxSpec) -> tuple[Path, str]:
+    """The key the controller logs in with, made once per sandbox."""
+    key = node.sandbox_dir(spec.name) / "id_ed25519"
+    if not key.exists():
+        system.sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                  f"gpucluster-sandbox-{spec.name}", "-f", str(key))
+    return key, Path(f"{key}.pub").read_text().strip()
+
+
+def up(spec: SandboxSpec, inventory_path: Path) -> UpResult:
+    """Create what is missing, restart what is down, leave what runs; write the inventory."""
+    system.require_root_and_tools()
+    previous = _read_state(spec.name)
+    if previous is not None and previous["spec"]["subnet"] != spec.subnet:
+        raise SandboxError(f"sandbox {spec.name!r} is up on {previous['spec']['subnet']}; "
+                           f"run `gpucluster sandbox down --name {spec.name}` first")
+    _check_inventory_writable(inventory_path, previous)
+    sandbox = node.sandbox_dir(spec.name)
+    sandbox.mkdir(mode=0o700, parents=True, exist_ok=True)
+    created = set(previous.get("created_targets", [])) if previous else set()
+    for target in node.BIND_TARGETS:
+        if not target.exists():
+            target.mkdir(mode=0o700, parents=True)
+            created.add(str(target))
+    key, public_key = _controller_key(spec)
+    removed = _remove_extra_nodes(spec, previous)
+    node.ensure_bridge(spec)
+    started = []
+    old_nodes = {n["name"]: n for n in previous["spec"]["nodes"]} if previous else {}
+    for each in spec.nodes:
+        node.prepare_files(spec, each, public_key)
+        node.ensure_network(spec, each)
+        old = old_nodes.get(each.name)
+        gpu_presence_changed = old is not None and node.simulates_gpu(NodeSpec(**old)) != \
+            node.simulates_gpu(each)
+        if gpu_presence_changed:  # nvidia-smi is mounted at start: restart to add/remove it
+            node.kill_namespace(node.netns_name(spec.name, each.name))
+        if node.sshd_pid(spec, each) is None:
+            node.start(spec, each)
+            started.append(each.name)
+    for each in spec.nodes:
+        if each.name in started:
+            node.wait_until_listening(spec, each)
+    known_hosts = sandbox / "known_hosts"
+    system.write_atomically(known_hosts, "".join(
+        f"{n.name},{n.address} {node.node_paths(spec, n).host_public_key.read_text().strip()}\n"
+        for n in spec.nodes), 0o600)
+    inventory_text = render(
+        "sandbox/inventory.yaml.j2", name=spec.name, model=spec.base_model,
+        known_hosts=str(known_hosts), python=_python(), identity_file=str(key),
+        gpus=spec.base_gpus, gpu_model=captures.load(spec.base_model).query_gpu_fields()["name"],
+        nodes=spec.nodes)
+    inventory_path.parent.mkdir(parents=True, exist_ok=True)
+    system.write_atomically(inventory_path, inventory_text)
+    state = {"spec": asdict(spec), "inventory": str(inventory_path.absolute()),
+             "inventory_sha256": _sha256(inventory_text.encode()),
+             "created_targets": sorted(created)}
+    system.write_atomically(_state_file(spec.name), json.dumps(state, indent=2) + "\n", 0o600)
+    return UpResult(spec, inventory_path, tuple(started), removed)
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_inventory_writable(path: Path, previous: dict[str, Any] | None) -> None:
+    """Overwrite only an inventory this sandbox wrote and nobody changed since."""
+    if not path.exists():
+        return
+    ours = previous is not None and previous.get("inventory") == str(path.absolute()) and \
+        previous.get("inventory_sha256") == _sha256(path.read_bytes())
+    if not ours:
+        raise SandboxError(f"{path} exists and was not written by this sandbox (or was "
+                           f"edited); refusing to overwrite it: pass --write-inventory OTHER")
+
+
+def _remove_extra_nodes(spec: SandboxSpec, previous: dict[str, Any] | None) -> tuple[str, ...]:
+    if previous is None:
+        return ()
+    wanted = {n.name for n in spec.nodes}
+    removed = []
+    for old in previous["spec"]["nodes"]:
+        if old["name"] not in wanted:
+            _remove_node(spec.name, NodeSpec(**old))
+            removed.append(old["name"])
+    return tuple(removed)
+
+
+def _remove_node(sandbox: str, each: NodeSpec) -> None:
+    namespace = node.netns_name(sandbox, each.name)
+    if namespace in system.netns_list():
+        node.kill_namespace(namespace)
+        system.sh("ip", "netns", "del", namespace)
+    veth = node.veth_name(sandbox, each.index)
+    if system.link_exists(veth):
+        system.sh("ip", "link", "del", veth)
+    shutil.rmtree(node.sandbox_dir(sandbox) / each.name, ignore_errors=True)
+
+
+def down(name: str) -> list[str]:
+    """Remove everything the sandbox made; also cleans up after a crashed `up`."""
+    system.require_root_and_tools()
+    removed: list[str] = []
+    state = _read_state(name)
+    prefix = f"{name}-node"
+    for namespace in system.netns_list():
+        if namespace.startswith(prefix) and namespace[len(prefix):].isdigit():
+            node.kill_namespace(namespace)
+            system.sh("ip", "netns", "del", namespace)
+            removed.append(f"namespace {namespace}")
+    links = system.sh("ip", "-o", "link", "show", check=False).stdout
+    for line in links.splitlines():
+        link = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if link.startswith(f"{name}-v") or link == node.bridge_name(name):
+            system.sh("ip", "link", "del", link, check=False)
+            removed.append(f"link {link}")
+    if state is not None:
+        removed.extend(_remove_files(state))
+    sandbox = node.sandbox_dir(name)
+    if sandbox.exists():
+        shutil.rmtree(sandbox)
+        removed.append(f"directory {sandbox}")
+    for parent in (node.STATE_ROOT, node.STATE_ROOT.parent):
+        if parent.exists() and not any(parent.iterdir()):
+            parent.rmdir()
+    return removed
+
+
+def _remove_files(state: dict[str, Any]) -> list[str]:
+    removed = []
+    inventory = Path(state["inventory"])
+    if inventory.exists() and _sha256(inventory.read_bytes()) == state["inventory_sha256"]:
+        inventory.unlink()
+        removed.append(f"inventory {inventory}")
+    for target in map(Path, state.get("created_targets", [])):
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+            removed.append(f"directory {target}")
+    return removed
+
+
+def status(name: str) -> tuple[SandboxSpec, list[NodeStatus]]:
+    spec = load_spec(name)
+    namespaces = set(system.netns_list())
+    rows = []
+    for each in spec.nodes:
+        pid = node.sshd_pid(spec, each)
+        if each.driver_failed:
+            gpus = "driver failed (simulated)"
+        elif each.gpu_count == 0:
+            gpus = "none"
+        else:
+            driver = each.driver or captures.load(each.gpu_model).driver
+            gpus = f"{each.gpu_count} x {each.gpu_model}, driver {driver} (simulated)"
+        rows.append(NodeStatus(
+            name=each.name, address=each.address,
+            namespace=node.netns_name(name, each.name) in namespaces, sshd_pid=pid,
+            ssh_port_open=pid is not None and node.port_open(each.address, 22, 1.0),
+            gpus=gpus, link_rate=each.link_rate))
+    return spec, rows

@@ -1,0 +1,245 @@
+"""One sandbox node: its files, its network namespace and link, and its sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucluster.errors import SandboxError
+from gpucluster.sandbox import system
+from gpucluster.sandbox.spec import NodeSpec, SandboxSpec
+from gpucluster.templating import render
+
+STATE_ROOT = Path("/var/lib/gpucluster/sandbox")
+# Host paths each node gets its own copy of (bind targets must exist on the host).
+BIND_TARGETS = (Path("/root/.ssh"), Path("/var/lib/containers"))
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where one node's private files live on the host."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.root / "root-ssh"
+
+    @property
+    def containers(self) -> Path:
+        return self.root / "containers"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def gpu_state(self) -> Path:
+        return self.root / "gpu.json"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "sshd.pid"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "sshd.log"
+
+    @property
+    def host_public_key(self) -> Path:
+        return self.etc / "ssh" / "ssh_host_ed25519_key.pub"
+
+
+def sandbox_dir(name: str) -> Path:
+    return STATE_ROOT / name
+
+
+def node_paths(spec: SandboxSpec, node: NodeSpec) -> NodePaths:
+    return NodePaths(sandbox_dir(spec.name) / node.name)
+
+
+def netns_name(sandbox: str, node: str) -> str:
+    return f"{sandbox}-{node}"
+
+
+def veth_name(sandbox: str, index: int) -> str:
+    return f"{sandbox}-v{index}"
+
+
+def bridge_name(sandbox: str) -> str:
+    return f"{sandbox}-br"
+
+
+def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> None:
+    """The node's own /etc (hostname, hosts, sshd, host key), /root/.ssh, GPU state."""
+    paths = node_paths(spec, node)
+    paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not paths.host_public_key.exists():
+        shutil.rmtree(paths.etc, ignore_errors=True)
+        shutil.copytree("/etc", paths.etc, symlinks=True)
+        for old_key in (paths.etc / "ssh").glob("ssh_host_*"):
+            old_key.unlink()
+        system.sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{node.name}",
+                  "-f", str(paths.etc / "ssh" / "ssh_host_ed25519_key"))
+    system.write_atomically(paths.etc / "hostname", node.name + "\n")
+    hosts = paths.etc / "hosts"
+    if not (hosts.exists() and f"\t{node.name}" in hosts.read_text()):
+        # Only on first creation: later edits (provision, staged faults) are kept.
+        system.write_atomically(hosts, render("sandbox/hosts.j2", node=node.name,
+                                              address=node.address))
+    system.write_atomically(paths.etc / "ssh" / "sshd_config", render(
+        "sandbox/sshd_config.j2", node=node.name, address=node.address,
+        pid_file=paths.pid_file))
+    paths.ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    authorized = paths.ssh_dir / "authorized_keys"
+    lines = authorized.read_text().splitlines() if authorized.exists() else []
+    if controller_key not in lines:
+        system.write_atomically(authorized, "\n".join([*lines, controller_key]) + "\n", 0o600)
+    paths.containers.mkdir(mode=0o700, exist_ok=True)
+    paths.tmp.mkdir(exist_ok=True)
+    paths.tmp.chmod(0o1777)
+    paths.bin.mkdir(exist_ok=True)
+    write_gpu_state(spec, node)
+
+
+def simulates_gpu(node: NodeSpec) -> bool:
+    """A node with 0 GPUs has no nvidia-smi at all, like a CPU server."""
+    return node.gpu_count > 0 or node.driver_failed
+
+
+def write_gpu_state(spec: SandboxSpec, node: NodeSpec) -> None:
+    paths = node_paths(spec, node)
+    state = {"model": node.gpu_model, "count": node.gpu_count, "driver": node.driver,
+             "failed": node.driver_failed}
+    system.write_atomically(paths.gpu_state, json.dumps(state) + "\n")
+    wrapper = paths.bin / "nvidia-smi"
+    if simulates_gpu(node):
+        system.write_atomically(wrapper, render("sandbox/nvidia-smi.j2", node=node.name,
+                                                python=sys.executable, state=paths.gpu_state),
+                                0o755)
+    else:
+        wrapper.unlink(missing_ok=True)
+
+
+def ensure_bridge(spec: SandboxSpec) -> None:
+    bridge = bridge_name(spec.name)
+    if not system.link_exists(bridge):
+        system.sh("ip", "link", "add", bridge, "type", "bridge")
+        system.sh("ip", "addr", "add", f"{spec.bridge_address}/{spec.prefix_length}",
+                  "dev", bridge)
+    system.sh("ip", "link", "set", bridge, "up")
+    # The controller's own link into the sandbox: what the host sends onto the bridge.
+    system.shape(bridge, spec.controller_rate, spec.latency)
+
+
+def ensure_network(spec: SandboxSpec, node: NodeSpec) -> None:
+    """Namespace, veth pair (eth0 inside), address, bridge port, link shaping."""
+    namespace = netns_name(spec.name, node.name)
+    veth = veth_name(spec.name, node.index)
+    if namespace not in system.netns_list():
+        system.sh("ip", "netns", "add", namespace)
+    if not system.link_exists(veth):
+        system.sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                  "netns", namespace)
+        system.sh("ip", "-n", namespace, "addr", "add",
+                  f"{node.address}/{spec.prefix_length}", "dev", "eth0")
+    system.sh("ip", "link", "set", veth, "master", bridge_name(spec.name), "up")
+    system.sh("ip", "-n", namespace, "link", "set", "lo", "up")
+    system.sh("ip", "-n", namespace, "link", "set", "eth0", "up")
+    system.shape(veth, node.link_rate, spec.latency)  # into the node
+    system.shape("eth0", node.link_rate, spec.latency, namespace=namespace)  # out of it
+
+
+def sshd_pid(spec: SandboxSpec, node: NodeSpec) -> int | None:
+    """The node's sshd, if it runs (its pid file names a live sshd in the namespace)."""
+    paths = node_paths(spec, node)
+    try:
+        pid = int(paths.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if pid not in system.netns_pids(netns_name(spec.name, node.name)):
+        return None
+    return pid
+
+
+def start(spec: SandboxSpec, node: NodeSpec) -> None:
+    """Start the node's sshd in fresh mount + UTS namespaces inside its netns."""
+    paths = node_paths(spec, node)
+    paths.pid_file.unlink(missing_ok=True)
+    script = render("sandbox/node_init.sh.j2", node=node.name, paths=paths,
+                    simulate_gpu=simulates_gpu(node))
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    with paths.log.open("ab") as log:
+        subprocess.Popen(
+            ["ip", "netns", "exec", netns_name(spec.name, node.name),
+             "unshare", "--mount", "--uts", "--propagation", "private", "/bin/sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+def wait_until_listening(spec: SandboxSpec, node: NodeSpec, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sshd_pid(spec, node) is not None and port_open(node.address, 22, 0.5):
+            return
+        time.sleep(0.05)
+    log = node_paths(spec, node).log
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+    raise SandboxError(f"{node.name}: sshd did not start within {timeout:g}s"
+                       + (f": {' | '.join(tail)}" if tail else ""))
+
+
+def port_open(address: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def kill_namespace(namespace: str, grace_s: float = 3.0) -> None:
+    """Every process of the namespace: TERM, then KILL what is left after the grace."""
+    pids = system.netns_pids(namespace)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+            time.sleep(0.05)
+        if not pids:
+            return
+    raise SandboxError(f"processes {pids} of {namespace} survived SIGKILL")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def exec_argv(spec: SandboxSpec, node: NodeSpec, argv: list[str]) -> list[str]:
+    """argv that runs a command inside the node (its net, mount and UTS namespaces)."""
+    pid = sshd_pid(spec, node)
+    if pid is None:
+        raise SandboxError(f"{node.name} is not running")
+    return ["nsenter", "-t", str(pid), "-n", "-m", "-u", "--", *argv]

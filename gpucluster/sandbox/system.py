@@ -1,0 +1,87 @@
+"""Running root-namespace tools (ip, tc, ssh-keygen) for the sandbox, with clear errors."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from gpucluster.errors import SandboxError
+
+SSHD = Path("/usr/sbin/sshd")
+_TOOLS = {"ip": "iproute2", "tc": "iproute2", "ssh-keygen": "openssh-client",
+          "unshare": "util-linux", "nsenter": "util-linux"}
+
+
+def require_root_and_tools() -> None:
+    """One message naming everything missing, and the command that installs it."""
+    missing = sorted({package for tool, package in _TOOLS.items() if shutil.which(tool) is None})
+    if not SSHD.exists():
+        missing.append("openssh-server")
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("must run as root (network namespaces and mounts need it): "
+                        "use sudo gpucluster sandbox ...")
+    if missing:
+        problems.append(f"missing {', '.join(missing)}: install with "
+                        f"apt-get install -y {' '.join(missing)}")
+    if problems:
+        raise SandboxError("sandbox " + "; ".join(problems))
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run a tool; a failure becomes SandboxError quoting the command and its error."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"`{shlex.join(argv)}` did not finish in {timeout:g}s") from None
+    if check and result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise SandboxError(f"`{shlex.join(argv)}` failed: {detail[-1] if detail else 'no output'}")
+    return result
+
+
+def link_exists(name: str) -> bool:
+    return sh("ip", "link", "show", "dev", name, check=False).returncode == 0
+
+
+def netns_list() -> list[str]:
+    output = sh("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in output.splitlines() if line.strip()]
+
+
+def netns_pids(namespace: str) -> list[int]:
+    output = sh("ip", "netns", "pids", namespace, check=False).stdout
+    return [int(pid) for pid in output.split() if pid.isdigit()]
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write a file via a temp file and rename, so a reader never sees half of it."""
+    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    temp.write_text(text)
+    temp.chmod(mode)
+    temp.replace(path)
+
+
+def tbf_burst(rate: str) -> str:
+    """A token-bucket burst of about 10 ms at `rate` (at least 64 KiB), in bytes."""
+    units = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1,
+             "tbps": 8e12, "gbps": 8e9, "mbps": 8e6, "kbps": 8e3, "bps": 8}
+    for suffix, factor in units.items():
+        if rate.endswith(suffix):
+            bits_per_s = float(rate[: -len(suffix)]) * factor
+            return str(max(64 * 1024, int(bits_per_s / 8 / 100)))
+    raise SandboxError(f"cannot read link rate {rate!r}")
+
+
+def shape(device: str, rate: str | None, latency: str, namespace: str | None = None) -> None:
+    """Token-bucket shaping of what `device` sends; rate None removes it."""
+    prefix = ["tc", "-n", namespace] if namespace else ["tc"]
+    if rate is None:
+        sh(*prefix, "qdisc", "del", "dev", device, "root", check=False)
+        return
+    sh(*prefix, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
+       "burst", tbf_burst(rate), "latency", latency)

@@ -1,0 +1,46 @@
+"""Resolve host aliases through the user's OpenSSH client config (~/.ssh/config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
+
+
+@dataclass(frozen=True)
+class SshConfigEntry:
+    """What ~/.ssh/config says about one alias; None where it says nothing."""
+
+    hostname: str | None = None
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+
+
+class SshConfig:
+    """A parsed ssh_config file; an absent file resolves nothing."""
+
+    def __init__(self, path: str = DEFAULT_SSH_CONFIG) -> None:
+        self.path = Path(path).expanduser()
+        self._config = None
+        if self.path.is_file():
+            import paramiko  # lazy: keeps `gpucluster --help` fast
+
+            self._config = paramiko.SSHConfig.from_path(str(self.path))
+
+    def lookup(self, alias: str) -> SshConfigEntry:
+        if self._config is None:
+            return SshConfigEntry()
+        found = self._config.lookup(alias)
+        hostname = found.get("hostname")
+        identity = found.get("identityfile")
+        port = found.get("port")
+        return SshConfigEntry(
+            hostname=hostname if hostname and hostname != alias else None,
+            user=found.get("user"),
+            port=int(port) if port and str(port).isdigit() else None,
+            identity_file=identity[0] if identity else None,
+            proxy_jump=found.get("proxyjump"),
+        )

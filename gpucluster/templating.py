@@ -1,0 +1,34 @@
+"""Files written to nodes are rendered from templates/ (shipped inside the wheel)."""
+
+from __future__ import annotations
+
+import shlex
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+
+def template_dir() -> Path:
+    """The wheel puts templates/ inside the package; a source checkout has it beside it."""
+    packaged = Path(__file__).parent / "templates"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "templates"
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(  # noqa: S701 - shell and config files, not HTML
+        loader=jinja2.FileSystemLoader(template_dir()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["quote"] = lambda value: shlex.quote(str(value))
+    return environment
+
+
+def render(template: str, **context: Any) -> str:
+    """Render templates/<name>; a missing variable is an error, never an empty string."""
+    return _environment().get_template(template).render(**context)

@@ -1,0 +1,81 @@
+"""YAML loading that remembers where each mapping key and list item came from.
+
+Validation errors must name `file:line`; plain `yaml.safe_load` forgets lines, so
+this loader builds dict/list subclasses that carry them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+
+class LineDict(dict[Any, Any]):
+    """A mapping with the 1-based line of itself, of each key, and of repeated keys."""
+
+    line: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key_lines: dict[Any, int] = {}
+        self.repeated_keys: list[tuple[Any, int]] = []
+
+    def line_of(self, key: Any) -> int:
+        return self.key_lines.get(key, self.line)
+
+
+class LineList(list[Any]):
+    """A sequence with the 1-based line of itself and of each item."""
+
+    line: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.item_lines: list[int] = []
+
+    def line_of(self, index: int) -> int:
+        return self.item_lines[index] if index < len(self.item_lines) else self.line
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader whose maps and sequences are LineDict and LineList."""
+
+
+def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[LineDict]:
+    data = LineDict()
+    data.line = node.start_mark.line + 1
+    yield data
+    loader.flatten_mapping(node)
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark
+            ) from None
+        line = key_node.start_mark.line + 1
+        if key in data:
+            data.repeated_keys.append((key, line))
+        data.key_lines[key] = line
+        data[key] = loader.construct_object(value_node, deep=True)  # type: ignore[no-untyped-call]
+
+
+def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[LineList]:
+    data = LineList()
+    data.line = node.start_mark.line + 1
+    yield data
+    for item in node.value:
+        data.item_lines.append(item.start_mark.line + 1)
+        data.append(loader.construct_object(item, deep=True))  # type: ignore[no-untyped-call]
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+
+
+def load_with_lines(text: str) -> Any:
+    """Parse one YAML document; raises yaml.YAMLError (with a mark) on bad syntax."""
+    return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
