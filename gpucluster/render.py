@@ -15,7 +15,7 @@ from rich.table import Table
 
 from gpucluster import hostrange
 from gpucluster.inventory import Inventory
-from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
+from gpucluster.remote.result import CommandResult, FanoutResult
 
 JSON_SCHEMA_VERSION = 1
 
@@ -92,36 +92,35 @@ def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, 
             "failed": [h["host"] for h in hosts if not h["ok"]]}
 
 
-def _combined_output(result: CommandResult) -> str:
-    return result.stdout + result.stderr
-
-
-def fold_outputs(result: FanoutResult[CommandResult]) -> list[tuple[list[str], str]]:
-    """Hosts grouped by identical output, in order of first appearance."""
-    groups: dict[str, list[str]] = {}
+def fold_outputs(result: FanoutResult[CommandResult]) -> list[tuple[list[str], str, int]]:
+    """Hosts grouped by identical output and exit code, in order of first appearance."""
+    groups: dict[tuple[str, int], list[str]] = {}
     for name in result.hosts:
         value = result.values.get(name)
         if value is not None:
-            groups.setdefault(_combined_output(value), []).append(name)
-    return [(hosts, output) for output, hosts in groups.items()]
+            groups.setdefault((value.stdout + value.stderr, value.exit_code), []).append(name)
+    return [(hosts, output, code) for (output, code), hosts in groups.items()]
 
 
 def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
     """clush -b: a shared output under its folded host list, a unique one line-prefixed."""
-    for hosts, output in fold_outputs(result):
+    for hosts, output, exit_code in fold_outputs(result):
+        folded = hostrange.fold(hosts)
         lines = output.rstrip("\n").split("\n") if output else []
-        if len(hosts) > 1:
-            header = f"{hostrange.fold(hosts)} ({len(hosts)})"
-            console.print(f"[bold cyan]{'-' * 15}\n{escape(header)}\n{'-' * 15}[/]")
+        if len(hosts) > 1 and lines:
+            console.print(f"[bold cyan]{'-' * 15}\n{escape(folded)} ({len(hosts)})"
+                          f"\n{'-' * 15}[/]")
             for line in lines:
-                console.print(escape(line), highlight=False)
+                console.print(escape(line))
         else:
             for line in lines:
-                console.print(f"[cyan]{escape(hosts[0])}:[/] {escape(line)}", highlight=False)
+                console.print(f"[cyan]{escape(folded)}:[/] {escape(line)}")
+        if exit_code != 0:
+            console.print(f"[yellow]{escape(folded)}: exited with exit code {exit_code}[/]")
     for name in result.failed_hosts:
         failure = result.failures[name]
         console.print(f"[bold red]{escape(name)}: {failure.kind.value}:[/] "
-                      f"{escape(failure.message)}", highlight=False)
+                      f"{escape(failure.message)}")
 
 
 def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
@@ -137,12 +136,6 @@ def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
     if not reasons:
         return None
     return f"{len(reasons)} of {len(result.hosts)} hosts failed: {', '.join(reasons)}"
-
-
-def host_status_line(name: str, outcome: CommandResult | HostFailure) -> str:
-    if isinstance(outcome, HostFailure):
-        return f"{name}: {outcome.kind.value}"
-    return f"{name}: exit {outcome.exit_code} in {outcome.duration_s:.2f}s"
 
 
 def print_table(console: Console, title: str, columns: Sequence[str],

@@ -45,7 +45,9 @@ def run(
     connect_timeout: ConnectTimeoutOption = None,
     fanout: FanoutOption = None,
 ) -> None:
-    """Run COMMAND on every host (or a selection); identical outputs are folded."""
+    """Run COMMAND on every host (or a selection); identical outputs are folded.
+
+    The inventory's `cluster.env` is exported first, as it is for jobs."""
     loaded = load_inventory(inventory)
     if fanout is not None:
         from dataclasses import replace
@@ -59,7 +61,8 @@ def run(
         password=ask_password(ask_pass),
     )
     with Session(loaded, options) as session:
-        result = session.run(selected, command, timeout=timeout, sudo=sudo)
+        result = session.run(selected, command, timeout=timeout, sudo=sudo,
+                             env=loaded.cluster.env)
     console = stdout_console()
     if json_output:
         render.print_json(console, render.run_payload(command, result))

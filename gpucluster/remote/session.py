@@ -65,9 +65,14 @@ class Session:
         return connection
 
     def _jump_endpoint(self, spec: str) -> Endpoint:
-        """`[user@]host[:port]`, with ~/.ssh/config filling what the spec leaves out."""
+        """An inventory host by name, or `[user@]host[:port]` completed by ~/.ssh/config."""
         user, _, rest = spec.rpartition("@")
         alias, _, port = rest.partition(":")
+        known = {h.name: h for h in self.inventory.hosts}.get(alias)
+        if known is not None:
+            return Endpoint(f"jump host {alias}", known.address,
+                            int(port) if port.isdigit() else known.port, user or known.user,
+                            known.identity_file)
         if self._ssh_config is None:
             self._ssh_config = SshConfig(self.inventory.cluster.ssh_config)
         found = self._ssh_config.lookup(alias)

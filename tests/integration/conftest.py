@@ -1,0 +1,63 @@
+"""One sandbox for the whole integration session: 4 real sshd nodes in namespaces.
+
+It must start: a missing tool or missing root is a failure, never a skip (CI installs
+everything via .ci/run).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import gpucluster
+
+NAME = "gpctest"
+SUBNET = "198.19.0.0/24"
+NODES = 4
+
+
+@dataclass
+class Sandbox:
+    name: str
+    inventory: Path
+    nodes: list[str]
+    addresses: dict[str, str]
+    data: dict  # the inventory as YAML
+
+    def sshd_pid(self, node: str) -> int:
+        state = Path(f"/var/lib/gpucluster/sandbox/{self.name}/{node}/sshd.pid")
+        return int(state.read_text())
+
+    def node_exec(self, node: str, command: str, check: bool = True
+                  ) -> subprocess.CompletedProcess[str]:
+        """Run a shell command inside the node's namespaces, bypassing SSH."""
+        argv = ["nsenter", "-t", str(self.sshd_pid(node)), "-n", "-m", "-u", "--",
+                "/bin/sh", "-c", command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=check)
+
+    def write_inventory(self, path: Path, **changes: object) -> Path:
+        """A copy of the sandbox inventory with some top-level sections replaced."""
+        data = {**self.data, **changes}
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    inventory = tmp_path_factory.mktemp("sandbox") / "sandbox.yaml"
+    gpucluster("sandbox", "down", "--name", NAME)  # leftovers of an interrupted run
+    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes",
+                    str(NODES), "--write-inventory", str(inventory), timeout=180)
+    assert up.code == 0, f"sandbox did not start:\n{up.stdout}\n{up.stderr}"
+    data = yaml.safe_load(inventory.read_text())
+    addresses = {h["name"]: h["address"] for h in data["hosts"]}
+    try:
+        yield Sandbox(NAME, inventory, list(addresses), addresses, data)
+    finally:
+        down = gpucluster("sandbox", "down", "--name", NAME, timeout=120)
+        assert down.code == 0, down.stderr

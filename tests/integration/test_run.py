@@ -1,0 +1,156 @@
+"""`gpucluster run` against real sshd nodes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli import gpucluster
+from tests.integration.conftest import Sandbox
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_every_node_answers_with_its_own_hostname(sandbox: Sandbox) -> None:
+    result = gpucluster("run", "-i", str(sandbox.inventory), "--json", "hostname; nproc")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert payload["schema"] == 1
+    by_host = {h["host"]: h for h in payload["hosts"]}
+    assert sorted(by_host) == sandbox.nodes
+    for node, host in by_host.items():
+        assert host["ok"] and host["exit_code"] == 0 and host["error"] is None
+        assert host["stdout"].splitlines()[0] == node
+
+
+def test_identical_outputs_are_folded_and_unique_ones_prefixed(sandbox: Sandbox) -> None:
+    same = gpucluster("run", "-i", str(sandbox.inventory), "echo same")
+    assert same.code == 0
+    assert "node[1-4] (4)" in same.stdout
+    assert same.stdout.count("same") == 1
+    different = gpucluster("run", "-i", str(sandbox.inventory), "hostname")
+    for node in sandbox.nodes:
+        assert f"{node}: {node}" in different.stdout
+
+
+def test_selection_by_range_and_by_group(sandbox: Sandbox, tmp_path: Path) -> None:
+    picked = gpucluster("run", "-i", str(sandbox.inventory), "--json", "--hosts",
+                        "node[2-3]", "hostname")
+    assert [h["host"] for h in picked.json()["hosts"]] == ["node2", "node3"]
+    inventory = sandbox.write_inventory(tmp_path / "groups.yaml",
+                                        groups={"evens": ["node2", "node4"]})
+    grouped = gpucluster("run", "-i", str(inventory), "--json", "--group", "evens", "hostname")
+    assert grouped.code == 0, grouped.stderr
+    assert [h["stdout"].strip() for h in grouped.json()["hosts"]] == ["node2", "node4"]
+    unknown = gpucluster("run", "-i", str(inventory), "--hosts", "node9", "true")
+    assert unknown.code == 2 and "node9" in unknown.stderr
+
+
+def test_failing_hosts_are_summarised_and_set_the_exit_code(sandbox: Sandbox) -> None:
+    result = gpucluster("run", "-i", str(sandbox.inventory),
+                        'case "$(hostname)" in node2) exit 7;; esac; echo fine')
+    assert result.code == 1
+    assert "1 of 4 hosts failed: node2 (exit 7)" in result.stderr
+    assert "node[1,3-4] (3)" in result.stdout
+
+
+def test_unreachable_host_is_reported_while_the_others_answer(sandbox: Sandbox,
+                                                              tmp_path: Path) -> None:
+    hosts = [*sandbox.data["hosts"], {"name": "ghost", "address": "198.19.0.200"}]
+    cluster = {**sandbox.data["cluster"], "connect_timeout": 2}
+    inventory = sandbox.write_inventory(tmp_path / "ghost.yaml", hosts=hosts, cluster=cluster)
+    result = gpucluster("run", "-i", str(inventory), "--json", "hostname")
+    assert result.code == 1
+    by_host = {h["host"]: h for h in result.json()["hosts"]}
+    assert by_host["ghost"]["error"]["kind"] == "unreachable"
+    assert all(by_host[n]["ok"] for n in sandbox.nodes)
+
+
+def test_a_stopped_sshd_is_unreachable_and_up_repairs_it(sandbox: Sandbox) -> None:
+    victim = "node3"
+    sandbox.node_exec(victim, f"kill {sandbox.sshd_pid(victim)}")
+    try:
+        result = gpucluster("run", "-i", str(sandbox.inventory), "--json", "hostname")
+        by_host = {h["host"]: h for h in result.json()["hosts"]}
+        assert result.code == 1
+        assert by_host[victim]["error"]["kind"] == "unreachable"
+        assert "cannot connect" in by_host[victim]["error"]["message"]
+        assert [n for n in sandbox.nodes if by_host[n]["ok"]] == ["node1", "node2", "node4"]
+    finally:
+        repair = gpucluster("sandbox", "up", "--name", sandbox.name, "--subnet",
+                            "198.19.0.0/24", "--nodes", "4", "--write-inventory",
+                            str(sandbox.inventory))
+    assert repair.code == 0, repair.stderr
+    assert "started: node3" in repair.stdout
+    assert gpucluster("run", "-i", str(sandbox.inventory), "true").code == 0
+
+
+def test_command_timeout_is_a_typed_failure(sandbox: Sandbox) -> None:
+    result = gpucluster("run", "-i", str(sandbox.inventory), "--json", "--timeout", "1",
+                        "--hosts", "node1", "sleep 20")
+    assert result.code == 1
+    host = result.json()["hosts"][0]
+    assert host["error"]["kind"] == "timed out"
+
+
+def test_inventory_values_are_quoted_never_executed(sandbox: Sandbox, tmp_path: Path) -> None:
+    hostile = "x; touch /tmp/pwned; $(touch /tmp/pwned2) `touch /tmp/pwned3`"
+    cluster = {**sandbox.data["cluster"], "env": {"PROBE": hostile}}
+    inventory = sandbox.write_inventory(tmp_path / "hostile.yaml", cluster=cluster)
+    result = gpucluster("run", "-i", str(inventory), "--json", "--hosts", "node1",
+                        'printf %s "$PROBE"')
+    assert result.code == 0, result.stderr
+    assert result.json()["hosts"][0]["stdout"] == hostile
+    leftovers = sandbox.node_exec("node1", "ls /tmp/pwned /tmp/pwned2 /tmp/pwned3", check=False)
+    assert leftovers.returncode != 0, "a quoted inventory value was executed"
+
+
+def test_jump_host_reaches_a_node_the_controller_cannot(sandbox: Sandbox,
+                                                       tmp_path: Path) -> None:
+    # node4 drops SSH from the controller (the bridge address); node1 may still reach it.
+    rule = "INPUT -p tcp --dport 22 -s 198.19.0.1 -j DROP"
+    sandbox.node_exec("node4", f"iptables -A {rule}")
+    try:
+        cluster = {**sandbox.data["cluster"], "connect_timeout": 2}
+        direct = sandbox.write_inventory(tmp_path / "direct.yaml", cluster=cluster)
+        blocked = gpucluster("run", "-i", str(direct), "--json", "--hosts", "node4", "hostname")
+        assert blocked.json()["hosts"][0]["error"]["kind"] == "unreachable"
+        hosts = [dict(h) for h in sandbox.data["hosts"]]
+        hosts[3]["jump_host"] = "node1"
+        via = sandbox.write_inventory(tmp_path / "jump.yaml", hosts=hosts, cluster=cluster)
+        jumped = gpucluster("run", "-i", str(via), "--json", "--hosts", "node4", "hostname")
+        assert jumped.code == 0, jumped.stdout + jumped.stderr
+        assert jumped.json()["hosts"][0]["stdout"].strip() == "node4"
+    finally:
+        sandbox.node_exec("node4", f"iptables -D {rule}")
+
+
+def test_ssh_config_alias_resolves(sandbox: Sandbox, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host trainbox\n  HostName {sandbox.addresses['node2']}\n  User root\n"
+        f"  IdentityFile {sandbox.data['defaults']['identity_file']}\n")
+    inventory = sandbox.write_inventory(
+        tmp_path / "alias.yaml", hosts=[{"name": "trainbox"}],
+        defaults={"labels": {"via": "ssh-config"}},
+        cluster={**sandbox.data["cluster"], "ssh_config": str(config)})
+    result = gpucluster("run", "-i", str(inventory), "--json", "hostname")
+    assert result.code == 0, result.stdout + result.stderr
+    assert result.json()["hosts"][0]["stdout"].strip() == "node2"
+
+
+def test_ctrl_c_ends_the_fanout_promptly(sandbox: Sandbox) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "run", "-i", str(sandbox.inventory), "sleep 60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)  # let every host start its sleep
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 130
+    assert "interrupted" in stderr
+    assert "Traceback" not in stderr
