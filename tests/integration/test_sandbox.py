@@ -121,7 +121,16 @@ def _assert_nothing_left(name: str, inventory: Path, pids: list[int]) -> None:
     assert f"{name}-" not in links
     assert not Path(f"/var/lib/gpucluster/sandbox/{name}").exists()
     assert not inventory.exists()
-    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    """Running, not merely a zombie waiting for init to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
     status = gpucluster("sandbox", "status", "--name", name)
     assert status.code == 2 and "no sandbox" in status.stderr
 
