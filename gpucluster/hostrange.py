@@ -18,8 +18,8 @@ _MAX_EXPANSION = 100_000  # a typo like node[1-999999999] must not eat the memor
 def _expand_set(body: str, pattern: str) -> list[str]:
     """`01-03,7` -> ['01', '02', '03', '7']; the width of the lower bound is kept."""
     values: list[str] = []
-    for part in body.split(","):
-        part = part.strip()
+    for raw_part in body.split(","):
+        part = raw_part.strip()
         if not part:
             raise HostRangeError(f"empty element in host range {pattern!r}")
         if "-" in part:
@@ -30,6 +30,8 @@ def _expand_set(body: str, pattern: str) -> list[str]:
                 )
             if int(low) > int(high):
                 raise HostRangeError(f"range {part!r} in {pattern!r} goes backwards")
+            if len(values) + int(high) - int(low) >= _MAX_EXPANSION:
+                raise HostRangeError(f"host range {pattern!r} expands to too many names")
             width = len(low) if low.startswith("0") else 0
             values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
         elif part.isdigit():
@@ -114,10 +116,10 @@ def fold(names: Iterable[str]) -> str:
             fits = [n for n in by_width.get(0, []) if len(str(n)) == width]
             by_width[width].extend(fits)
             by_width[0] = [n for n in by_width.get(0, []) if n not in fits]
-        for width, numbers in by_width.items():
-            if not numbers:
+        for width, unsorted in by_width.items():
+            if not unsorted:
                 continue
-            numbers = sorted(set(numbers))
+            numbers = sorted(set(unsorted))
             if len(numbers) == 1:
                 parts.append(f"{prefix}{str(numbers[0]).zfill(width)}{suffix}")
             else:

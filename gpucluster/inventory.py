@@ -233,8 +233,9 @@ def _env(value: Any) -> dict[str, str]:
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
         if isinstance(item, bool):
-            item = "1" if item else "0"
-        env[key] = _text(item) if item != "" else ""
+            env[key] = "1" if item else "0"
+        else:
+            env[key] = _text(item) if item != "" else ""
     return env
 
 
@@ -436,7 +437,8 @@ class _Validator:
                 first = seen_names[host.name]
                 self.problem(host.line, f"duplicate host {host.name!r} "
                              f"(first defined on line {first.line})", "remove one of them")
-            seen_names.setdefault(host.name, host)
+                continue  # its address clash is the same mistake; say it once
+            seen_names[host.name] = host
             endpoint = (host.address, host.port, host.jump_host or "")
             if not host.is_local and endpoint in seen_endpoints:
                 first = seen_endpoints[endpoint]

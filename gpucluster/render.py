@@ -54,16 +54,24 @@ def hosts_payload(inventory: Inventory) -> dict[str, Any]:
 
 
 def print_hosts(console: Console, inventory: Inventory) -> None:
+    """The resolved hosts; columns that are empty for every host are left out."""
+    columns: dict[str, list[str]] = {
+        "name": [h.name for h in inventory.hosts],
+        "address": ["local" if h.is_local else h.address for h in inventory.hosts],
+        "user": [h.user for h in inventory.hosts],
+        "port": [str(h.port) for h in inventory.hosts],
+        "via": [h.jump_host or "" for h in inventory.hosts],
+        "gpus": ["" if h.gpus is None else str(h.gpus) for h in inventory.hosts],
+        "model": [h.gpu_model or "" for h in inventory.hosts],
+        "groups": [",".join(h.groups) for h in inventory.hosts],
+        "labels": [",".join(f"{k}={v}" for k, v in h.labels.items()) for h in inventory.hosts],
+    }
+    shown = {name: cells for name, cells in columns.items() if any(cells)}
     table = Table(title=f"{len(inventory.hosts)} hosts in {inventory.path}")
-    for column in ("name", "address", "user", "port", "via", "gpus", "model", "groups",
-                   "labels"):
-        table.add_column(column)
-    for h in inventory.hosts:
-        table.add_row(
-            h.name, "local" if h.is_local else h.address, h.user, str(h.port),
-            h.jump_host or "", "" if h.gpus is None else str(h.gpus), h.gpu_model or "",
-            ",".join(h.groups), ",".join(f"{k}={v}" for k, v in h.labels.items()),
-        )
+    for name in shown:
+        table.add_column(name)
+    for row in zip(*shown.values(), strict=True):
+        table.add_row(*row)
     console.print(table)
     cluster = inventory.cluster
     console.print(f"head (rendezvous): {inventory.head.name}:{cluster.rendezvous_port}  "

@@ -49,7 +49,7 @@ def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[Line
     yield data
     loader.flatten_mapping(node)
     for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=True)
         try:
             hash(key)
         except TypeError:
@@ -60,7 +60,7 @@ def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[Line
         if key in data:
             data.repeated_keys.append((key, line))
         data.key_lines[key] = line
-        data[key] = loader.construct_object(value_node, deep=True)  # type: ignore[no-untyped-call]
+        data[key] = loader.construct_object(value_node, deep=True)
 
 
 def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[LineList]:
@@ -69,7 +69,7 @@ def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[Lin
     yield data
     for item in node.value:
         data.item_lines.append(item.start_mark.line + 1)
-        data.append(loader.construct_object(item, deep=True))  # type: ignore[no-untyped-call]
+        data.append(loader.construct_object(item, deep=True))
 
 
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)

@@ -50,7 +50,7 @@ def fan_out(
                 outcome = task(host)
             except RemoteError as error:
                 outcome = HostFailure(host.name, error.kind, error.message)
-            except Exception as error:  # noqa: BLE001 - one host's bug must not end the run
+            except Exception as error:
                 outcome = HostFailure(host.name, FailureKind.ERROR,
                                       f"{type(error).__name__}: {error}")
             with lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -98,15 +99,11 @@ def _feed(pipe: IO[bytes], stdin: bytes | IO[bytes]) -> None:
     except BrokenPipeError:
         pass  # the command stopped reading; its exit code tells the story
     finally:
-        try:
+        with contextlib.suppress(BrokenPipeError):
             pipe.close()
-        except BrokenPipeError:
-            pass
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()

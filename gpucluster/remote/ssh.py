@@ -250,6 +250,7 @@ def _feed(channel: paramiko.Channel, stdin: bytes) -> None:
 def _slow_kex_disabled() -> dict[str, list[str]]:
     import paramiko
 
-    preferred = paramiko.Transport._preferred_kex  # noqa: SLF001 - no public accessor
+    # Transport has no public list of its key exchanges; read it where this version has it.
+    preferred: tuple[str, ...] = getattr(paramiko.Transport, "_preferred_kex", ())
     slow = [k for k in preferred if k not in _KEX_FIRST and k.startswith("mlkem")]
     return {"kex": slow}

@@ -69,7 +69,7 @@ class SimulatedNode:
 
 def cuda_for_driver(driver: str, fallback: str) -> str:
     try:
-        branch = int(driver.split(".")[0])
+        branch = int(driver.split(".", maxsplit=1)[0])
     except ValueError:
         return fallback
     return CUDA_BY_DRIVER_BRANCH.get(branch, fallback)
@@ -115,7 +115,8 @@ def _csv(header: list[str], rows: list[list[str]], options: set[str]) -> str:
 
 def _timestamp() -> str:
     now = time.time()
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+    milliseconds = int(now * 1000) % 1000
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{milliseconds:03d}"
 
 
 def query_gpu(node: SimulatedNode, fields: list[str], indices: list[int],
@@ -193,7 +194,7 @@ def _option_value(args: list[str], index: int) -> tuple[str, int]:
     return args[index + 1], index + 2
 
 
-def answer(node: SimulatedNode, args: list[str]) -> str:
+def answer(node: SimulatedNode, args: list[str]) -> str:  # noqa: PLR0912 - a branch per option
     """The text nvidia-smi would print for `args`; raises UsageError otherwise."""
     query_fields: list[str] | None = None
     app_fields: list[str] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -217,10 +218,8 @@ def kill_namespace(namespace: str, grace_s: float = 3.0) -> None:
     pids = system.netns_pids(namespace)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
             pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]

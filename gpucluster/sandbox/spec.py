@@ -15,7 +15,7 @@ from gpucluster.sandbox import captures
 
 DEFAULT_NAME = "gpcsb"
 DEFAULT_SUBNET = "198.18.0.0/24"
-SANDBOX_RANGE = ipaddress.ip_network("198.18.0.0/15")  # reserved for benchmarking (RFC 2544)
+SANDBOX_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # reserved for benchmarking (RFC 2544)
 MAX_NODES = 200
 FIRST_NODE_HOST = 11  # node1 = .11, so the bridge (.1) and nodes never collide
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # short: interface names max 15 chars

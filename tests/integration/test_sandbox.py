@@ -122,6 +122,8 @@ def _assert_nothing_left(name: str, inventory: Path, pids: list[int]) -> None:
     assert not Path(f"/var/lib/gpucluster/sandbox/{name}").exists()
     assert not inventory.exists()
     assert [pid for pid in pids if _alive(pid)] == []
+    status = gpucluster("sandbox", "status", "--name", name)
+    assert status.code == 2 and "no sandbox" in status.stderr
 
 
 def _alive(pid: int) -> bool:
@@ -131,8 +133,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    status = gpucluster("sandbox", "status", "--name", name)
-    assert status.code == 2 and "no sandbox" in status.stderr
 
 
 def test_an_edited_inventory_is_never_overwritten_or_deleted(tmp_path: Path) -> None:

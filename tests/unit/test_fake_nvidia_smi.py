@@ -1,0 +1,108 @@
+"""The sandbox's simulated nvidia-smi replays every real capture faithfully."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from gpucluster.sandbox import captures, fake_nvidia_smi
+
+CAPTURE_FILES = sorted(captures.CAPTURE_DIR.glob("*__*__*.txt"))
+SLUGS = [captures._slug(p)[0] for p in CAPTURE_FILES]
+
+
+def _state(tmp_path: Path, **state: object) -> Path:
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"count": 2, "driver": None, "failed": False, **state}))
+    return path
+
+
+def _run(state: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = fake_nvidia_smi.main(["--state", str(state), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_capture_is_shipped_with_its_licence() -> None:
+    assert len(CAPTURE_FILES) == 6
+    assert (captures.CAPTURE_DIR / "LICENSE-nvidia_gpu_exporter").is_file()
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_replay_matches_the_raw_capture(slug: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    raw = next(p for p in CAPTURE_FILES if captures._slug(p)[0] == slug).read_text()
+    product = re.search(r"Product Name\s*:\s*(.+)", raw).group(1).strip()
+    driver = re.search(r"DRIVER version\s*:\s*(\S+)", raw).group(1)
+    state = _state(tmp_path, model=slug)
+
+    code, out, _ = _run(state, "--query-gpu=index,name,driver_version,memory.total",
+                        "--format=csv,noheader", capsys=capsys)
+    assert code == 0
+    rows = [row.split(", ") for row in out.strip().splitlines()]
+    assert [r[0] for r in rows] == ["0", "1"]
+    assert {r[1] for r in rows} == {product}
+    assert {r[2] for r in rows} == {driver}
+    assert rows[0][3].endswith(" MiB")
+
+    code, out, _ = _run(state, "-q", capsys=capsys)
+    assert out.count(f"Product Name                                       : {product}") == 2
+    assert re.search(r"Attached GPUs\s*:\s*2", out)
+
+    code, out, _ = _run(state, "-L", capsys=capsys)
+    assert out.count(product) == 2
+
+
+def test_nounits_and_header_forms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = _state(tmp_path, model="h100", count=1)
+    _, out, _ = _run(state, "--query-gpu", "memory.total,persistence_mode,mig.mode.current",
+                     "--format=csv", capsys=capsys)
+    assert out == "memory.total [MiB], persistence_mode, mig.mode.current\n" \
+                  "81559 MiB, Enabled, Disabled\n"
+    _, out, _ = _run(state, "--query-gpu=memory.total", "--format=csv,nounits", capsys=capsys)
+    assert out == "memory.total\n81559\n"
+
+
+def test_staged_driver_changes_every_form(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    state = _state(tmp_path, model="h200", driver="535.104.05")
+    _, out, _ = _run(state, "--version", capsys=capsys)
+    assert "DRIVER version      : 535.104.05" in out
+    assert "CUDA Version        : 12.2" in out
+    _, out, _ = _run(state, "-q", capsys=capsys)
+    assert "590.48" not in out and "CUDA Version                                           : 12.2" \
+        in out
+
+
+def test_failed_driver_and_no_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(_state(tmp_path, model="h100", failed=True), "-L", capsys=capsys)
+    assert code == fake_nvidia_smi.EXIT_DRIVER_FAILURE
+    assert out.startswith("NVIDIA-SMI has failed because it couldn't communicate")
+
+
+def test_compute_apps_lists_live_registered_processes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = _state(tmp_path, model="h100", count=4)
+    state.with_suffix(".apps").write_text(f"{os.getpid()} 3 2048 python train.py\n"
+                                          "999999999 0 10 gone\n")
+    _, out, _ = _run(state, "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id",
+                     "--format=csv,noheader,nounits", capsys=capsys)
+    assert out == f"{os.getpid()}, python train.py, 2048, 00000000:1B:00.0\n"
+
+
+@pytest.mark.parametrize("args", [["--bogus"], ["--query-gpu=nope", "--format=csv"],
+                                  ["-i", "9", "-L"], ["--query-gpu=name", "--format=xml"]])
+def test_unsupported_forms_exit_2_saying_simulated(
+        args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(_state(tmp_path, model="h100"), *args, capsys=capsys)
+    assert code == 2
+    assert "simulated by gpucluster sandbox" in err
+
+
+def test_cuda_for_driver_table() -> None:
+    assert fake_nvidia_smi.cuda_for_driver("550.54.15", "x") == "12.4"
+    assert fake_nvidia_smi.cuda_for_driver("999.1", "13.1") == "13.1"

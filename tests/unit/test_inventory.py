@@ -1,0 +1,231 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpucluster import inventory
+from gpucluster.errors import GpuclusterError, InventoryError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str, name: str = "inventory.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(InventoryError) as caught:
+        inventory.load(path)
+    return [str(p) for p in caught.value.problems]
+
+
+def test_the_example_inventory_is_valid_and_complete() -> None:
+    loaded = inventory.load(ROOT / "inventory.example.yaml")
+    names = [h.name for h in loaded.hosts]
+    assert names[:5] == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu05"]
+    assert loaded.host("gpu03").address == "10.0.0.13"
+    assert loaded.host("gpu05").gpus == 4 and loaded.host("gpu01").gpus == 8
+    assert loaded.host("gpu05").labels == {"site": "dc1", "role": "eval"}
+    assert loaded.groups["train"] == ("gpu01", "gpu02", "gpu03", "gpu04")
+    assert loaded.cluster.env == {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "8"}
+    assert loaded.cluster.rendezvous_port == 29500
+    # Every key the loader knows is shown (commented or not) in the example.
+    text = (ROOT / "inventory.example.yaml").read_text()
+    for key in [*inventory.CLUSTER_KEYS, *inventory.HOST_KEYS]:
+        assert f"{key}:" in text, key
+
+
+def test_minimal_inventory_gets_defaults(tmp_path: Path) -> None:
+    loaded = inventory.load(write(tmp_path, "hosts: [gpu01, localhost]\n"))
+    gpu01, local = loaded.hosts
+    assert gpu01.address == "gpu01" and gpu01.port == 22 and not gpu01.is_local
+    assert local.is_local
+    assert loaded.cluster.rendezvous_port == 29500
+    assert loaded.head.name == "gpu01"
+
+
+def test_every_problem_is_reported_at_once_with_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+cluster:
+  rendezvous_prot: 29500
+  fanout: lots
+defaults:
+  port: 70000
+hosts:
+  - name: gpu01
+    adress: 10.0.0.1
+  - name: gpu01
+  - name: gpu02
+    address: 10.0.0.9
+  - name: gpu03
+    address: 10.0.0.9
+""")
+    found = problems(path)
+    text = "\n".join(found)
+    assert f"{path}:2: unknown key 'rendezvous_prot' in cluster (fix: did you mean " \
+           f"'rendezvous_port'?)" in found
+    assert f"{path}:3: cluster.fanout has a bad integer value 'lots'" in text
+    assert f"{path}:5: defaults.port has a bad port value 70000" in text
+    assert f"{path}:8: unknown key 'adress' in host entry (fix: did you mean 'address'?)" \
+        in found
+    assert f"{path}:9: duplicate host 'gpu01' (first defined on line 7)" in text
+    assert f"{path}:12: host 'gpu03' has the same address 10.0.0.9:22 as 'gpu02'" in text
+    assert len(found) == 6
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", "inventory is empty"),
+    ("hosts: []\n", ":1: no hosts"),
+    ("cluster: {}\n", "no hosts"),
+    ("- gpu01\n", ":1: top level must be a mapping"),
+    ("hosts: gpu01\n", ":1: `hosts` must be a list"),
+    ("hosts:\n  - name: gpu01\n    port: '22'\n", ":3: host.port has a bad port value '22'"),
+    ("hosts:\n  - name: gpu[01-04]\n    address: 10.0.0.[1-3]\n", ":2: 4 names but 3 addresses"),
+    ("hosts:\n  - name: gpu[04-01]\n", ":2: bad host range in name"),
+    ("hosts:\n  - address: 10.0.0.1\n", ":2: host entry has no `name`"),
+    ("hosts:\n  - [a, b]\n", ":2: host entry must be a name or a mapping"),
+    ("hosts: [a]\ngroups:\n  g: [b]\n", ":3: group 'g' names unknown hosts: b"),
+    ("hosts: [a]\ncluster:\n  env: {1BAD: x}\n", "not a valid environment variable name"),
+    ("hosts: [a]\nhosts: [b]\n", ":2: key 'hosts' appears twice"),
+    ("hosts: [a\n", "not valid YAML"),
+    ("hosts: [a]\nwhen: 2024-13-45\n", "not valid YAML"),
+    ("hosts:\n  - name: 'a b'\n", "characters a hostname cannot"),
+])
+def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
+    assert any(expected in p for p in problems(write(tmp_path, text))), problems(
+        write(tmp_path, text))
+
+
+def test_unparsable_yaml_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  - name: a\n  bad: [\n")
+    (found,) = problems(path)
+    assert found.startswith(f"{path}:")
+    assert "not valid YAML" in found
+
+
+def test_missing_directory_and_binary_files(tmp_path: Path) -> None:
+    assert "inventory file not found" in problems(tmp_path / "nope.yaml")[0]
+    assert "is a directory" in problems(tmp_path)[0]
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"hosts:\n  - \xff\xfe\n")
+    assert f"{binary}:2: not UTF-8 text" in problems(binary)[0]
+
+
+def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "hosts: [a]\n")
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied")
+
+    # Root (as in CI) reads any file, so the refusal is simulated at the read itself.
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    assert problems(path) == [f"{path}: cannot read: Permission denied "
+                              f"(fix: check the file's permissions)"]
+
+
+def test_ssh_config_aliases_resolve_and_explicit_values_win(tmp_path: Path) -> None:
+    config = write(tmp_path, """\
+Host trainbox
+  HostName 10.1.2.3
+  User alice
+  Port 2222
+  IdentityFile ~/.ssh/trainbox_key
+  ProxyJump bastion.example.com
+Host other
+  HostName 10.9.9.9
+""", "ssh_config")
+    path = write(tmp_path, f"""\
+cluster:
+  ssh_config: {config}
+defaults:
+  user: bob
+hosts:
+  - trainbox
+  - name: other
+    user: carol
+""")
+    trainbox, other = inventory.load(path).hosts
+    assert (trainbox.address, trainbox.user, trainbox.port) == ("10.1.2.3", "alice", 2222)
+    assert trainbox.identity_file == str(Path("~/.ssh/trainbox_key").expanduser())
+    assert trainbox.jump_host == "bastion.example.com"
+    assert (other.address, other.user) == ("10.9.9.9", "carol")
+
+
+def test_relative_paths_are_relative_to_the_inventory(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    path = write(tmp_path / "sub", "cluster:\n  known_hosts: kh\ndefaults:\n"
+                 "  identity_file: keys/id\nhosts: [a]\n")
+    loaded = inventory.load(path)
+    assert loaded.cluster.known_hosts == str(tmp_path / "sub" / "kh")
+    assert loaded.hosts[0].identity_file == str(tmp_path / "sub" / "keys" / "id")
+
+
+def test_selection_by_range_and_group(tmp_path: Path) -> None:
+    loaded = inventory.load(write(tmp_path, "groups:\n  odd: ['n[1,3]']\nhosts:\n"
+                                  "  - name: n[1-4]\n    groups: [all]\n"))
+    assert [h.name for h in loaded.select("n[2-3]")] == ["n2", "n3"]
+    assert [h.name for h in loaded.select(group="odd")] == ["n1", "n3"]
+    assert [h.name for h in loaded.select(group="all")] == ["n1", "n2", "n3", "n4"]
+    assert loaded.host("n1").groups == ("all", "odd")
+    with pytest.raises(GpuclusterError, match="unknown hosts: n9"):
+        loaded.select("n9")
+    with pytest.raises(GpuclusterError, match="no group 'even'"):
+        loaded.select(group="even")
+
+
+def test_find_inventory_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(inventory.INVENTORY_ENV_VAR, raising=False)
+    with pytest.raises(GpuclusterError) as caught:
+        inventory.find_inventory(None)
+    message = str(caught.value)
+    assert "-i/--inventory" in message and "$GPUCLUSTER_INVENTORY" in message
+    assert "./inventory.yaml" in message
+    write(tmp_path, "hosts: [a]\n")
+    assert inventory.find_inventory(None) == Path("inventory.yaml")
+    monkeypatch.setenv(inventory.INVENTORY_ENV_VAR, "/from/env.yaml")
+    assert inventory.find_inventory(None) == Path("/from/env.yaml")
+    assert inventory.find_inventory("explicit.yaml") == Path("explicit.yaml")
+
+
+def _load_or_our_error(path: Path) -> None:
+    try:
+        result = inventory.load(path)
+    except InventoryError as error:
+        assert error.problems
+        for problem in error.problems:
+            assert str(problem).startswith(str(path))
+    else:
+        assert isinstance(result, inventory.Inventory)
+
+
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["hosts", "name", "address", "port", "cluster",
+                                       "defaults", "groups", "env", "gpus", "x"])
+                      | st.text(max_size=8), children, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=yaml_values)
+def test_arbitrary_yaml_documents(tmp_path: Path, value: object) -> None:
+    import yaml
+
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(value))
+    _load_or_our_error(path)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_arbitrary_bytes(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_bytes(data)
+    _load_or_our_error(path)

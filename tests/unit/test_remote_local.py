@@ -1,0 +1,113 @@
+"""The local connection and the pieces shared with SSH (command building, line splitting,
+fan-out), exercised with real processes."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import threading
+import time
+
+import pytest
+
+from gpucluster.inventory import Host
+from gpucluster.remote.connection import LineSplitter, build_command
+from gpucluster.remote.fanout import fan_out
+from gpucluster.remote.local import LocalConnection
+from gpucluster.remote.result import FailureKind, HostFailure, RemoteError
+
+
+def test_exit_code_is_data_and_streams_are_separate() -> None:
+    result = LocalConnection("here").run("echo out; echo err >&2; exit 3", timeout=10)
+    assert (result.exit_code, result.ok) == (3, False)
+    assert result.stdout == "out\n" and result.stderr == "err\n"
+    assert result.host == "here" and result.duration_s >= 0
+
+
+def test_env_values_are_quoted_not_executed(tmp_path) -> None:
+    target = tmp_path / "pwned"
+    hostile = f"x; touch {target}; $(touch {target}) `touch {target}`"
+    result = LocalConnection("here").run('printf %s "$V"', timeout=10, env={"V": hostile})
+    assert result.stdout == hostile
+    assert not target.exists()
+
+
+def test_bad_env_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a valid environment variable name"):
+        build_command("true", {"A;touch x": "1"}, sudo=False, is_root=False)
+
+
+def test_sudo_is_non_interactive_and_skipped_for_root() -> None:
+    assert build_command("id", None, sudo=True, is_root=True) == "id"
+    wrapped = build_command("echo 'a b'", {"K": "v"}, sudo=True, is_root=False)
+    assert wrapped.startswith("sudo -n -- /bin/sh -c ")
+    assert shlex.split(wrapped)[-1] == "export K=v; echo 'a b'"
+
+
+def test_stdin_bytes_and_streamed_file() -> None:
+    connection = LocalConnection("here")
+    assert connection.run("cat", timeout=10, stdin=b"hello").stdout == "hello"
+    big = io.BytesIO(b"x" * (5 * 1024 * 1024 + 7))  # several chunks
+    result = connection.run("wc -c", timeout=30, stdin=big)
+    assert result.stdout.strip() == str(5 * 1024 * 1024 + 7)
+
+
+def test_lines_are_streamed_while_the_command_runs() -> None:
+    seen: list[tuple[float, str, str]] = []
+    started = time.monotonic()
+    LocalConnection("here").run(
+        "echo first; sleep 1; echo second >&2; printf tail", timeout=10,
+        on_line=lambda stream, line: seen.append((time.monotonic() - started, stream, line)))
+    assert [(s, line) for _, s, line in seen] == [
+        ("stdout", "first"), ("stderr", "second"), ("stdout", "tail")]
+    assert seen[0][0] < seen[1][0] - 0.5  # the first line arrived before the sleep ended
+
+
+def test_timeout_kills_the_whole_process_group() -> None:
+    with pytest.raises(RemoteError) as caught:
+        LocalConnection("here").run("sleep 30 & sleep 30; wait", timeout=0.5)
+    assert caught.value.kind is FailureKind.TIMED_OUT
+
+
+def test_line_splitter_handles_partial_lines_and_bad_utf8() -> None:
+    lines: list[str] = []
+    splitter = LineSplitter("stdout", lambda _stream, line: lines.append(line))
+    for chunk in (b"ab", b"c\r\nde", b"\xff\n", b"end"):
+        splitter.feed(chunk)
+    assert splitter.finish() == "abc\r\nde\ufffd\nend"
+    assert lines == ["abc", "de\ufffd", "end"]
+
+
+def _hosts(count: int) -> list[Host]:
+    return [Host(name=f"h{i}", address=f"h{i}", user="u") for i in range(count)]
+
+
+def test_fan_out_keeps_going_past_failures_and_bounds_parallelism() -> None:
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def task(host: Host) -> str:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        if host.name == "h3":
+            raise RemoteError(FailureKind.UNREACHABLE, "no route")
+        if host.name == "h5":
+            raise KeyError("a bug")
+        return host.name.upper()
+
+    done: list[str] = []
+    result = fan_out(_hosts(12), task, parallelism=4,
+                     on_done=lambda name, outcome: done.append(name))
+    assert peak <= 4
+    assert result.hosts == tuple(f"h{i}" for i in range(12))
+    assert result.failed_hosts == ["h3", "h5"]
+    assert result.failures["h3"] == HostFailure("h3", FailureKind.UNREACHABLE, "no route")
+    assert result.failures["h5"].kind is FailureKind.ERROR
+    assert result.values["h0"] == "H0" and len(result.values) == 10
+    assert sorted(done) == sorted(result.hosts)

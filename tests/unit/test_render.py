@@ -1,0 +1,69 @@
+"""Output: clush-style folding, the failure summary, and the pinned JSON schemas."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from gpucluster import inventory, render
+from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult, HostFailure
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _result() -> FanoutResult[CommandResult]:
+    def ok(host: str, out: str, code: int = 0) -> CommandResult:
+        return CommandResult(host, "cmd", code, out, "", 0.1234)
+    return FanoutResult(
+        hosts=("n1", "n2", "n3", "n4", "n5"),
+        values={"n1": ok("n1", "same\n"), "n2": ok("n2", "same\n"), "n3": ok("n3", "odd\n"),
+                "n4": ok("n4", "", 2)},
+        failures={"n5": HostFailure("n5", FailureKind.UNREACHABLE, "no answer")},
+    )
+
+
+def _text(draw) -> str:
+    buffer = io.StringIO()
+    draw(Console(file=buffer, width=120, no_color=True, highlight=False))
+    return buffer.getvalue()
+
+
+def test_identical_outputs_fold_and_unique_ones_are_prefixed() -> None:
+    text = _text(lambda console: render.print_run(console, _result()))
+    assert "n[1-2] (2)\n---------------\nsame\n" in text
+    assert "n3: odd\n" in text
+    assert "n4: exited with exit code 2\n" in text
+    assert "n5: unreachable: no answer\n" in text
+
+
+def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
+    assert render.failure_summary(_result()) == \
+        "2 of 5 hosts failed: n4 (exit 2), n5 (unreachable)"
+    all_ok = FanoutResult(hosts=("a",), values={"a": CommandResult("a", "c", 0, "", "", 0)})
+    assert render.failure_summary(all_ok) is None
+
+
+def test_run_json_schema_is_pinned() -> None:
+    payload = json.loads(_text(lambda c: render.print_json(
+        c, render.run_payload("cmd", _result()))))
+    assert payload["schema"] == 1
+    assert set(payload) == {"schema", "command", "hosts", "failed"}
+    assert payload["failed"] == ["n4", "n5"]
+    assert payload["hosts"][0] == {"host": "n1", "ok": True, "exit_code": 0, "stdout": "same\n",
+                                   "stderr": "", "duration_s": 0.123, "error": None}
+    assert payload["hosts"][4]["error"] == {"kind": "unreachable", "message": "no answer"}
+    assert payload["hosts"][4]["exit_code"] is None
+
+
+def test_inventory_json_schema_is_pinned() -> None:
+    loaded = inventory.load(ROOT / "inventory.example.yaml")
+    payload = json.loads(_text(lambda c: render.print_json(c, render.hosts_payload(loaded))))
+    assert set(payload) == {"schema", "inventory", "cluster", "groups", "hosts"}
+    assert set(payload["hosts"][0]) == {"name", "address", "user", "port", "identity_file",
+                                        "jump_host", "connection", "gpus", "gpu_model",
+                                        "labels", "groups"}
+    assert payload["hosts"][0]["name"] == "gpu01"
+    assert payload["groups"]["train"] == ["gpu01", "gpu02", "gpu03", "gpu04"]

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+
+from gpucluster.errors import SandboxError
+from gpucluster.sandbox import spec, system
+
+
+def test_overrides_apply_per_node_on_top_of_a_default() -> None:
+    built = spec.build("gpcsb", "198.18.0.0/24", 4, "h100", ["2", "node3=0"],
+                       ["node2=535.104.05", "node4=failed"], ["1gbit", "node4=100mbit"], "50ms")
+    nodes = {n.name: n for n in built.nodes}
+    assert [n.address for n in built.nodes] == ["198.18.0.11", "198.18.0.12", "198.18.0.13",
+                                                "198.18.0.14"]
+    assert (nodes["node1"].gpu_count, nodes["node3"].gpu_count) == (2, 0)
+    assert nodes["node2"].driver == "535.104.05" and nodes["node1"].driver is None
+    assert nodes["node4"].driver_failed and nodes["node4"].driver is None
+    assert nodes["node4"].link_rate == "100mbit" and nodes["node1"].link_rate == "1gbit"
+    assert built.controller_rate == "1gbit"
+    assert built.bridge_address == "198.18.0.1"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name": "Bad-Name"}, "--name"),
+    ({"nodes": 0}, "--nodes 0"),
+    ({"subnet": "192.168.1.0/24"}, "198.18.0.0/15"),
+    ({"subnet": "198.18.0.0/28"}, "/24 or larger"),
+    ({"gpus": ["lots"]}, "--gpus"),
+    ({"drivers": ["node2=new"]}, "535.104.05"),
+    ({"link_rates": ["node9=1gbit"]}, "no node 'node9'"),
+    ({"latency": "soon"}, "--latency"),
+    ({"gpu_model": "a100"}, "choose one of"),
+])
+def test_bad_options(kwargs: dict, message: str) -> None:
+    arguments = {"name": "gpcsb", "subnet": "198.18.0.0/24", "nodes": 3, "gpu_model": "h100",
+                 "gpus": [], "drivers": [], "link_rates": [], "latency": "50ms", **kwargs}
+    with pytest.raises(SandboxError, match=message.replace("[", r"\[")):
+        spec.build(**arguments)
+
+
+def test_token_bucket_burst_covers_ten_milliseconds() -> None:
+    assert system.tbf_burst("1gbit") == str(1_250_000)
+    assert system.tbf_burst("10mbit") == str(64 * 1024)
