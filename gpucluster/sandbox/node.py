@@ -21,7 +21,8 @@ from gpucluster.templating import render
 
 STATE_ROOT = Path("/var/lib/gpucluster/sandbox")
 # Host paths each node gets its own copy of (bind targets must exist on the host).
-BIND_TARGETS = (Path("/root/.ssh"), Path("/var/lib/containers"))
+# /tmp stays shared on purpose: venvs and interpreters there must stay visible in nodes.
+BIND_TARGETS = (Path("/root/.ssh"), Path("/var/lib/containers"), Path("/srv"))
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,9 @@ class NodePaths:
         return self.root / "containers"
 
     @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
+    def srv(self) -> Path:
+        """The node's own /srv: its work directory (jobs, logs) lives there."""
+        return self.root / "srv"
 
     @property
     def bin(self) -> Path:
@@ -113,8 +115,7 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> Non
     if controller_key not in lines:
         system.write_atomically(authorized, "\n".join([*lines, controller_key]) + "\n", 0o600)
     paths.containers.mkdir(mode=0o700, exist_ok=True)
-    paths.tmp.mkdir(exist_ok=True)
-    paths.tmp.chmod(0o1777)
+    paths.srv.mkdir(mode=0o755, exist_ok=True)
     paths.bin.mkdir(exist_ok=True)
     write_gpu_state(spec, node)
 

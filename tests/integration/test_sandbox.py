@@ -23,8 +23,8 @@ def _run_json(inventory: Path, command: str) -> dict[str, dict]:
 
 
 def test_each_node_has_its_own_files_hostname_and_host_key(sandbox: Sandbox) -> None:
-    sandbox.node_exec("node1", "echo only-on-node1 > /tmp/marker")
-    hosts = _run_json(sandbox.inventory, "hostname; cat /tmp/marker 2>/dev/null; "
+    sandbox.node_exec("node1", "echo only-on-node1 > /srv/marker")
+    hosts = _run_json(sandbox.inventory, "hostname; cat /srv/marker 2>/dev/null; "
                       "cat /etc/hostname; cat /etc/ssh/ssh_host_ed25519_key.pub; "
                       "grep -c . /root/.ssh/authorized_keys")
     outputs = {node: hosts[node]["stdout"].splitlines() for node in sandbox.nodes}
@@ -32,9 +32,8 @@ def test_each_node_has_its_own_files_hostname_and_host_key(sandbox: Sandbox) -> 
     assert outputs["node2"][:2] == ["node2", "node2"]  # no marker on node2
     host_keys = {lines[-2] for lines in outputs.values()}
     assert len(host_keys) == len(sandbox.nodes)
-    # The controller's own machine is untouched by what nodes write.
-    assert not Path("/tmp/marker").exists() or "only-on-node1" not in Path(
-        "/tmp/marker").read_text()
+    # The controller's own machine is untouched by what nodes write there.
+    assert not Path("/srv/marker").exists()
 
 
 def test_nodes_start_bare_knowing_only_their_own_name(sandbox: Sandbox) -> None:
