@@ -28,11 +28,6 @@ from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
 if TYPE_CHECKING:
     import paramiko
 
-# curve25519 first: the hybrid post-quantum exchange paramiko now prefers costs more
-# CPU per handshake, and handshakes dominate a cold fan-out.
-_KEX_FIRST = ("curve25519-sha256", "curve25519-sha256@libssh.org")
-
-
 @dataclass(frozen=True)
 class SshOptions:
     """How to connect; shared by every host of one CLI invocation."""
@@ -104,7 +99,6 @@ class SshConnection:
                 auth_timeout=options.connect_timeout,
                 channel_timeout=options.connect_timeout,
                 sock=self._tunnel() if self.via else None,
-                disabled_algorithms=_slow_kex_disabled(),
             )
         except RemoteError:
             client.close()
@@ -245,12 +239,3 @@ def _feed(channel: paramiko.Channel, stdin: bytes) -> None:
         channel.shutdown_write()
     except (OSError, EOFError):
         pass  # the channel closed; the command's exit code tells the story
-
-
-def _slow_kex_disabled() -> dict[str, list[str]]:
-    import paramiko
-
-    # Transport has no public list of its key exchanges; read it where this version has it.
-    preferred: tuple[str, ...] = getattr(paramiko.Transport, "_preferred_kex", ())
-    slow = [k for k in preferred if k not in _KEX_FIRST and k.startswith("mlkem")]
-    return {"kex": slow}
