@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -51,9 +52,12 @@ def load_inventory(path: str | None) -> Inventory:
 
 
 def ask_password(ask: bool) -> str | None:
+    """Prompt without echo on a terminal; read one line when stdin is piped (scripts)."""
     if not ask:
         return None
-    return getpass.getpass("SSH password: ")
+    if sys.stdin.isatty():
+        return getpass.getpass("SSH password: ")
+    return sys.stdin.readline().rstrip("\n")
 
 
 def known_hosts_path(inventory: Inventory) -> Path:

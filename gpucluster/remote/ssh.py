@@ -142,6 +142,10 @@ class SshConnection:
             return RemoteError(FailureKind.AUTH_FAILED,
                                f"{self.endpoint.user}@{where} refused {how}: check user and "
                                f"identity_file, or pass --ask-pass for password login")
+        if isinstance(error, paramiko.SSHException) and "No authentication methods" in str(error):
+            return RemoteError(FailureKind.AUTH_FAILED,
+                               f"no key or password to offer {self.endpoint.user}@{where}: set "
+                               f"identity_file, load the key into ssh-agent, or pass --ask-pass")
         if isinstance(error, (TimeoutError, socket.timeout)):
             return RemoteError(FailureKind.UNREACHABLE,
                                f"no answer from {where} within {self.options.connect_timeout:g}s")
