@@ -276,6 +276,8 @@ HOST_KEYS: dict[str, tuple[str, Converter]] = {
     "connection": ("string", _connection),
 }
 DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "address")}
+# Keys a host may set to null to drop what `defaults` gave it.
+NULLABLE_KEYS = frozenset({"jump_host", "identity_file", "gpus", "gpu_model"})
 # Paths on the controller; paths on nodes (python, work_dir) are left as written.
 PATH_KEYS = frozenset({"known_hosts", "ssh_config", "identity_file"})
 TOP_KEYS = ("cluster", "defaults", "groups", "hosts")
@@ -329,7 +331,11 @@ class _Validator:
                  where: str) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for key, raw in mapping.items():
-            if key not in schema or raw is None:
+            if key not in schema:
+                continue
+            if raw is None:
+                if key in NULLABLE_KEYS:  # `jump_host: null` overrides a default
+                    values[key] = None
                 continue
             kind, convert = schema[key]
             try:
@@ -379,7 +385,26 @@ class _Validator:
         for index, entry in enumerate(entries):
             hosts.extend(self._host_entry(entry, entries.line_of(index), defaults, ssh_config))
         self._duplicates(hosts)
+        self._jump_loops(hosts)
         return hosts
+
+    def _jump_loops(self, hosts: list[Host]) -> None:
+        """A host whose jump path comes back to itself can never be reached."""
+        by_name = {h.name: h for h in hosts}
+        for host in hosts:
+            seen = [host.name]
+            hop = host.jump_host
+            while hop is not None:
+                first = hop.split(",")[0].rpartition("@")[2].partition(":")[0]
+                if first == host.name:
+                    self.problem(host.line, f"host {host.name!r} reaches itself through "
+                                 f"jump_host ({' -> '.join([*seen, first])})",
+                                 "set `jump_host: null` on the jump host itself")
+                    break
+                if first in seen or first not in by_name:
+                    break  # another host's loop is reported on that host
+                seen.append(first)
+                hop = by_name[first].jump_host
 
     def _host_entry(self, entry: Any, line: int, defaults: dict[str, Any],
                     ssh_config: SshConfig) -> list[Host]:

@@ -6,11 +6,13 @@ Core code returns values; only this module (called by the CLI) turns them into t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpucluster import hostrange
@@ -23,6 +25,18 @@ JSON_SCHEMA_VERSION = 1
 def print_json(console: Console, payload: dict[str, Any]) -> None:
     """JSON on stdout, exactly as given (no rich markup or wrapping)."""
     console.file.write(json.dumps({"schema": JSON_SCHEMA_VERSION, **payload}, indent=2) + "\n")
+
+
+@contextmanager
+def host_progress(console: Console, total: int, what: str) -> Iterator[Callable[[], None]]:
+    """A transient "hosts done" bar on a terminal; nothing when output is piped."""
+    if not console.is_terminal or total < 2:
+        yield lambda: None
+        return
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda: progress.advance(task)
 
 
 # -- inventory

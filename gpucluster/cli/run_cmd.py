@@ -60,9 +60,10 @@ def run(
         connect_timeout=connect_timeout or loaded.cluster.connect_timeout,
         password=ask_password(ask_pass),
     )
-    with Session(loaded, options) as session:
+    with Session(loaded, options) as session, \
+            render.host_progress(stderr_console(), len(selected), "hosts done") as advance:
         result = session.run(selected, command, timeout=timeout, sudo=sudo,
-                             env=loaded.cluster.env)
+                             env=loaded.cluster.env, on_done=lambda _host, _outcome: advance())
     console = stdout_console()
     if json_output:
         render.print_json(console, render.run_payload(command, result))

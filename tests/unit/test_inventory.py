@@ -40,6 +40,13 @@ def test_the_example_inventory_is_valid_and_complete() -> None:
         assert f"{key}:" in text, key
 
 
+def test_examples_are_valid() -> None:
+    loaded = inventory.load(ROOT / "examples" / "bastion.yaml")
+    assert loaded.host("gpu03").jump_host == "bastion"
+    assert loaded.host("bastion").jump_host is None  # `null` drops the default
+    assert loaded.groups["first-half"] == ("gpu01", "gpu02")
+
+
 def test_minimal_inventory_gets_defaults(tmp_path: Path) -> None:
     loaded = inventory.load(write(tmp_path, "hosts: [gpu01, localhost]\n"))
     gpu01, local = loaded.hosts
@@ -95,6 +102,7 @@ hosts:
     ("hosts: [a\n", "not valid YAML"),
     ("hosts: [a]\nwhen: 2024-13-45\n", "not valid YAML"),
     ("hosts:\n  - name: 'a b'\n", "characters a hostname cannot"),
+    ("defaults:\n  jump_host: b\nhosts: [a, b]\n", "'b' reaches itself through jump_host"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(

@@ -41,3 +41,16 @@ def test_bad_options(kwargs: dict, message: str) -> None:
 def test_token_bucket_burst_covers_ten_milliseconds() -> None:
     assert system.tbf_burst("1gbit") == str(1_250_000)
     assert system.tbf_burst("10mbit") == str(64 * 1024)
+
+
+def test_missing_root_and_tools_is_one_message_with_the_install_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool == "tc" else tool)
+    monkeypatch.setattr(system, "SSHD", system.Path("/nonexistent/sshd"))
+    with pytest.raises(SandboxError) as caught:
+        system.require_root_and_tools()
+    message = str(caught.value)
+    assert "must run as root" in message
+    assert "apt-get install -y iproute2 openssh-server" in message
+    assert "\n" not in message
