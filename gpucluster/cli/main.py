@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gpucluster import __version__
-from gpucluster.cli import inventory_cmd, run_cmd, sandbox_cmd
+from gpucluster.cli import doctor_cmd, inventory_cmd, run_cmd, sandbox_cmd
 from gpucluster.errors import GpuclusterError
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("run")(run_cmd.run)
+app.command("doctor")(doctor_cmd.doctor)
 
 
 def _version(value: bool) -> None:

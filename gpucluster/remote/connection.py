@@ -28,6 +28,10 @@ class Connection(Protocol):
 
     host: str
 
+    def connect(self) -> None:
+        """Open the connection now (a no-op where there is none to open)."""
+        ...
+
     def run(
         self,
         command: str,

@@ -28,6 +28,9 @@ class LocalConnection:
     def __init__(self, host: str) -> None:
         self.host = host
 
+    def connect(self) -> None:
+        """Nothing to open: each command is its own process."""
+
     def run(
         self,
         command: str,

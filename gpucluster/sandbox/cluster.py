@@ -115,7 +115,8 @@ def up(spec: SandboxSpec, inventory_path: Path) -> UpResult:
         for n in spec.nodes), 0o600)
     inventory_text = render(
         "sandbox/inventory.yaml.j2", name=spec.name, model=spec.base_model,
-        known_hosts=str(known_hosts), python=_python(), identity_file=str(key),
+        known_hosts=str(known_hosts), python=_python(),
+        torchrun=str(Path(_python()).parent / "torchrun"), identity_file=str(key),
         gpus=spec.base_gpus, gpu_model=captures.load(spec.base_model).query_gpu_fields()["name"],
         nodes=spec.nodes)
     inventory_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,76 @@
+"""`gpucluster doctor`: what is wrong, on which node, and how to fix it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpucluster import render
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    InventoryOption,
+    JsonOption,
+    ask_password,
+    known_hosts_path,
+    load_inventory,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.errors import EXIT_FAILED, EXIT_OK
+
+
+def _names(value: str | None) -> list[str] | None:
+    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+
+
+def doctor(
+    inventory: InventoryOption = None,
+    checks: Annotated[str | None, typer.Option(
+        "--checks", metavar="A,B", help="Only these checks (see --list).")] = None,
+    skip: Annotated[str | None, typer.Option(
+        "--skip", metavar="A,B", help="All checks but these.")] = None,
+    list_checks: Annotated[bool, typer.Option("--list", help="List the checks and exit.")
+                           ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")
+                      ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+                                          help="Show OK results and details too.")] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1, metavar="SECONDS", help="Per-node limit for the probe.")] = 60.0,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Check every node in parallel; exit 0 when nothing failed, 1 when a check failed."""
+    from gpucluster.doctor.report import payload, print_check_list, print_report
+    from gpucluster.doctor.runner import run_doctor, select_checks
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
+
+    if list_checks:
+        print_check_list(stdout_console())
+        return
+    selected = select_checks(_names(checks), _names(skip))
+    loaded = load_inventory(inventory)
+    options = SshOptions(
+        known_hosts=known_hosts_path(loaded),
+        accept_new_host_keys=accept_new_host_keys,
+        connect_timeout=connect_timeout or loaded.cluster.connect_timeout,
+        password=ask_password(ask_pass),
+    )
+    with Session(loaded, options) as session, render.host_progress(
+            stderr_console(), len(loaded.hosts), "nodes probed") as advance:
+        report = run_doctor(session, loaded, selected, probe_timeout=timeout,
+                            on_node=lambda _host: advance())
+    from gpucluster.doctor.model import Status
+
+    code = EXIT_FAILED if report.worst(strict) is Status.FAIL else EXIT_OK
+    if json_output:
+        render.print_json(stdout_console(), payload(report, code))
+    else:
+        print_report(stdout_console(), report, verbose)
+    raise typer.Exit(code)

@@ -1,0 +1,150 @@
+"""GPU health: memory errors, modes that surprise jobs, fabric, Xid, busy GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpucluster.doctor import nvidia_smi
+from gpucluster.doctor.checks.gpu import gpu_hosts
+from gpucluster.doctor.model import CheckResult, Context, Status, check
+
+
+def _per_gpu(context: Context, name: str,
+             judge: Callable[[nvidia_smi.Gpu], tuple[Status, str] | None],
+             ok_message: str, remedy: str) -> list[CheckResult]:
+    """Judge every GPU of every node; a node gets its worst GPU's status."""
+    results = []
+    order = [Status.OK, Status.SKIP, Status.WARN, Status.FAIL]
+    for host, facts in gpu_hosts(context):
+        findings = [(g.index, verdict) for g in facts.gpus if (verdict := judge(g))]
+        if not findings:
+            results.append(CheckResult(name, host.name, Status.OK, ok_message))
+            continue
+        worst = max((v[0] for _, v in findings), key=order.index)
+        listed = "; ".join(f"GPU {i}: {v[1]}" for i, v in findings if v[0] == worst)
+        results.append(CheckResult(name, host.name, worst, listed,
+                                   "" if worst is Status.SKIP else remedy,
+                                   {"gpus": {str(i): v[1] for i, v in findings}}))
+    return results
+
+
+@check("ecc", "gpu-health", "no uncorrected ECC errors")
+def ecc(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        volatile, aggregate = gpu.ecc_uncorrected_volatile, gpu.ecc_uncorrected_aggregate
+        if volatile:
+            return Status.FAIL, f"{volatile} uncorrected ECC errors since the last reboot"
+        if aggregate:
+            return Status.WARN, f"{aggregate} uncorrected ECC errors over its lifetime"
+        if gpu.ecc_enabled is None:
+            return Status.SKIP, "ECC not reported (consumer GPU?)"
+        return None
+
+    return _per_gpu(context, "ecc", judge, "no uncorrected ECC errors",
+                    "drain the node: reset the GPU (nvidia-smi -r -i N) or reboot; if errors "
+                    "return, the GPU needs an RMA")
+
+
+@check("row-remapping", "gpu-health", "no pending or failed row remapping")
+def row_remapping(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        if gpu.remapped_rows_failure:
+            return Status.FAIL, "row remapping failed"
+        if gpu.remapped_rows_pending:
+            return Status.FAIL, "row remapping pending (takes effect at the next GPU reset)"
+        return None
+
+    return _per_gpu(context, "row-remapping", judge, "no pending or failed row remapping",
+                    "reset the GPU (nvidia-smi -r -i N) or reboot to apply pending remaps; a "
+                    "failed remap means the GPU needs an RMA")
+
+
+@check("retired-pages", "gpu-health", "no retired pages pending (older GPUs)")
+def retired_pages(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        if gpu.retired_pages_pending:
+            return Status.FAIL, "retired pages pending"
+        return None
+
+    return _per_gpu(context, "retired-pages", judge, "no retired pages pending",
+                    "reboot (or reset the GPU) so the pending page retirements take effect")
+
+
+@check("persistence", "gpu-health", "persistence mode on (avoids slow, flaky GPU start-up)")
+def persistence(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        if gpu.persistence is False:
+            return Status.WARN, "persistence mode off"
+        return None
+
+    return _per_gpu(context, "persistence", judge, "persistence mode on",
+                    "enable it: sudo systemctl enable --now nvidia-persistenced "
+                    "(or nvidia-smi -pm 1)")
+
+
+@check("mig", "gpu-health", "MIG off (a MIG GPU is not one whole GPU per rank)")
+def mig(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        if gpu.mig_enabled:
+            return Status.WARN, "MIG mode enabled"
+        return None
+
+    return _per_gpu(context, "mig", judge, "MIG off",
+                    "for training on whole GPUs: sudo nvidia-smi -i N -mig 0, then reset the "
+                    "GPU; with MIG, each rank must be pinned to one MIG device")
+
+
+@check("fabric", "gpu-health", "NVLink fabric manager state (where GPUs report one)")
+def fabric(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        if gpu.fabric_state is None:
+            return Status.SKIP, "no fabric reported (no NVSwitch)"
+        if gpu.fabric_state != "Completed" or (gpu.fabric_status or "Success") != "Success":
+            return Status.FAIL, f"fabric {gpu.fabric_state}/{gpu.fabric_status}"
+        return None
+
+    return _per_gpu(context, "fabric", judge, "fabric registration completed",
+                    "start the fabric manager: sudo systemctl enable --now "
+                    "nvidia-fabricmanager (its version must match the driver's)")
+
+
+@check("xid", "gpu-health", "no NVIDIA Xid errors in the kernel log (when readable)")
+def xid(context: Context) -> list[CheckResult]:
+    results = []
+    for host, facts in gpu_hosts(context):
+        lines = (facts.text("xid") or "").splitlines()
+        if "@unreadable" in lines:
+            results.append(CheckResult("xid", host.name, Status.SKIP,
+                                       "kernel log not readable by this user",
+                                       "run doctor as a user in the adm group, or as root"))
+            continue
+        errors = [line for line in lines if "Xid" in line]
+        if errors:
+            results.append(CheckResult(
+                "xid", host.name, Status.WARN, f"{len(errors)} Xid errors in the kernel log; "
+                f"last: {errors[-1].strip()[-120:]}",
+                "look the Xid code up in NVIDIA's Xid catalogue; 48/63/64/74/79/92/94/95 "
+                "mean hardware trouble: drain the node", {"xid": errors}))
+        else:
+            results.append(CheckResult("xid", host.name, Status.OK, "no Xid errors"))
+    return results
+
+
+@check("gpu-processes", "gpu-health", "no compute process already holding a GPU")
+def gpu_processes(context: Context) -> list[CheckResult]:
+    results = []
+    for host, facts in gpu_hosts(context):
+        processes = nvidia_smi.parse_processes(facts.text("apps") or "")
+        if not processes:
+            results.append(CheckResult("gpu-processes", host.name, Status.OK,
+                                       "no compute processes"))
+            continue
+        listed = ", ".join(f"pid {p.pid} {p.name} ({p.used_mib} MiB)" for p in processes)
+        pids = " ".join(str(p.pid) for p in processes)
+        results.append(CheckResult(
+            "gpu-processes", host.name, Status.FAIL, f"GPUs held by: {listed}",
+            f"stop them if they are leftovers of an earlier job: kill {pids} "
+            f"(or gpucluster stop JOB); a new job would run out of memory or hang",
+            {"processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
+                            "bus_id": p.bus_id} for p in processes]}))
+    return results

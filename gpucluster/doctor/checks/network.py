@@ -1,0 +1,187 @@
+"""Network: hostnames, name resolution between nodes, the rendezvous port, interfaces,
+InfiniBand. What makes torchrun rendezvous time out and NCCL pick the wrong NIC."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
+
+LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+@check("hostname", "network", "each node's hostname is unique and not localhost")
+def hostname(context: Context) -> list[CheckResult]:
+    names = {h.name: context.facts[h.name].hostname for h in context.answering()}
+    results = []
+    for host, name in names.items():
+        twins = [other for other, n in names.items() if n == name and other != host]
+        if not name or name in LOCAL_NAMES:
+            results.append(CheckResult(
+                "hostname", host, Status.FAIL, f"hostname is {name or 'empty'!r}",
+                f"give the node its own name: sudo hostnamectl set-hostname {host}"))
+        elif twins:
+            results.append(CheckResult(
+                "hostname", host, Status.FAIL,
+                f"hostname {name!r} is also the hostname of {', '.join(twins)}",
+                f"torchrun and NCCL identify nodes by hostname: sudo hostnamectl "
+                f"set-hostname {host} (a unique name per node)"))
+        else:
+            results.append(CheckResult("hostname", host, Status.OK, name))
+    return results
+
+
+@check("name-resolution", "network",
+       "every node resolves every node's hostname to its cluster address (not 127.x)")
+def name_resolution(context: Context) -> list[CheckResult]:
+    peers = [(h, context.facts[h.name].hostname) for h in context.answering()]
+    results = []
+    for host in context.answering():
+        seen = context.network.get(host.name)
+        if seen is None:
+            results.append(CheckResult("name-resolution", host.name, Status.SKIP,
+                                       "the second probe did not run on this node"))
+            continue
+        problems, fixes = [], []
+        for peer, name in peers:
+            if not name:
+                continue
+            address = seen.resolved.get(name)
+            expected = peer.address if _is_ip(peer.address) else None
+            if address is None:
+                problems.append(f"{name} does not resolve")
+            elif _is_loopback(address):
+                problems.append(f"{name} resolves to {address} (loopback)")
+            elif expected is not None and address != expected:
+                problems.append(f"{name} resolves to {address}, not {expected}")
+            else:
+                continue
+            if expected is not None:
+                fixes.append(f"{expected} {name}")
+        if problems:
+            remedy = ("add to /etc/hosts on this node: " + "; ".join(fixes)
+                      if fixes else "fix DNS or /etc/hosts so every hostname resolves to the "
+                      "node's cluster address")
+            results.append(CheckResult("name-resolution", host.name, Status.FAIL,
+                                       "; ".join(problems), remedy + " (and remove any "
+                                       "127.0.1.1 line naming the host)",
+                                       {"resolved": dict(seen.resolved)}))
+        else:
+            results.append(CheckResult("name-resolution", host.name, Status.OK,
+                                       f"all {len(peers)} hostnames resolve to cluster addresses"))
+    return results
+
+
+@check("rendezvous-port", "network",
+       "the rendezvous port on the head node is reachable from every other node")
+def rendezvous_port(context: Context) -> list[CheckResult]:
+    head = context.inventory.head
+    port = context.inventory.cluster.rendezvous_port
+    note = context.rendezvous_note
+    results = []
+    busy = note is not None and note.startswith("busy")
+    for host in context.answering():
+        if host.name == head.name:
+            if busy:
+                results.append(CheckResult(
+                    "rendezvous-port", host.name, Status.FAIL,
+                    f"port {port} is already in use on the head node",
+                    f"find it with: sudo ss -ltnp 'sport = :{port}' and stop it (a leftover "
+                    f"job?), or set cluster.rendezvous_port to a free port"))
+            elif note is not None:
+                results.append(CheckResult("rendezvous-port", host.name, Status.SKIP, note))
+            else:
+                results.append(CheckResult("rendezvous-port", host.name, Status.OK,
+                                           f"head node: a test listener opened port {port}"))
+            continue
+        state = context.network.get(host.name)
+        if state is None or state.port is None:
+            results.append(CheckResult("rendezvous-port", host.name, Status.SKIP,
+                                       note or "the port probe did not run on this node"))
+        elif state.port == "open":
+            results.append(CheckResult("rendezvous-port", host.name, Status.OK,
+                                       f"reaches {head.name}:{port}"))
+        else:
+            how = {"timeout": "no answer (a firewall drops it)",
+                   "refused": "refused (a firewall rejects it)"}.get(state.port, state.port)
+            results.append(CheckResult(
+                "rendezvous-port", host.name, Status.FAIL,
+                f"cannot reach {head.name} ({head.address}):{port}: {how}",
+                f"on {head.name}, allow tcp/{port} from the cluster's addresses, e.g. sudo "
+                f"iptables -I INPUT -p tcp --dport {port} -s {host.address} -j ACCEPT; check "
+                f"cloud security groups too"))
+    return results
+
+
+@check("interface", "network",
+       "the interface holding each node's cluster address, and whether names match")
+def interface(context: Context) -> list[CheckResult]:
+    names: dict[str, str] = {}
+    results = []
+    for host in context.answering():
+        facts = context.facts[host.name]
+        own = context.network.get(host.name)
+        address = host.address if _is_ip(host.address) else (
+            own.resolved.get(facts.hostname or "") if own else None)
+        found = facts.interfaces.get(address or "")
+        if found is None:
+            results.append(CheckResult(
+                "interface", host.name, Status.WARN,
+                f"cluster address {host.address} is not on any interface of this node",
+                "use the node's own IP as its inventory address (behind NAT, NCCL and gloo "
+                "need NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set by hand)",
+                {"interfaces": dict(facts.interfaces)}))
+        else:
+            names[host.name] = found
+    parity_results = parity("interface", names, Status.WARN, "interface",
+                            "names differ: set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to a "
+                            "comma-separated list of these names (gpucluster launch sets them "
+                            "per node)")
+    if len(set(names.values())) == 1 and names:
+        only = next(iter(names.values()))
+        parity_results = [CheckResult(r.name, r.host, r.status, r.message + f": use "
+                                      f"NCCL_SOCKET_IFNAME={only} GLOO_SOCKET_IFNAME={only}")
+                          for r in parity_results]
+    return results + parity_results
+
+
+@check("infiniband", "network", "InfiniBand ports active, same count and rate on every node")
+def infiniband(context: Context) -> list[CheckResult]:
+    ports = {h.name: context.facts[h.name].infiniband for h in context.answering()}
+    if not any(ports.values()):
+        return [CheckResult("infiniband", h, Status.SKIP, "no InfiniBand ports") for h in ports]
+    results = []
+    shapes: dict[str, str] = {}
+    for host, found in ports.items():
+        down = [f"{port} {state}" for port, (state, _) in found.items() if "ACTIVE" not in state]
+        if not found:
+            results.append(CheckResult("infiniband", host, Status.FAIL,
+                                       "no InfiniBand ports (the other nodes have some)",
+                                       "install the HCA driver (MLNX_OFED / rdma-core) and "
+                                       "check the card with ibstat"))
+        elif down:
+            results.append(CheckResult("infiniband", host, Status.FAIL,
+                                       f"ports not active: {', '.join(down)}",
+                                       "check cables and the subnet manager (ibstat, "
+                                       "sminfo); a port must be ACTIVE to carry NCCL traffic"))
+        else:
+            rates = sorted({rate for _, rate in found.values()})
+            shapes[host] = f"{len(found)} ports at {', '.join(rates)}"
+    results.extend(parity("infiniband", shapes, Status.WARN, "InfiniBand",
+                          "a slower or missing link slows every collective: check ibstat"))
+    return results

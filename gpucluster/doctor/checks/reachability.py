@@ -1,0 +1,83 @@
+"""Can we work on the node at all: SSH, sudo, and the job's python/torchrun."""
+
+from __future__ import annotations
+
+from gpucluster.doctor.model import CheckResult, Context, Status, check
+
+NON_INTERACTIVE_PATH = (
+    "non-interactive SSH sessions do not read ~/.bashrc or /etc/profile, so PATH differs "
+    "from a login shell: set cluster.{key} in the inventory to the absolute path "
+    "(e.g. /opt/venv/bin/{tool}), or extend PATH in ~/.ssh/environment or /etc/environment"
+)
+
+
+@check("ssh", "reachability", "SSH login works (host key verified, authentication accepted)")
+def ssh(context: Context) -> list[CheckResult]:
+    results = [CheckResult("ssh", h.name, Status.OK, f"logged in as {h.user}")
+               for h in context.answering()]
+    for name, failure in context.unreachable.items():
+        results.append(CheckResult(
+            "ssh", name, Status.FAIL, f"{failure.kind.value}: {failure.message}",
+            _ssh_remedy(failure.kind.value)))
+    return results
+
+
+def _ssh_remedy(kind: str) -> str:
+    return {
+        "unreachable": "check the node is up, the address and port in the inventory, and "
+                       "that sshd runs and a firewall allows port 22 from this machine",
+        "auth failed": "check user and identity_file (ssh -i KEY USER@HOST), or load the key "
+                       "into ssh-agent",
+        "host key unknown": "verify the fingerprint, then rerun with --accept-new-host-keys",
+        "host key changed": "find out why the key changed; if legitimate, remove the old key "
+                            "with the ssh-keygen -R command shown",
+        "timed out": "the node answered too slowly: check its load, then rerun",
+    }.get(kind, "rerun with -v for details")
+
+
+@check("sudo", "reachability", "root, or sudo without a password prompt (provision needs it)")
+def sudo(context: Context) -> list[CheckResult]:
+    results = []
+    for host in context.answering():
+        answer = (context.facts[host.name].text("sudo") or "").strip().splitlines()
+        state = answer[-1] if answer else ""
+        if state == "root":
+            results.append(CheckResult("sudo", host.name, Status.OK, "logged in as root"))
+        elif state == "ok":
+            results.append(CheckResult("sudo", host.name, Status.OK, "sudo -n works"))
+        elif state == "missing":
+            results.append(CheckResult("sudo", host.name, Status.WARN, "sudo is not installed",
+                                       "install sudo, or log in as root (provision needs "
+                                       "root for /etc/hosts and the firewall)"))
+        else:
+            results.append(CheckResult(
+                "sudo", host.name, Status.WARN, "sudo asks for a password",
+                f"allow {host.user} passwordless sudo: echo '{host.user} ALL=(ALL) NOPASSWD:ALL'"
+                f" | sudo tee /etc/sudoers.d/gpucluster (provision needs it)",
+                {"output": " ".join(answer)[-200:]}))
+    return results
+
+
+def _tool(context: Context, name: str, key: str, configured: str) -> list[CheckResult]:
+    results = []
+    for host in context.answering():
+        found = context.facts[host.name].ok_text(key)
+        if found:
+            results.append(CheckResult(name, host.name, Status.OK, found.splitlines()[0]))
+        else:
+            path = context.facts[host.name].text("path") or "?"
+            results.append(CheckResult(
+                name, host.name, Status.FAIL,
+                f"{configured!r} not found in a non-interactive SSH session",
+                NON_INTERACTIVE_PATH.format(key=key, tool=key), {"PATH": path}))
+    return results
+
+
+@check("python", "reachability", "the python jobs use (cluster.python) is found over SSH")
+def python(context: Context) -> list[CheckResult]:
+    return _tool(context, "python", "python", context.inventory.cluster.python)
+
+
+@check("torchrun", "reachability", "torchrun (cluster.torchrun) is found over SSH")
+def torchrun(context: Context) -> list[CheckResult]:
+    return _tool(context, "torchrun", "torchrun", context.inventory.cluster.torchrun)

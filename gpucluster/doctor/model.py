@@ -1,0 +1,111 @@
+"""What checks produce and how they are registered."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from gpucluster.doctor.probe import NodeFacts
+    from gpucluster.doctor.rendezvous import Reachability
+    from gpucluster.inventory import Host, Inventory
+    from gpucluster.remote.result import HostFailure
+
+
+class Status(enum.Enum):
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one host."""
+
+    name: str
+    host: str
+    status: Status
+    message: str
+    remedy: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything checks may look at: the inventory and every node's facts at once."""
+
+    inventory: Inventory
+    facts: Mapping[str, NodeFacts]  # hosts that answered the probe
+    unreachable: Mapping[str, HostFailure]
+    network: Mapping[str, Reachability]  # the second round: names and rendezvous port
+    rendezvous_note: str | None = None  # why the port probe could not run, if it could not
+
+    def answering(self) -> list[Host]:
+        return [h for h in self.inventory.hosts if h.name in self.facts]
+
+
+CheckFunction = Callable[[Context], list[CheckResult]]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    category: str
+    summary: str
+    run: CheckFunction
+
+
+REGISTRY: dict[str, CheckSpec] = {}
+
+
+def check(name: str, category: str, summary: str) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check; `doctor --list` shows `summary`."""
+
+    def register(function: CheckFunction) -> CheckFunction:
+        REGISTRY[name] = CheckSpec(name, category, summary, function)
+        return function
+
+    return register
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def majority(values: Mapping[str, K]) -> K | None:
+    """The value most hosts share; None on a tie for first place (no clear reference)."""
+    counts = Counter(values.values()).most_common(2)
+    if not counts or (len(counts) == 2 and counts[0][1] == counts[1][1]):
+        return None
+    return counts[0][0]
+
+
+def parity(name: str, values: Mapping[str, Any], status_on_mismatch: Status, what: str,
+           remedy: str) -> list[CheckResult]:
+    """Same value everywhere: OK. Otherwise the hosts off the majority get the status
+    (all of them when there is no majority), naming where the others stand."""
+    from gpucluster import hostrange
+
+    if not values:
+        return []
+    reference = majority(values)
+    groups: dict[Any, list[str]] = {}
+    for host, value in values.items():
+        groups.setdefault(value, []).append(host)
+    spread = "; ".join(f"{v} on {hostrange.fold(hosts)}" for v, hosts in groups.items())
+    results = []
+    for host, value in values.items():
+        if len(groups) == 1:
+            results.append(CheckResult(name, host, Status.OK,
+                                       f"{what} {value} (same on all {len(values)} nodes)"))
+        elif value == reference:
+            results.append(CheckResult(name, host, Status.OK,
+                                       f"{what} {value} (the majority; {spread})"))
+        else:
+            results.append(CheckResult(name, host, status_on_mismatch,
+                                       f"{what} {value} differs from the others: {spread}",
+                                       remedy, {"values": {str(k): v for k, v in groups.items()}}))
+    return results

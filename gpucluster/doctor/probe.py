@@ -1,0 +1,215 @@
+"""The batched probe: one shell script per node, one round trip, every fact in sections.
+
+`render_probe` builds the script for the cluster; `parse_facts` turns its output into
+`NodeFacts`, tolerating sections that are missing (a tool not installed) or garbled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucluster.doctor import nvidia_smi
+from gpucluster.inventory import Inventory
+from gpucluster.templating import render
+
+TOOL_TIMEOUT_S = 15
+_SECTION = re.compile(r"^@@gpc (\S+)$")
+_END = re.compile(r"^@@gpc-rc (\d+)$")
+
+# Run by the job's python on the node: torch's versions as JSON; exit 3 when torch
+# cannot be imported (so the probe does not cache a failure).
+TORCH_SCRIPT = """\
+import json, sys
+try:
+    import torch
+except Exception as error:
+    print(json.dumps({"torch": None, "error": f"{type(error).__name__}: {error}"}))
+    sys.exit(3)
+nccl = None
+try:
+    version = torch.cuda.nccl.version()
+    nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+except Exception:
+    pass
+print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}))
+"""
+
+
+@dataclass(frozen=True)
+class Section:
+    output: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    version: str | None
+    cuda: str | None
+    nccl: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """Everything the probe learned about one node."""
+
+    sections: dict[str, Section] = field(default_factory=dict)
+    clock_offset_s: float | None = None  # node clock minus controller clock
+
+    def text(self, name: str) -> str | None:
+        section = self.sections.get(name)
+        return section.output if section is not None else None
+
+    def ok_text(self, name: str) -> str | None:
+        """The section's output when its command succeeded and printed something."""
+        section = self.sections.get(name)
+        if section is None or section.exit_code != 0 or not section.output.strip():
+            return None
+        return section.output.strip()
+
+    @property
+    def hostname(self) -> str | None:
+        return self.ok_text("hostname")
+
+    @property
+    def has_nvidia_smi(self) -> bool:
+        return self.ok_text("nvidia_smi_path") is not None
+
+    @property
+    def gpus(self) -> list[nvidia_smi.Gpu]:
+        return nvidia_smi.parse_gpus(self.text("gpus") or "")
+
+    @property
+    def driver_failure(self) -> str | None:
+        section = self.sections.get("gpus")
+        if section is None:
+            return None
+        failure = nvidia_smi.driver_failure(section.output, section.exit_code)
+        return failure if failure is not None and not self.gpus else None
+
+    @property
+    def versions(self) -> nvidia_smi.DriverVersions:
+        return nvidia_smi.parse_versions(self.text("nvidia_version") or "")
+
+    @property
+    def torch(self) -> TorchFacts | None:
+        """None when the probe could not run python at all."""
+        text = self.text("torch")
+        if text is None:
+            return None
+        for line in reversed(text.strip().splitlines()):
+            try:
+                data: dict[str, Any] = json.loads(line)
+            except ValueError:
+                continue
+            return TorchFacts(data.get("torch"), data.get("cuda"), data.get("nccl"),
+                              data.get("error"))
+        return TorchFacts(None, None, None, text.strip()[-300:] or "no output")
+
+    @property
+    def interfaces(self) -> dict[str, str]:
+        """IPv4 address -> interface name."""
+        found: dict[str, str] = {}
+        for line in (self.text("addresses") or "").splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                found[parts[1].split("/")[0]] = parts[0]
+        return found
+
+    @property
+    def infiniband(self) -> dict[str, tuple[str, str]]:
+        """`mlx5_0/1` -> (state, rate)."""
+        ports: dict[str, tuple[str, str]] = {}
+        for line in (self.text("infiniband") or "").splitlines():
+            port, _, rest = line.strip().partition(" ")
+            state, _, rate = rest.partition("|")
+            if port and not port.startswith("*"):
+                ports[port] = (state.strip(), rate.strip())
+        return ports
+
+    def df_available_bytes(self, name: str) -> int | None:
+        text = self.ok_text(name)
+        parts = text.split() if text else []
+        if len(parts) >= 4 and parts[3].isdigit():
+            return int(parts[3]) * 1024
+        return None
+
+    def df_size_bytes(self, name: str) -> int | None:
+        text = self.ok_text(name)
+        parts = text.split() if text else []
+        if len(parts) >= 2 and parts[1].isdigit():
+            return int(parts[1]) * 1024
+        return None
+
+    @property
+    def runtimes(self) -> dict[str, str]:
+        return _name_value_lines(self.text("runtimes"))
+
+    @property
+    def container_toolkit(self) -> dict[str, str]:
+        return _name_value_lines(self.text("container_toolkit"))
+
+
+def _name_value_lines(text: str | None) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        name, _, rest = line.strip().partition(" ")
+        if name:
+            found[name] = rest.strip()
+    return found
+
+
+def render_probe(inventory: Inventory) -> str:
+    """The probe script for this cluster (paths and peer names quoted)."""
+    work_dir = inventory.cluster.work_dir
+    if work_dir.startswith("~/"):  # expand on the node, the rest quoted
+        work_dir_shell = '"$HOME"/' + _quote(work_dir[2:])
+    else:
+        work_dir_shell = _quote(work_dir)
+    return render(
+        "doctor/probe.sh.j2", python=inventory.cluster.python,
+        torchrun=inventory.cluster.torchrun, work_dir=work_dir_shell,
+        tool_timeout=TOOL_TIMEOUT_S, torch_script=TORCH_SCRIPT,
+        query_fields=",".join(nvidia_smi.QUERY_FIELDS),
+        app_fields=",".join(nvidia_smi.APP_FIELDS))
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def parse_sections(output: str) -> dict[str, Section]:
+    sections: dict[str, Section] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in output.splitlines():
+        start = _SECTION.match(line)
+        end = _END.match(line)
+        if start:
+            name, lines = start.group(1), []
+        elif end and name is not None:
+            sections[name] = Section("\n".join(lines).strip("\n"), int(end.group(1)))
+            name = None
+        elif name is not None:
+            lines.append(line)
+    return sections
+
+
+def parse_facts(output: str, sent_at: float) -> NodeFacts:
+    """Facts from the probe's output. The node reads its clock first thing, so the offset
+    against `sent_at` (controller time just before sending, connection already open) is
+    exact to within the time to start a command over SSH (milliseconds)."""
+    sections = parse_sections(output)
+    offset = None
+    clock = sections.get("clock")
+    if clock is not None:
+        try:
+            offset = float(clock.output.strip()) - sent_at
+        except ValueError:
+            offset = None
+    return NodeFacts(sections, offset)

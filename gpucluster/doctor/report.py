@@ -1,0 +1,93 @@
+"""Doctor's output: the checks x nodes table, the cross-node summary, the findings with
+their remedies, and the versioned JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpucluster import hostrange
+from gpucluster.doctor.model import REGISTRY, Status
+from gpucluster.doctor.runner import DoctorReport, fold_summary
+
+STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+
+
+def print_report(console: Console, report: DoctorReport, verbose: bool) -> None:
+    """The table, the cross-node summary, the findings (all results with -v), a total."""
+    _print_table(console, report)
+    if report.summary:
+        console.print("[bold]Across nodes[/]")
+        for label, values in report.summary.items():
+            marker = "[yellow]![/]" if len(values) > 1 else " "
+            console.print(f" {marker} {label}: {escape(fold_summary(values))}")
+    _print_findings(console, report, verbose)
+    counts = Counter(r.status for r in report.results)
+    console.print(f"doctor: {counts[Status.FAIL]} FAIL, {counts[Status.WARN]} WARN, "
+                  f"{counts[Status.OK]} OK, {counts[Status.SKIP]} SKIP on "
+                  f"{len(report.hosts)} nodes in {report.duration_s:.1f}s")
+
+
+def _print_table(console: Console, report: DoctorReport) -> None:
+    table = Table(title=f"gpucluster doctor: {len(report.hosts)} nodes")
+    table.add_column("check")
+    for host in report.hosts:
+        table.add_column(host, justify="center")
+    cells = {(r.name, r.host): r.status for r in report.results}
+    for check in report.checks:
+        statuses = [cells.get((check, host)) for host in report.hosts]
+        table.add_row(check, *[f"[{STYLE[s]}]{s.value}[/]" if s else "" for s in statuses])
+    console.print(table)
+
+
+def _print_findings(console: Console, report: DoctorReport, verbose: bool) -> None:
+    """WARN and FAIL (every status with -v), identical findings folded across hosts."""
+    shown = {Status.WARN, Status.FAIL} | ({Status.OK, Status.SKIP} if verbose else set())
+    findings: dict[tuple[str, Status, str, str], list[str]] = {}
+    for result in report.results:
+        if result.status in shown:
+            key = (result.name, result.status, result.message, result.remedy)
+            findings.setdefault(key, []).append(result.host)
+    if not findings:
+        return
+    console.print("[bold]Findings[/]")
+    details = {(r.name, r.host): r.details for r in report.results if r.details}
+    position = {name: i for i, name in enumerate(report.checks)}
+    for (name, status, message, remedy), hosts in sorted(
+            findings.items(), key=lambda item: position.get(item[0][0], 0)):
+        console.print(f" [{STYLE[status]}]{status.value}[/] {name} "
+                      f"[cyan]{escape(hostrange.fold(hosts))}[/]: {escape(message)}")
+        if remedy:
+            console.print(f"      fix: {escape(remedy)}")
+        for host in hosts if verbose else []:
+            if (name, host) in details:
+                console.print(f"      {host}: {escape(str(details[(name, host)]))}", style="dim")
+
+
+def payload(report: DoctorReport, exit_code: int) -> dict[str, Any]:
+    counts = Counter(r.status.value for r in report.results)
+    return {
+        "hosts": list(report.hosts),
+        "checks": list(report.checks),
+        "results": [{"check": r.name, "host": r.host, "status": r.status.value,
+                     "message": r.message, "remedy": r.remedy, "details": dict(r.details)}
+                    for r in report.results],
+        "summary": report.summary,
+        "facts": report.facts,
+        "counts": {s.value: counts.get(s.value, 0) for s in Status},
+        "exit_code": exit_code,
+        "duration_s": round(report.duration_s, 3),
+    }
+
+
+def print_check_list(console: Console) -> None:
+    table = Table(title="doctor checks")
+    for column in ("check", "category", "what it looks at"):
+        table.add_column(column)
+    for spec in REGISTRY.values():
+        table.add_row(spec.name, spec.category, spec.summary)
+    console.print(table)

@@ -1,0 +1,152 @@
+"""Run doctor: probe every node once (in parallel), probe the network once, then run the
+selected checks over all facts together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucluster import hostrange
+from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills REGISTRY
+from gpucluster.doctor.model import REGISTRY, CheckResult, CheckSpec, Context, Status
+from gpucluster.doctor.probe import NodeFacts, parse_facts, render_probe
+from gpucluster.doctor.rendezvous import Reachability, probe_network
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Inventory
+from gpucluster.remote.connection import Connection
+from gpucluster.remote.result import CommandResult
+from gpucluster.remote.session import Session
+
+DEFAULT_PROBE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Every result, plus the facts behind the cross-node summary."""
+
+    hosts: tuple[str, ...]
+    checks: tuple[str, ...]
+    results: tuple[CheckResult, ...]
+    summary: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def worst(self, strict: bool) -> Status:
+        statuses = {r.status for r in self.results}
+        if Status.FAIL in statuses or (strict and Status.WARN in statuses):
+            return Status.FAIL
+        return Status.WARN if Status.WARN in statuses else Status.OK
+
+
+def select_checks(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[CheckSpec]:
+    """--checks / --skip; an unknown name is an error naming the known ones."""
+    wanted = list(only) if only else list(REGISTRY)
+    unknown = [n for n in [*wanted, *(skip or [])] if n not in REGISTRY]
+    if unknown:
+        raise GpuclusterError(f"unknown check {', '.join(unknown)}; see gpucluster doctor "
+                              f"--list ({', '.join(REGISTRY)})")
+    return [REGISTRY[n] for n in wanted if n not in set(skip or [])]
+
+
+def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckSpec],
+               probe_timeout: float = DEFAULT_PROBE_TIMEOUT_S,
+               on_node: Callable[[str], None] | None = None) -> DoctorReport:
+    """All facts in two round trips per node, then every selected check."""
+    started = time.monotonic()
+    script = render_probe(inventory)
+
+    def probe(connection: Connection) -> NodeFacts:
+        connection.connect()  # so the clock reading is not skewed by the handshake
+        sent_at = time.time()
+        result: CommandResult = connection.run(script, timeout=probe_timeout)
+        return parse_facts(result.stdout, sent_at)
+
+    gathered = session.map(inventory.hosts, probe,
+                           on_done=(lambda host, _: on_node(host)) if on_node else None)
+    facts = dict(gathered.values)
+    network: dict[str, Reachability] = {}
+    note: str | None = None
+    if facts and any(s.name in _NETWORK_CHECKS for s in selected):
+        network, note = probe_network(session, inventory, facts)
+    context = Context(inventory, facts, dict(gathered.failures), network, note)
+    results: list[CheckResult] = []
+    for spec in selected:
+        results.extend(_run_check(spec, context))
+    order = {h.name: i for i, h in enumerate(inventory.hosts)}
+    results.sort(key=lambda r: order.get(r.host, len(order)))
+    return DoctorReport(
+        hosts=tuple(h.name for h in inventory.hosts),
+        checks=tuple(s.name for s in selected),
+        results=tuple(results),
+        summary=cross_node_summary(context),
+        facts={name: fact_summary(f) for name, f in facts.items()},
+        duration_s=time.monotonic() - started,
+    )
+
+
+_NETWORK_CHECKS = {"name-resolution", "rendezvous-port", "interface"}
+
+
+def _run_check(spec: CheckSpec, context: Context) -> list[CheckResult]:
+    """A check that raises becomes FAIL on every node, with the error as details."""
+    try:
+        results = spec.run(context)
+    except Exception as error:  # one broken check must not sink the report
+        return [CheckResult(spec.name, h.name, Status.FAIL, "the check itself failed",
+                            "report this as a gpucluster bug", {"error": repr(error)})
+                for h in context.answering()]
+    if spec.name != "ssh":  # unreachable hosts are reported once, by the ssh check
+        results += [CheckResult(spec.name, name, Status.SKIP, "host unreachable")
+                    for name in context.unreachable]
+    return results
+
+
+def cross_node_summary(context: Context) -> dict[str, dict[str, list[str]]]:
+    """Fact -> value -> hosts, for the facts whose parity matters most."""
+    probes: dict[str, Callable[[NodeFacts], str | None]] = {
+        "driver": lambda f: f.versions.driver if f.gpus else None,
+        "CUDA (driver)": lambda f: f.versions.cuda if f.gpus else None,
+        "GPU": lambda f: (f"{len(f.gpus)} x {f.gpus[0].name}" if f.gpus else
+                          ("none" if not f.has_nvidia_smi else "driver failure")),
+        "torch": lambda f: f.torch.version if f.torch and f.torch.version else None,
+        "torch CUDA": lambda f: (f.torch.cuda or "cpu") if f.torch and f.torch.version else None,
+        "NCCL": lambda f: f.torch.nccl if f.torch and f.torch.nccl else None,
+    }
+    summary: dict[str, dict[str, list[str]]] = {}
+    for label, read in probes.items():
+        values: dict[str, list[str]] = {}
+        for name, facts in context.facts.items():
+            value = read(facts)
+            if value is not None:
+                values.setdefault(value, []).append(name)
+        if values:
+            summary[label] = values
+    return summary
+
+
+def fold_summary(values: dict[str, list[str]]) -> str:
+    return ", ".join(f"{value} on {hostrange.fold(hosts)}" for value, hosts in values.items())
+
+
+def fact_summary(facts: NodeFacts) -> dict[str, Any]:
+    """The facts --json reports per host (what checks judged, in plain values)."""
+    torch = facts.torch
+    return {
+        "hostname": facts.hostname,
+        "driver": facts.versions.driver,
+        "cuda_driver": facts.versions.cuda,
+        "gpus": [{"index": g.index, "name": g.name, "memory_total_mib": g.memory_total_mib,
+                  "bus_id": g.bus_id} for g in facts.gpus],
+        "torch": torch.version if torch else None,
+        "torch_cuda": torch.cuda if torch else None,
+        "nccl": torch.nccl if torch else None,
+        "interfaces": dict(facts.interfaces),
+        "infiniband": {p: {"state": s, "rate": r} for p, (s, r) in facts.infiniband.items()},
+        "shm_bytes": facts.df_size_bytes("shm"),
+        "work_dir_free_bytes": facts.df_available_bytes("disk"),
+        "clock_offset_s": None if facts.clock_offset_s is None else round(
+            facts.clock_offset_s, 3),
+        "runtimes": facts.runtimes,
+    }
