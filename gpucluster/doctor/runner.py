@@ -117,10 +117,10 @@ def cross_node_summary(context: Context) -> dict[str, dict[str, list[str]]]:
     summary: dict[str, dict[str, list[str]]] = {}
     for label, read in probes.items():
         values: dict[str, list[str]] = {}
-        for name, facts in context.facts.items():
-            value = read(facts)
+        for host in context.answering():
+            value = read(context.facts[host.name])
             if value is not None:
-                values.setdefault(value, []).append(name)
+                values.setdefault(value, []).append(host.name)
         if values:
             summary[label] = values
     return summary

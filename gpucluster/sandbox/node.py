@@ -100,12 +100,10 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> Non
             old_key.unlink()
         system.sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{node.name}",
                   "-f", str(paths.etc / "ssh" / "ssh_host_ed25519_key"))
+        # Only when the node is created: later edits (provision, staged faults) are kept.
+        system.write_atomically(paths.etc / "hosts", render(
+            "sandbox/hosts.j2", node=node.name, address=node.address))
     system.write_atomically(paths.etc / "hostname", node.name + "\n")
-    hosts = paths.etc / "hosts"
-    if not (hosts.exists() and f"\t{node.name}" in hosts.read_text()):
-        # Only on first creation: later edits (provision, staged faults) are kept.
-        system.write_atomically(hosts, render("sandbox/hosts.j2", node=node.name,
-                                              address=node.address))
     system.write_atomically(paths.etc / "ssh" / "sshd_config", render(
         "sandbox/sshd_config.j2", node=node.name, address=node.address,
         pid_file=paths.pid_file))

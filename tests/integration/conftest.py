@@ -33,12 +33,15 @@ class Sandbox:
         state = Path(f"/var/lib/gpucluster/sandbox/{self.name}/{node}/sshd.pid")
         return int(state.read_text())
 
+    def node_argv(self, node: str, argv: list[str]) -> list[str]:
+        """argv that runs inside the node's namespaces, bypassing SSH."""
+        return ["nsenter", "-t", str(self.sshd_pid(node)), "-n", "-m", "-u", "--", *argv]
+
     def node_exec(self, node: str, command: str, check: bool = True
                   ) -> subprocess.CompletedProcess[str]:
         """Run a shell command inside the node's namespaces, bypassing SSH."""
-        argv = ["nsenter", "-t", str(self.sshd_pid(node)), "-n", "-m", "-u", "--",
-                "/bin/sh", "-c", command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=check)
+        return subprocess.run(self.node_argv(node, ["/bin/sh", "-c", command]),
+                              capture_output=True, text=True, timeout=30, check=check)
 
     def write_inventory(self, path: Path, **changes: object) -> Path:
         """A copy of the sandbox inventory with some top-level sections replaced."""

@@ -78,12 +78,16 @@ def test_staged_mismatches_show_on_the_right_nodes(tmp_path: Path) -> None:
         assert nodes["node2"]["gpus"].startswith("4 x h100")
         assert nodes["node4"]["gpus"] == "none"
 
-        # Idempotent: a second identical `up` starts nothing and changes nothing.
+        # Idempotent: a second identical `up` starts nothing and keeps edits made in nodes.
+        edit = "198.19.1.99 peer-added-by-hand"
+        gpucluster("run", "-i", str(inventory), "--hosts", "node2", f"echo '{edit}' >> /etc/hosts")
         again = gpucluster("sandbox", "up", "--name", LIFE, "--subnet", LIFE_SUBNET,
                            "--nodes", "4", "--gpus", "node2=4", "--gpus", "node4=0",
                            "--driver", "node3=535.104.05", "--driver", "node1=failed",
                            "--link-rate", "node2=10mbit", "--write-inventory", str(inventory))
         assert again.code == 0 and "started: none" in again.stdout
+        kept = _run_json(inventory, "cat /etc/hosts")
+        assert edit in kept["node2"]["stdout"] and edit not in kept["node1"]["stdout"]
         # Restaging: node4 gains GPUs (restarted to mount nvidia-smi), node count shrinks.
         restaged = gpucluster("sandbox", "up", "--name", LIFE, "--subnet", LIFE_SUBNET,
                               "--nodes", "3", "--write-inventory", str(inventory))

@@ -1,0 +1,182 @@
+"""Doctor against real sandbox nodes: every staged problem is named on the right node,
+under the right check, with the right severity and a remedy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli import gpucluster
+from tests.integration.conftest import Sandbox
+
+pytestmark = pytest.mark.sandbox
+
+HOSTS_MARK = "# doctor-test peers"
+
+
+def _results(payload: dict) -> dict[tuple[str, str], dict]:
+    return {(r["check"], r["host"]): r for r in payload["results"]}
+
+
+def _up(sandbox: Sandbox, *flags: str) -> None:
+    done = gpucluster("sandbox", "up", "--name", sandbox.name, "--subnet", "198.19.0.0/24",
+                      "--nodes", "4", "--write-inventory", str(sandbox.inventory), *flags,
+                      timeout=120)
+    assert done.code == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def resolvable(sandbox: Sandbox) -> Iterator[Sandbox]:
+    """Every node knows every peer (what provision will do), removed afterwards."""
+    lines = "\\n".join(f"{address} {name} {HOSTS_MARK}"
+                       for name, address in sandbox.addresses.items())
+    for node in sandbox.nodes:
+        sandbox.node_exec(node, f"grep -v '{HOSTS_MARK}' /etc/hosts | grep -v "
+                          f"'\\s{node}$' > /etc/hosts.new; printf '{lines}\\n' >> "
+                          f"/etc/hosts.new; mv /etc/hosts.new /etc/hosts")
+    yield sandbox
+    for node in sandbox.nodes:
+        sandbox.node_exec(node, f"grep -v '{HOSTS_MARK}' /etc/hosts > /etc/hosts.new; "
+                          f"echo '{sandbox.addresses[node]}\t{node}' >> /etc/hosts.new; "
+                          f"mv /etc/hosts.new /etc/hosts")
+
+
+def test_an_all_clear_sandbox_exits_0_with_a_pinned_json_schema(resolvable: Sandbox) -> None:
+    result = gpucluster("doctor", "-i", str(resolvable.inventory), "--json")
+    payload = result.json()
+    failed = [r for r in payload["results"] if r["status"] == "FAIL"]
+    assert result.code == 0, failed
+    assert payload["schema"] == 1 and payload["exit_code"] == 0
+    assert set(payload) == {"schema", "hosts", "checks", "results", "summary", "facts",
+                            "counts", "exit_code", "duration_s"}
+    assert set(payload["results"][0]) == {"check", "host", "status", "message", "remedy",
+                                          "details"}
+    assert payload["hosts"] == resolvable.nodes
+    assert len(payload["results"]) == len(payload["checks"]) * 4
+    assert payload["summary"]["driver"] == {"590.48.01": resolvable.nodes}
+    facts = payload["facts"]["node2"]
+    assert facts["hostname"] == "node2" and len(facts["gpus"]) == 8
+    assert facts["torch"].startswith("2.13.0")
+    results = _results(payload)
+    assert results[("rendezvous-port", "node3")]["status"] == "OK"
+    assert results[("interface", "node1")]["message"].endswith(
+        "use NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0")
+    # no listener is left behind on the head node
+    listening = resolvable.node_exec("node1", "ss -ltn 'sport = :29500' | tail -n +2").stdout
+    assert listening.strip() == ""
+
+
+def test_list_and_selection() -> None:
+    listed = gpucluster("doctor", "--list")
+    for name in ("driver", "rendezvous-port", "gpu-processes", "clock", "shm"):
+        assert name in listed.stdout
+    bad = gpucluster("doctor", "--checks", "drvier", "-i", "/nonexistent.yaml")
+    assert bad.code == 2 and "unknown check drvier" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
+    """Several problems at once, each on its own node; one doctor run judges them all."""
+    sandbox = resolvable
+    _up(sandbox, "--driver", "node3=535.104.05", "--gpus", "node2=4", "--gpus", "node4=0")
+    rule = "INPUT -p tcp --dport 29500 -j DROP"
+    sandbox.node_exec("node1", f"iptables -A {rule}")
+    sandbox.node_exec("node2", f"sed -i '/^{sandbox.addresses['node3']} node3 /d' /etc/hosts")
+    holder = subprocess.Popen(sandbox.node_argv("node1", ["sleep", "300"]))
+    time.sleep(0.2)
+    apps = Path(f"/var/lib/gpucluster/sandbox/{sandbox.name}/node1/gpu.apps")
+    sleeper = int(subprocess.run(["pgrep", "-n", "-f", "^sleep 300$"], capture_output=True,
+                                 text=True, check=True).stdout)
+    apps.write_text(f"{sleeper} 5 30720 python stale_train.py\n")
+    try:
+        result = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", "-v")
+        yield sandbox, result.json(), result.code
+    finally:
+        apps.unlink(missing_ok=True)
+        holder.kill()
+        holder.wait()
+        sandbox.node_exec("node1", f"iptables -D {rule}")
+        node3 = f"{sandbox.addresses['node3']} node3 {HOSTS_MARK}"
+        sandbox.node_exec("node2", f"echo '{node3}' >> /etc/hosts")
+        _up(sandbox)
+
+
+def test_staged_problems_exit_1(staged: tuple[Sandbox, dict, int]) -> None:
+    _, payload, code = staged
+    assert code == 1 and payload["exit_code"] == 1
+
+
+def test_driver_mismatch_is_named_on_its_node(staged: tuple[Sandbox, dict, int]) -> None:
+    results = _results(staged[1])
+    finding = results[("driver", "node3")]
+    assert finding["status"] == "FAIL"
+    assert "535.104.05" in finding["message"] and "590.48.01 on node[1-2]" in finding["message"]
+    assert "same driver version" in finding["remedy"]
+    assert results[("driver", "node1")]["status"] == "OK"
+    assert staged[1]["summary"]["driver"] == {"590.48.01": ["node1", "node2"],
+                                              "535.104.05": ["node3"]}
+
+
+def test_gpu_count_and_missing_gpus(staged: tuple[Sandbox, dict, int]) -> None:
+    results = _results(staged[1])
+    assert results[("gpu-count", "node2")]["status"] == "FAIL"
+    assert results[("gpu-count", "node2")]["message"] == "4 GPUs found, inventory expects 8"
+    assert results[("nvidia-smi", "node4")]["status"] == "FAIL"
+    assert "nvidia-smi not found" in results[("nvidia-smi", "node4")]["message"]
+    assert "nvidia-driver" in results[("nvidia-smi", "node4")]["remedy"]
+    assert results[("gpu-count", "node4")]["status"] == "FAIL"
+
+
+def test_blocked_rendezvous_port(staged: tuple[Sandbox, dict, int]) -> None:
+    results = _results(staged[1])
+    assert results[("rendezvous-port", "node1")]["status"] == "OK"  # the head itself
+    for node in ("node2", "node3", "node4"):
+        finding = results[("rendezvous-port", node)]
+        assert finding["status"] == "FAIL"
+        assert "cannot reach node1 (198.19.0.11):29500: no answer" in finding["message"]
+        assert "--dport 29500" in finding["remedy"]
+
+
+def test_missing_hosts_entry(staged: tuple[Sandbox, dict, int]) -> None:
+    results = _results(staged[1])
+    finding = results[("name-resolution", "node2")]
+    assert finding["status"] == "FAIL"
+    assert finding["message"] == "node3 does not resolve"
+    assert "198.19.0.13 node3" in finding["remedy"]
+    assert results[("name-resolution", "node1")]["status"] == "OK"
+
+
+def test_stale_gpu_process(staged: tuple[Sandbox, dict, int]) -> None:
+    results = _results(staged[1])
+    finding = results[("gpu-processes", "node1")]
+    assert finding["status"] == "FAIL"
+    assert "stale_train.py (30720 MiB)" in finding["message"]
+    assert finding["remedy"].startswith("stop them")
+    assert results[("gpu-processes", "node3")]["status"] == "OK"
+
+
+def test_duplicate_hostname_and_dead_node(resolvable: Sandbox) -> None:
+    sandbox = resolvable
+    sandbox.node_exec("node2", "hostname node3")
+    victim_pid = sandbox.sshd_pid("node4")
+    os.kill(victim_pid, signal.SIGTERM)
+    try:
+        result = gpucluster("doctor", "-i", str(sandbox.inventory), "--json")
+        results = _results(result.json())
+        assert result.code == 1
+        for node in ("node2", "node3"):
+            assert results[("hostname", node)]["status"] == "FAIL"
+            assert "also the hostname of" in results[("hostname", node)]["message"]
+        assert results[("ssh", "node4")]["status"] == "FAIL"
+        assert results[("ssh", "node4")]["message"].startswith("unreachable:")
+        assert results[("driver", "node4")]["status"] == "SKIP"
+        assert results[("driver", "node1")]["status"] == "OK"  # the others were checked
+    finally:
+        sandbox.node_exec("node2", "hostname node2")
+        _up(sandbox)
