@@ -1,0 +1,175 @@
+"""Doctor's checks on synthetic facts (the probe's section format), its runner's error
+handling, and the real probe script run on this machine."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpucluster import inventory as inventory_module
+from gpucluster.doctor import probe
+from gpucluster.doctor.model import REGISTRY, CheckSpec, Context, Status, majority, parity
+from gpucluster.doctor.runner import _run_check
+from gpucluster.remote.local import LocalConnection
+
+GPU_HEADER = ("index, name, uuid, pci.bus_id, driver_version, memory.total [MiB], "
+              "persistence_mode, mig.mode.current, ecc.mode.current, "
+              "ecc.errors.uncorrected.volatile.total, ecc.errors.uncorrected.aggregate.total, "
+              "retired_pages.pending, remapped_rows.pending, remapped_rows.failure, "
+              "fabric.state, fabric.status")
+
+
+def gpu_row(index: int = 0, **overrides: str) -> str:
+    cells = {"name": "NVIDIA H100 80GB HBM3", "persistence": "Enabled", "mig": "Disabled",
+             "ecc": "Enabled", "volatile": "0", "aggregate": "0", "retired": "[N/A]",
+             "pending": "No", "failure": "No", "fabric": "Completed", "status": "Success",
+             "driver": "550.54.15", **overrides}
+    return (f"{index}, {cells['name']}, GPU-{index}, 00000000:{index + 24:02X}:00.0, "
+            f"{cells['driver']}, 81559 MiB, {cells['persistence']}, {cells['mig']}, "
+            f"{cells['ecc']}, {cells['volatile']}, {cells['aggregate']}, {cells['retired']}, "
+            f"{cells['pending']}, {cells['failure']}, {cells['fabric']}, {cells['status']}")
+
+
+def facts(gpus: list[str] | None = None, torch: str = '{"torch": "2.5.1", "cuda": "12.4", '
+          '"nccl": "2.21.5"}', cuda: str = "12.4", hostname: str = "n", offset: float = 0.0,
+          **sections: str) -> probe.NodeFacts:
+    parts = {"hostname": hostname, "python": "/opt/venv/bin/python", "torch": torch,
+             "nvidia_smi_path": "/usr/bin/nvidia-smi", "sudo": "root", "memlock": "unlimited",
+             "nvidia_version": f"DRIVER version : 550.54.15\nCUDA Version : {cuda}",
+             "gpus": "\n".join([GPU_HEADER, *(gpus if gpus is not None else [gpu_row()])]),
+             "shm": "shm 16777216 0 16777216 0% /dev/shm", **sections}
+    output = "".join(f"@@gpc {name}\n{text}\n@@gpc-rc 0\n" for name, text in parts.items())
+    clock = f"@@gpc clock\n{time.time() + offset}\n@@gpc-rc 0\n"
+    return probe.parse_facts(output + clock, time.time())
+
+
+def context(tmp_path: Path, node_facts: dict[str, probe.NodeFacts],
+            extra: str = "") -> Context:
+    path = tmp_path / "inventory.yaml"
+    names = ", ".join(node_facts)
+    path.write_text(f"defaults:\n  gpus: 1\n{extra}hosts: [{names}]\n")
+    return Context(inventory_module.load(path), node_facts, {}, {})
+
+
+def statuses(check: str, ctx: Context) -> dict[str, Status]:
+    return {r.host: r.status for r in REGISTRY[check].run(ctx)}
+
+
+def test_torch_built_for_a_newer_cuda_major_than_the_driver_fails(tmp_path: Path) -> None:
+    ctx = context(tmp_path, {"a": facts(cuda="11.8"), "b": facts()})
+    results = {r.host: r for r in REGISTRY["torch-cuda"].run(ctx)}
+    assert results["a"].status is Status.FAIL
+    assert "CUDA 12.4, the driver supports only 11.8" in results["a"].message
+    assert results["b"].status is Status.OK
+
+
+def test_cpu_torch_on_a_gpu_node_fails_except_in_the_sandbox(tmp_path: Path) -> None:
+    cpu = '{"torch": "2.5.1", "cuda": null, "nccl": null}'
+    ctx = context(tmp_path, {"a": facts(torch=cpu)})
+    assert statuses("torch-cuda", ctx) == {"a": Status.FAIL}
+    sandbox = context(tmp_path, {"a": facts(torch=cpu)}, "  labels: {sandbox: x}\n")
+    assert statuses("torch-cuda", sandbox) == {"a": Status.SKIP}
+
+
+def test_torch_and_nccl_parity(tmp_path: Path) -> None:
+    other = '{"torch": "2.4.0", "cuda": "12.4", "nccl": "2.20.5"}'
+    ctx = context(tmp_path, {"a": facts(), "b": facts(), "c": facts(torch=other)})
+    assert statuses("torch", ctx) == {"a": Status.OK, "b": Status.OK, "c": Status.FAIL}
+    assert statuses("nccl", ctx)["c"] is Status.FAIL
+    broken = '{"torch": null, "error": "ImportError: libcudnn.so.9"}'
+    ctx = context(tmp_path, {"a": facts(torch=broken)})
+    (result,) = REGISTRY["torch"].run(ctx)
+    assert result.status is Status.FAIL and "libcudnn" in result.message
+
+
+@pytest.mark.parametrize(("check", "overrides", "expected"), [
+    ("ecc", {"volatile": "3"}, Status.FAIL),
+    ("ecc", {"aggregate": "1"}, Status.WARN),
+    ("ecc", {"ecc": "[N/A]", "volatile": "[N/A]", "aggregate": "[N/A]"}, Status.SKIP),
+    ("row-remapping", {"pending": "Yes"}, Status.FAIL),
+    ("row-remapping", {"failure": "Yes"}, Status.FAIL),
+    ("retired-pages", {"retired": "Yes"}, Status.FAIL),
+    ("persistence", {"persistence": "Disabled"}, Status.WARN),
+    ("mig", {"mig": "Enabled"}, Status.WARN),
+    ("fabric", {"fabric": "In Progress", "status": "N/A"}, Status.FAIL),
+    ("fabric", {"fabric": "N/A", "status": "N/A"}, Status.SKIP),
+])
+def test_gpu_health(tmp_path: Path, check: str, overrides: dict[str, str],
+                    expected: Status) -> None:
+    ctx = context(tmp_path, {"a": facts(gpus=[gpu_row(0), gpu_row(1, **overrides)])})
+    results = REGISTRY[check].run(ctx)
+    assert [r.status for r in results] == [expected]
+    if expected in (Status.WARN, Status.FAIL):
+        assert results[0].message.startswith("GPU 1:") and results[0].remedy
+
+
+def test_system_limits(tmp_path: Path) -> None:
+    small = facts(shm="shm 65536 0 65536 0% /dev/shm", memlock="64",
+                  infiniband="mlx5_0/1 4: ACTIVE|400 Gb/sec (4X NDR)", offset=5.0,
+                  disk="/dev/vda 1000 900 100 90% /")
+    ctx = context(tmp_path, {"a": small})
+    assert statuses("shm", ctx) == {"a": Status.WARN}
+    assert statuses("memlock", ctx) == {"a": Status.WARN}
+    assert statuses("clock", ctx) == {"a": Status.WARN}
+    assert statuses("disk", ctx) == {"a": Status.FAIL}
+    assert statuses("infiniband", ctx) == {"a": Status.OK}
+    relaxed = context(tmp_path, {"a": facts(memlock="64")})
+    assert statuses("memlock", relaxed) == {"a": Status.OK}  # no InfiniBand: no need
+
+
+def test_infiniband_down_port_and_parity(tmp_path: Path) -> None:
+    ctx = context(tmp_path, {
+        "a": facts(infiniband="mlx5_0/1 4: ACTIVE|400 Gb/sec (4X NDR)"),
+        "b": facts(infiniband="mlx5_0/1 1: DOWN|10 Gb/sec (4X SDR)"),
+        "c": facts()})
+    assert statuses("infiniband", ctx) == {"a": Status.OK, "b": Status.FAIL, "c": Status.FAIL}
+
+
+def test_gpu_count_against_inventory_and_peers(tmp_path: Path) -> None:
+    ctx = context(tmp_path, {"a": facts(), "b": facts(gpus=[])})
+    results = {r.host: r for r in REGISTRY["gpu-count"].run(ctx)}
+    assert results["b"].status is Status.FAIL
+    assert results["b"].message == "0 GPUs found, inventory expects 1"
+
+
+def test_majority_and_parity() -> None:
+    assert majority({"a": 1, "b": 1, "c": 2}) == 1
+    assert majority({"a": 1, "b": 2}) is None
+    tie = parity("x", {"a": "1", "b": "2"}, Status.FAIL, "v", "fix")
+    assert [r.status for r in tie] == [Status.FAIL, Status.FAIL]
+    assert "1 on a; 2 on b" in tie[0].message
+
+
+def test_a_check_that_raises_becomes_fail_with_the_error(tmp_path: Path) -> None:
+    def broken(_ctx: Context) -> list:
+        raise ZeroDivisionError("boom")
+
+    ctx = context(tmp_path, {"a": facts()})
+    (result,) = _run_check(CheckSpec("broken", "x", "x", broken), ctx)
+    assert result.status is Status.FAIL and "ZeroDivisionError" in result.details["error"]
+
+
+def test_sections_survive_garbage_and_truncation() -> None:
+    output = "noise\n@@gpc a\nline1\n@@gpc-rc 0\n@@gpc b\npartial"  # b never ended
+    sections = probe.parse_sections(output)
+    assert sections == {"a": probe.Section("line1", 0)}
+
+
+def test_the_real_probe_runs_here_and_quotes_inventory_paths(tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster:\n  python: 'python3; touch {target}'\n"
+                    f"  work_dir: '~/no such dir/$(touch {target})'\nhosts: [localhost]\n")
+    loaded = inventory_module.load(path)
+    sent = time.time()
+    result = LocalConnection("localhost").run(probe.render_probe(loaded), timeout=60)
+    found = probe.parse_facts(result.stdout, sent)
+    assert not target.exists()
+    for section in ("hostname", "user", "sudo", "path", "python", "torch", "shm", "memlock",
+                    "disk", "runtimes", "xid", "addresses"):
+        assert section in found.sections, section
+    assert found.ok_text("python") is None  # the odd path is looked up literally
+    assert found.df_available_bytes("disk") is not None  # nearest existing parent
+    assert found.clock_offset_s is not None and abs(found.clock_offset_s) < 5
