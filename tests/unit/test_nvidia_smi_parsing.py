@@ -28,7 +28,7 @@ EXPECTED = {
 def _capture(model: str) -> captures.Capture:
     path = next(FIXTURES.glob(f"*__{model}__*.txt"))
     return captures.Capture(model, path.stem.split("__")[2],
-                            captures._split_sections(path.read_text()))  # noqa: SLF001
+                            captures._split_sections(path.read_text()))
 
 
 @pytest.mark.parametrize("model", sorted(EXPECTED))
