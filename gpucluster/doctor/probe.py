@@ -110,6 +110,20 @@ class NodeFacts:
         return TorchFacts(None, None, None, text.strip()[-300:] or "no output")
 
     @property
+    def resolved(self) -> dict[str, str | None]:
+        """Inventory host name -> the address it resolves to here (None: it does not)."""
+        from gpucluster.doctor.rendezvous import parse_resolved
+
+        names = [line.split()[1:] for line in (self.text("resolve") or "").splitlines()]
+        known = sorted({n for aliases in names for n in aliases})
+        return parse_resolved(self.text("resolve") or "", known)
+
+    @property
+    def port(self) -> str | None:
+        """The head's rendezvous port as seen from here; None when not probed."""
+        return self.ok_text("port")
+
+    @property
     def interfaces(self) -> dict[str, str]:
         """IPv4 address -> interface name."""
         found: dict[str, str] = {}
@@ -163,7 +177,11 @@ def _name_value_lines(text: str | None) -> dict[str, str]:
 
 
 def render_probe(inventory: Inventory) -> str:
-    """The probe script for this cluster (paths and peer names quoted)."""
+    """The probe script for this cluster (paths and peer names quoted). Run with
+    GPC_CONNECT=1 in its environment, it also tests the head's rendezvous port."""
+    from gpucluster.doctor.rendezvous import connect_script
+
+
     work_dir = inventory.cluster.work_dir
     if work_dir.startswith("~/"):  # expand on the node, the rest quoted
         work_dir_shell = '"$HOME"/' + _quote(work_dir[2:])
@@ -174,7 +192,9 @@ def render_probe(inventory: Inventory) -> str:
         torchrun=inventory.cluster.torchrun, work_dir=work_dir_shell,
         tool_timeout=TOOL_TIMEOUT_S, torch_script=TORCH_SCRIPT,
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),
-        app_fields=",".join(nvidia_smi.APP_FIELDS))
+        app_fields=",".join(nvidia_smi.APP_FIELDS),
+        names=" ".join(_quote(h.name) for h in inventory.hosts),
+        connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
 
 
 def _quote(text: str) -> str:
@@ -200,16 +220,24 @@ def parse_sections(output: str) -> dict[str, Section]:
     return sections
 
 
-def parse_facts(output: str, sent_at: float) -> NodeFacts:
-    """Facts from the probe's output. The node reads its clock first thing, so the offset
-    against `sent_at` (controller time just before sending, connection already open) is
-    exact to within the time to start a command over SSH (milliseconds)."""
+def parse_facts(output: str, sent_at: float, clock_seen_at: float | None = None) -> NodeFacts:
+    """Facts from the probe's output.
+
+    The node reads its clock first thing; the true offset lies between its reading minus
+    `clock_seen_at` (when the controller received that line) and its reading minus
+    `sent_at`. A clock inside that window may be exact, so it counts as 0; outside, the
+    offset is the distance to the window, a lower bound on the real skew.
+    """
     sections = parse_sections(output)
     offset = None
     clock = sections.get("clock")
     if clock is not None:
         try:
-            offset = float(clock.output.strip()) - sent_at
+            node_time = float(clock.output.strip())
         except ValueError:
-            offset = None
+            node_time = None
+        if node_time is not None:
+            latest = clock_seen_at if clock_seen_at is not None else sent_at
+            offset = (node_time - sent_at if node_time < sent_at else
+                      node_time - latest if node_time > latest else 0.0)
     return NodeFacts(sections, offset)

@@ -1,9 +1,12 @@
-"""The second round trip: how every node resolves every other node's hostname, and
+"""Network facts that need more than one node: name resolution between nodes, and
 whether the rendezvous port on the head node is reachable from every other node.
 
-Doctor opens a short-lived listener on the head (it exits by itself after a few
-seconds, and is killed as soon as the probes are done), then each other node connects
-to the head's cluster address. No listener is left behind.
+Doctor opens a short-lived listener on the head before the probe round; each other
+node's probe then connects to the head's cluster address (retrying briefly while the
+listener comes up). The listener exits once every node has connected, or after a few
+seconds, and is killed if still there when the probes are done: none is left behind.
+Names are resolved in the same probe; only hostnames that differ from the inventory's
+names need a second, small round trip.
 """
 
 from __future__ import annotations
@@ -11,21 +14,20 @@ from __future__ import annotations
 import contextlib
 import shlex
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from gpucluster.doctor.probe import NodeFacts
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 
 PROBE_TIMEOUT_S = 3.0
-LISTENER_LIFETIME_S = 20.0  # a safety net: the controller kills it well before
+LISTENER_LIFETIME_S = 20.0  # a safety net: it normally exits, or is killed, well before
 
 LISTENER = """\
 import os, socket, sys, time
-port, lifetime = int(sys.argv[1]), float(sys.argv[2])
+port, lifetime, expected = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
@@ -36,27 +38,36 @@ except OSError as error:
     sys.exit(0)
 print("ready", os.getpid(), flush=True)
 server.settimeout(0.2)
-deadline = time.time() + lifetime
-while time.time() < deadline:
+deadline, seen = time.time() + lifetime, 0
+while time.time() < deadline and seen < expected:
     try:
         peer, address = server.accept()
-        print("from", address[0], flush=True)
+        seen += 1
         peer.close()
     except socket.timeout:
         pass
 """
 
+# Connect to the head; "refused" is retried until the deadline, since the listener may
+# still be starting (a REJECT rule is then reported as refused, a DROP as timeout).
 CONNECT = """\
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
-    print("port open")
-except socket.timeout:
-    print("port timeout")
-except ConnectionRefusedError:
-    print("port refused")
-except OSError as error:
-    print("port error", error.strerror or error)
+import socket, sys, time
+host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.time() + limit
+while True:
+    try:
+        socket.create_connection((host, port), timeout=max(0.1, deadline - time.time())).close()
+        print("open")
+    except socket.timeout:
+        print("timeout")
+    except ConnectionRefusedError:
+        if time.time() + 0.2 < deadline:
+            time.sleep(0.2)
+            continue
+        print("refused")
+    except OSError as error:
+        print("error", error.strerror or error)
+    break
 """
 
 
@@ -69,73 +80,66 @@ class Reachability:
 
 
 @dataclass
-class _Listener:
+class Listener:
+    """The head's test listener: its state once it reported, and its pid."""
+
     ready: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
     state: str = "not started"  # ready | busy | failed: ...
     pid: str | None = None
 
+    @property
+    def note(self) -> str | None:
+        """Why the port could not be tested, or that it is busy; None when it could."""
+        if self.state == "ready":
+            return None
+        return self.state
 
-def _python(facts: NodeFacts) -> str:
-    found = facts.ok_text("python")
-    return shlex.quote(found.splitlines()[0]) if found else "python3"
+
+def connect_script(head: Host, port: int) -> str:
+    """Shell arguments for the probe: python -c CONNECT HOST PORT TIMEOUT."""
+    return (f"-c {shlex.quote(CONNECT)} {shlex.quote(head.address)} {port} "
+            f"{PROBE_TIMEOUT_S:g}")
 
 
-def probe_network(session: Session, inventory: Inventory, facts: Mapping[str, NodeFacts]
-                  ) -> tuple[dict[str, Reachability], str | None]:
-    """Per node: names resolved and rendezvous port state; plus a note when the port
-    could not be probed at all."""
-    hosts = [h for h in inventory.hosts if h.name in facts]
-    hostnames = sorted({f.hostname for f in facts.values() if f.hostname})
+@contextlib.contextmanager
+def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
+    """Open the test listener on the head while the body runs; always clean it up."""
     head = inventory.head
-    port = inventory.cluster.rendezvous_port
-    listener = _Listener()
-    thread = None
-    note = None
-    if head.name not in facts:
-        note = f"head node {head.name} did not answer; rendezvous port not probed"
-    elif len(hosts) < 2:
-        note = "a single node: nothing connects to the rendezvous port"
-    else:
-        thread = threading.Thread(target=_listen, daemon=True, args=(
-            session.connection(head), facts[head.name], port, listener))
-        thread.start()
-        if not listener.ready.wait(15):
-            note = f"the listener on {head.name} did not start in time"
-        elif listener.state.startswith("failed"):
-            note = f"could not open a listener on {head.name}: {listener.state}"
-    probe_port = thread is not None and listener.state in ("ready", "busy")
-
-    def task(connection: Connection) -> Reachability:
-        host = next(h for h in hosts if h.name == connection.host)
-        command = _resolve_command(hostnames)
-        if probe_port and host.name != head.name:
-            command += "; " + _connect_command(facts[host.name], head, port)
-        output = connection.run(command, timeout=PROBE_TIMEOUT_S + 15).stdout
-        return _parse(output)
-
+    listener = Listener()
+    if len(inventory.hosts) < 2:
+        listener.state = "a single node: nothing connects to the rendezvous port"
+        listener.ready.set()
+        yield listener
+        return
+    connection = session.connection(head)
+    thread = threading.Thread(target=_listen, daemon=True, args=(
+        connection, inventory.cluster.python, inventory.cluster.rendezvous_port,
+        len(inventory.hosts) - 1, listener))
+    thread.start()
     try:
-        result = session.map(hosts, task)
+        yield listener
     finally:
-        if listener.pid is not None:
+        listener.finished.wait(0.3)  # usually gone already: every node connected
+        if listener.pid is not None and not listener.finished.is_set():
             with contextlib.suppress(RemoteError):  # else its own lifetime ends it
-                session.connection(head).run(f"kill {listener.pid} 2>/dev/null", timeout=10)
-        if thread is not None:
-            thread.join(5)
-    if listener.state == "busy":
-        note = f"busy: port {port} is already in use on {head.name}"
-    return dict(result.values), note
+                connection.run(f"kill {listener.pid} 2>/dev/null", timeout=10)
+        thread.join(5)
 
 
-def _listen(connection: Connection, facts: NodeFacts, port: int, listener: _Listener) -> None:
+def _listen(connection: Connection, python: str, port: int, expected: int,
+            listener: Listener) -> None:
     def on_line(_stream: str, line: str) -> None:
         word, _, rest = line.partition(" ")
         if word in ("ready", "busy") and not listener.ready.is_set():
-            listener.state = word
+            listener.state = word if word == "ready" else f"busy: port {port} is in use"
             listener.pid = rest.strip() if word == "ready" else None
             listener.ready.set()
 
-    command = (f"{_python(facts)} -c {shlex.quote(LISTENER)} {port} "
-               f"{LISTENER_LIFETIME_S:g}")
+    # The job's python if it runs, else any python3 the node has.
+    command = " || ".join(
+        f"{interpreter} -c {shlex.quote(LISTENER)} {port} {LISTENER_LIFETIME_S:g} {expected}"
+        for interpreter in (shlex.quote(python), "python3"))
     try:
         result = connection.run(command, timeout=LISTENER_LIFETIME_S + 10, on_line=on_line)
         if not listener.ready.is_set():
@@ -144,26 +148,28 @@ def _listen(connection: Connection, facts: NodeFacts, port: int, listener: _List
         listener.state = f"failed: {error.message}"
     finally:
         listener.ready.set()
+        listener.finished.set()
 
 
-def _resolve_command(hostnames: list[str]) -> str:
-    names = " ".join(shlex.quote(n) for n in hostnames)
-    return (f"for n in {names}; do printf 'resolve %s %s\\n' \"$n\" "
-            f"\"$(getent hosts \"$n\" | awk '{{print $1; exit}}')\"; done")
+def resolve_round(session: Session, hosts: list[Host], names: list[str]
+                  ) -> dict[str, dict[str, str | None]]:
+    """Per host: how it resolves `names` (for hostnames the probe did not know)."""
+    command = resolve_command(names)
+    result = session.map(hosts, lambda c: parse_resolved(c.run(command, timeout=30).stdout,
+                                                         names))
+    return dict(result.values)
 
 
-def _connect_command(facts: NodeFacts, head: Host, port: int) -> str:
-    return (f"{_python(facts)} -c {shlex.quote(CONNECT)} {shlex.quote(head.address)} {port} "
-            f"{PROBE_TIMEOUT_S:g}")
+def resolve_command(names: list[str]) -> str:
+    """One getent for every name: it prints `address name aliases...` per name found."""
+    return f"getent hosts {' '.join(shlex.quote(n) for n in names)}"
 
 
-def _parse(output: str) -> Reachability:
-    resolved: dict[str, str | None] = {}
-    port = None
+def parse_resolved(output: str, names: list[str]) -> dict[str, str | None]:
+    resolved: dict[str, str | None] = dict.fromkeys(names)
     for line in output.splitlines():
-        parts = line.split(" ", 2)
-        if parts[0] == "resolve" and len(parts) >= 2:
-            resolved[parts[1]] = parts[2].strip() if len(parts) == 3 and parts[2].strip() else None
-        elif parts[0] == "port" and len(parts) >= 2:
-            port = " ".join(parts[1:])
-    return Reachability(resolved, port)
+        address, *aliases = line.split()
+        for name in aliases:
+            if name in resolved and resolved[name] is None:
+                resolved[name] = address
+    return resolved

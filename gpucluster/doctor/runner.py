@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from gpucluster import hostrange
 from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills REGISTRY
 from gpucluster.doctor.model import REGISTRY, CheckResult, CheckSpec, Context, Status
 from gpucluster.doctor.probe import NodeFacts, parse_facts, render_probe
-from gpucluster.doctor.rendezvous import Reachability, probe_network
+from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import Connection
@@ -53,24 +54,36 @@ def select_checks(only: Sequence[str] | None, skip: Sequence[str] | None) -> lis
 def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckSpec],
                probe_timeout: float = DEFAULT_PROBE_TIMEOUT_S,
                on_node: Callable[[str], None] | None = None) -> DoctorReport:
-    """All facts in two round trips per node, then every selected check."""
+    """All facts in one round trip per node (plus the head's test listener), then every
+    selected check."""
     started = time.monotonic()
     script = render_probe(inventory)
+    head = inventory.head.name
+    test_port = "rendezvous-port" in {s.name for s in selected}
 
     def probe(connection: Connection) -> NodeFacts:
         connection.connect()  # so the clock reading is not skewed by the handshake
-        sent_at = time.time()
-        result: CommandResult = connection.run(script, timeout=probe_timeout)
-        return parse_facts(result.stdout, sent_at)
+        connect = test_port and connection.host != head
+        clock_seen: list[float] = []
 
-    gathered = session.map(inventory.hosts, probe,
-                           on_done=(lambda host, _: on_node(host)) if on_node else None)
+        def note_clock(_stream: str, line: str) -> None:
+            if not clock_seen and line.strip()[:1].isdigit():  # the clock is printed first
+                clock_seen.append(time.time())
+
+        sent_at = time.time()
+        result: CommandResult = connection.run(
+            ("export GPC_CONNECT=1; " if connect else "") + script, timeout=probe_timeout,
+            on_line=note_clock)
+        return parse_facts(result.stdout, sent_at, clock_seen[0] if clock_seen else None)
+
+    listening = head_listener(session, inventory) if test_port else nullcontext(None)
+    with listening as listener:
+        gathered = session.map(inventory.hosts, probe,
+                               on_done=(lambda host, _: on_node(host)) if on_node else None)
     facts = dict(gathered.values)
-    network: dict[str, Reachability] = {}
-    note: str | None = None
-    if facts and any(s.name in _NETWORK_CHECKS for s in selected):
-        network, note = probe_network(session, inventory, facts)
-    context = Context(inventory, facts, dict(gathered.failures), network, note)
+    note = listener.note if listener is not None else "not tested (--skip)"
+    context = Context(inventory, facts, dict(gathered.failures),
+                      _network(session, inventory, facts), note)
     results: list[CheckResult] = []
     for spec in selected:
         results.extend(_run_check(spec, context))
@@ -86,7 +99,16 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     )
 
 
-_NETWORK_CHECKS = {"name-resolution", "rendezvous-port", "interface"}
+def _network(session: Session, inventory: Inventory, facts: dict[str, NodeFacts]
+             ) -> dict[str, Reachability]:
+    """Per node: names resolved and the port state. Hostnames that are not inventory names
+    (the probe could not know them) are resolved in one more small round trip."""
+    known = {h.name for h in inventory.hosts}
+    unknown = sorted({f.hostname for f in facts.values() if f.hostname} - known)
+    answering = [h for h in inventory.hosts if h.name in facts]
+    extra = resolve_round(session, answering, unknown) if unknown else {}
+    return {name: Reachability({**f.resolved, **extra.get(name, {})}, f.port)
+            for name, f in facts.items()}
 
 
 def _run_check(spec: CheckSpec, context: Context) -> list[CheckResult]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from gpucluster import hostrange
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
@@ -57,14 +58,14 @@ def name_resolution(context: Context) -> list[CheckResult]:
             results.append(CheckResult("name-resolution", host.name, Status.SKIP,
                                        "the second probe did not run on this node"))
             continue
-        problems, fixes = [], []
+        unresolved, problems, fixes = [], [], []
         for peer, name in peers:
             if not name:
                 continue
             address = seen.resolved.get(name)
             expected = peer.address if _is_ip(peer.address) else None
             if address is None:
-                problems.append(f"{name} does not resolve")
+                unresolved.append(name)
             elif _is_loopback(address):
                 problems.append(f"{name} resolves to {address} (loopback)")
             elif expected is not None and address != expected:
@@ -73,6 +74,9 @@ def name_resolution(context: Context) -> list[CheckResult]:
                 continue
             if expected is not None:
                 fixes.append(f"{expected} {name}")
+        if unresolved:
+            problems.insert(0, f"{hostrange.fold(unresolved)} "
+                               f"{'does' if len(unresolved) == 1 else 'do'} not resolve")
         if problems:
             remedy = ("add to /etc/hosts on this node: " + "; ".join(fixes)
                       if fixes else "fix DNS or /etc/hosts so every hostname resolves to the "
@@ -110,7 +114,9 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
                                            f"head node: a test listener opened port {port}"))
             continue
         state = context.network.get(host.name)
-        if state is None or state.port is None:
+        if note is not None and not busy:  # no listener: a probe result would mislead
+            results.append(CheckResult("rendezvous-port", host.name, Status.SKIP, note))
+        elif state is None or state.port is None:
             results.append(CheckResult("rendezvous-port", host.name, Status.SKIP,
                                        note or "the port probe did not run on this node"))
         elif state.port == "open":

@@ -1,0 +1,51 @@
+"""bench/doctor: `gpucluster doctor` on 16 sandbox nodes against `gpucluster run true` on
+the same nodes in the same run (goal: doctor <= 2x). Both open fresh connections.
+
+    sudo .venv/bin/python -m bench.doctor [--nodes 16] [--runs 5]
+
+The first doctor run on a node imports torch to read its versions (seconds; cached on
+the node afterwards, keyed by the python and torch install): reported separately as
+"cold", the others as warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench.common import GPUCLUSTER, median_of, print_table, sandbox, timed
+
+TORCH_CACHE = Path.home() / ".cache" / "gpucluster"
+
+
+def _ran(done: subprocess.CompletedProcess[str]) -> None:
+    if done.returncode not in (0, 1):  # doctor exits 1 on findings: still a full run
+        raise SystemExit(f"run failed (exit {done.returncode}):\n{done.stderr[-800:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, \
+            sandbox("gpcbench", "198.18.9.0/24", args.nodes, Path(tmp)) as inventory:
+        doctor = [*GPUCLUSTER, "doctor", "-i", inventory["path"]]
+        run_true = [*GPUCLUSTER, "run", "-i", inventory["path"], "true"]
+        shutil.rmtree(TORCH_CACHE, ignore_errors=True)  # nodes share this host's home
+        cold = timed(doctor, _ran)
+        timings: dict[str, list[float]] = {"gpucluster run true": [], "gpucluster doctor": []}
+        for _ in range(args.runs):
+            timings["gpucluster run true"].append(timed(run_true, _ran))
+            timings["gpucluster doctor"].append(timed(doctor, _ran))
+        rows = [(name, median_of(runs)) for name, runs in timings.items()]
+        rows.append(("gpucluster doctor (cold torch cache)", cold))
+        print_table(f"doctor vs run true, {args.nodes} nodes, median of {args.runs}", rows,
+                    "gpucluster run true")
+
+
+if __name__ == "__main__":
+    main()
