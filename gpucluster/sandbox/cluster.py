@@ -53,9 +53,15 @@ def _read_state(name: str) -> dict[str, Any] | None:
 
 
 def _spec_from_state(state: dict[str, Any]) -> SandboxSpec:
-    raw = dict(state["spec"])
-    raw["nodes"] = tuple(NodeSpec(**n) for n in raw["nodes"])
-    return SandboxSpec(**raw)
+    try:
+        raw = dict(state["spec"])
+        raw["nodes"] = tuple(NodeSpec(**n) for n in raw["nodes"])
+        return SandboxSpec(**raw)
+    except (KeyError, TypeError):
+        raise SandboxError(f"sandbox state {state.get('spec', {}).get('name', '?')!r} was "
+                           f"written by another gpucluster version: take it down with "
+                           f"`gpucluster sandbox down --name NAME` and bring it up again"
+                           ) from None
 
 
 def load_spec(name: str) -> SandboxSpec:
@@ -220,8 +226,8 @@ def status(name: str) -> tuple[SandboxSpec, list[NodeStatus]]:
     rows = []
     for each in spec.nodes:
         pid = node.sshd_pid(spec, each)
-        if each.driver_failed:
-            gpus = "driver failed (simulated)"
+        if each.driver_fault is not None:
+            gpus = f"driver {each.driver_fault} (simulated)"
         elif each.gpu_count == 0:
             gpus = "none"
         else:

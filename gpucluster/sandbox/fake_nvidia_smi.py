@@ -6,7 +6,10 @@ table, `--query-gpu=...` and `--query-compute-apps=...` with `--format=csv[,nohe
 [,nounits]`, and `-i` to pick GPUs. Anything else exits 2 saying it is simulated.
 The node's state file (JSON) is written by `gpucluster sandbox up`:
 
-    {"model": "h100", "count": 8, "driver": "535.104.05", "failed": false}
+    {"model": "h100", "count": 8, "driver": "535.104.05", "fault": null}
+
+`fault` stages a broken driver: "failed" (nvidia-smi cannot reach it, exit 9) or "hung"
+(nvidia-smi never answers, as on a wedged GPU).
 
 Processes "holding" a simulated GPU are listed one per line in `<state>.apps` as
 `pid gpu_index used_mib name`; only those still alive are reported.
@@ -83,7 +86,9 @@ def _capture_cuda(capture: Capture) -> str:
 def load_node(state_path: Path) -> SimulatedNode | None:
     """The node's simulation, or None when its driver is staged as failed."""
     state = json.loads(state_path.read_text())
-    if state.get("failed"):
+    if state.get("fault") == "hung":
+        time.sleep(24 * 3600)
+    if state.get("fault") == "failed":
         return None
     capture = load(state["model"])
     driver = state.get("driver") or capture.driver

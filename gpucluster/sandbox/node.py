@@ -120,13 +120,13 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> Non
 
 def simulates_gpu(node: NodeSpec) -> bool:
     """A node with 0 GPUs has no nvidia-smi at all, like a CPU server."""
-    return node.gpu_count > 0 or node.driver_failed
+    return node.gpu_count > 0 or node.driver_fault is not None
 
 
 def write_gpu_state(spec: SandboxSpec, node: NodeSpec) -> None:
     paths = node_paths(spec, node)
     state = {"model": node.gpu_model, "count": node.gpu_count, "driver": node.driver,
-             "failed": node.driver_failed}
+             "fault": node.driver_fault}
     system.write_atomically(paths.gpu_state, json.dumps(state) + "\n")
     wrapper = paths.bin / "nvidia-smi"
     if simulates_gpu(node):

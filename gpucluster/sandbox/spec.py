@@ -21,6 +21,7 @@ FIRST_NODE_HOST = 11  # node1 = .11, so the bridge (.1) and nodes never collide
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # short: interface names max 15 chars
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$")
 _LATENCY = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
+DRIVER_FAULTS = ("failed", "hung")
 _DRIVER = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -34,7 +35,7 @@ class NodeSpec:
     gpu_count: int
     gpu_model: str
     driver: str | None  # None: the capture's own driver
-    driver_failed: bool
+    driver_fault: str | None  # "failed" (nvidia-smi cannot reach it), "hung", or None
     link_rate: str | None
 
 
@@ -99,15 +100,16 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
     node_specs = []
     for index, node in enumerate(names):
         driver = driver_overrides.get(node, base_driver)
-        if driver is not None and driver != "failed" and not _DRIVER.match(driver):
+        if driver is not None and driver not in DRIVER_FAULTS and not _DRIVER.match(driver):
             raise SandboxError(f"--driver {node}={driver}: write a version like 535.104.05, "
-                               f"or 'failed' for a driver nvidia-smi cannot reach")
+                               f"'failed' (nvidia-smi cannot reach the driver) or 'hung' "
+                               f"(nvidia-smi never answers)")
         node_specs.append(NodeSpec(
             name=node, index=index + 1,
             address=str(network.network_address + FIRST_NODE_HOST + index),
             gpu_count=gpu_counts[node], gpu_model=gpu_model,
-            driver=None if driver == "failed" else driver,
-            driver_failed=driver == "failed",
+            driver=None if driver in DRIVER_FAULTS else driver,
+            driver_fault=driver if driver in DRIVER_FAULTS else None,
             link_rate=rate_overrides.get(node, base_rate),
         ))
     return SandboxSpec(name=name, subnet=str(network), nodes=tuple(node_specs),

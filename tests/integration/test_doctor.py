@@ -180,3 +180,20 @@ def test_duplicate_hostname_and_dead_node(resolvable: Sandbox) -> None:
     finally:
         sandbox.node_exec("node2", "hostname node2")
         _up(sandbox)
+
+
+def test_a_hung_node_times_out_while_the_others_are_reported(resolvable: Sandbox) -> None:
+    sandbox = resolvable
+    _up(sandbox, "--driver", "node2=hung")  # its nvidia-smi never answers
+    try:
+        result = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", "--timeout", "4",
+                            timeout=60)
+        results = _results(result.json())
+        assert result.code == 1
+        assert results[("ssh", "node2")]["status"] == "FAIL"
+        assert results[("ssh", "node2")]["message"].startswith("timed out")
+        assert "rerun" in results[("ssh", "node2")]["remedy"]
+        for node in ("node1", "node3", "node4"):
+            assert results[("driver", node)]["status"] == "OK"
+    finally:
+        _up(sandbox)

@@ -17,7 +17,7 @@ SLUGS = [captures._slug(p)[0] for p in CAPTURE_FILES]
 
 def _state(tmp_path: Path, **state: object) -> Path:
     path = tmp_path / "gpu.json"
-    path.write_text(json.dumps({"count": 2, "driver": None, "failed": False, **state}))
+    path.write_text(json.dumps({"count": 2, "driver": None, "fault": None, **state}))
     return path
 
 
@@ -78,8 +78,18 @@ def test_staged_driver_changes_every_form(tmp_path: Path,
         in out
 
 
+def test_hung_driver_never_answers(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    state = _state(tmp_path, model="h100", fault="hung")
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-m", "gpucluster.sandbox.fake_nvidia_smi", "--state",
+                        str(state), "-L"], capture_output=True, timeout=2, check=False)
+
+
 def test_failed_driver_and_no_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(_state(tmp_path, model="h100", failed=True), "-L", capsys=capsys)
+    code, out, _ = _run(_state(tmp_path, model="h100", fault="failed"), "-L", capsys=capsys)
     assert code == fake_nvidia_smi.EXIT_DRIVER_FAILURE
     assert out.startswith("NVIDIA-SMI has failed because it couldn't communicate")
 

@@ -14,7 +14,7 @@ def test_overrides_apply_per_node_on_top_of_a_default() -> None:
                                                 "198.18.0.14"]
     assert (nodes["node1"].gpu_count, nodes["node3"].gpu_count) == (2, 0)
     assert nodes["node2"].driver == "535.104.05" and nodes["node1"].driver is None
-    assert nodes["node4"].driver_failed and nodes["node4"].driver is None
+    assert nodes["node4"].driver_fault == "failed" and nodes["node4"].driver is None
     assert nodes["node4"].link_rate == "100mbit" and nodes["node1"].link_rate == "1gbit"
     assert built.controller_rate == "1gbit"
     assert built.bridge_address == "198.18.0.1"

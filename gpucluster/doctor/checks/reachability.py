@@ -31,7 +31,9 @@ def _ssh_remedy(kind: str) -> str:
         "host key unknown": "verify the fingerprint, then rerun with --accept-new-host-keys",
         "host key changed": "find out why the key changed; if legitimate, remove the old key "
                             "with the ssh-keygen -R command shown",
-        "timed out": "the node answered too slowly: check its load, then rerun",
+        "timed out": "the probe did not finish within --timeout: a hung tool (typically "
+                     "nvidia-smi on a wedged GPU: try `timeout 10 nvidia-smi` there) or an "
+                     "overloaded node; fix it, or rerun with a larger --timeout",
     }.get(kind, "rerun with -v for details")
 
 
