@@ -13,9 +13,8 @@ from gpucluster.cli.options import (
     ConnectTimeoutOption,
     InventoryOption,
     JsonOption,
-    ask_password,
-    known_hosts_path,
     load_inventory,
+    ssh_options,
     stderr_console,
     stdout_console,
 )
@@ -49,19 +48,13 @@ def doctor(
     from gpucluster.doctor.report import payload, print_check_list, print_report
     from gpucluster.doctor.runner import run_doctor, select_checks
     from gpucluster.remote.session import Session
-    from gpucluster.remote.ssh import SshOptions
 
     if list_checks:
         print_check_list(stdout_console())
         return
     selected = select_checks(_names(checks), _names(skip))
     loaded = load_inventory(inventory)
-    options = SshOptions(
-        known_hosts=known_hosts_path(loaded),
-        accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout or loaded.cluster.connect_timeout,
-        password=ask_password(ask_pass),
-    )
+    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
     with Session(loaded, options) as session, render.host_progress(
             stderr_console(), len(loaded.hosts), "nodes probed") as advance:
         report = run_doctor(session, loaded, selected, probe_timeout=timeout,

@@ -5,13 +5,16 @@ from __future__ import annotations
 import getpass
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from gpucluster import inventory as inventory_module
 from gpucluster.inventory import Inventory
+
+if TYPE_CHECKING:
+    from gpucluster.remote.ssh import SshOptions
 
 InventoryOption = Annotated[
     str | None,
@@ -60,5 +63,14 @@ def ask_password(ask: bool) -> str | None:
     return sys.stdin.readline().rstrip("\n")
 
 
-def known_hosts_path(inventory: Inventory) -> Path:
-    return Path(inventory.cluster.known_hosts).expanduser()
+def ssh_options(inventory: Inventory, accept_new_host_keys: bool, ask_pass: bool,
+                connect_timeout: float | None) -> SshOptions:
+    """The connection settings of one invocation, from its flags and the inventory."""
+    from gpucluster.remote.ssh import SshOptions
+
+    return SshOptions(
+        known_hosts=Path(inventory.cluster.known_hosts).expanduser(),
+        accept_new_host_keys=accept_new_host_keys,
+        connect_timeout=connect_timeout or inventory.cluster.connect_timeout,
+        password=ask_password(ask_pass),
+    )

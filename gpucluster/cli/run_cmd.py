@@ -14,15 +14,13 @@ from gpucluster.cli.options import (
     FanoutOption,
     InventoryOption,
     JsonOption,
-    ask_password,
-    known_hosts_path,
     load_inventory,
+    ssh_options,
     stderr_console,
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
 from gpucluster.remote.session import Session
-from gpucluster.remote.ssh import SshOptions
 
 
 def run(
@@ -54,12 +52,7 @@ def run(
 
         loaded = replace(loaded, cluster=replace(loaded.cluster, fanout=fanout))
     selected = loaded.select(hosts, group)
-    options = SshOptions(
-        known_hosts=known_hosts_path(loaded),
-        accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout or loaded.cluster.connect_timeout,
-        password=ask_password(ask_pass),
-    )
+    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
     with Session(loaded, options) as session, \
             render.host_progress(stderr_console(), len(selected), "hosts done") as advance:
         result = session.run(selected, command, timeout=timeout, sudo=sudo,

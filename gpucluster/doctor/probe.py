@@ -145,17 +145,17 @@ class NodeFacts:
         return ports
 
     def df_available_bytes(self, name: str) -> int | None:
-        text = self.ok_text(name)
-        parts = text.split() if text else []
-        if len(parts) >= 4 and parts[3].isdigit():
-            return int(parts[3]) * 1024
-        return None
+        return self._df_kib(name, column=3)
 
     def df_size_bytes(self, name: str) -> int | None:
+        return self._df_kib(name, column=1)
+
+    def _df_kib(self, name: str, column: int) -> int | None:
+        """A column of a `df -Pk` data line (1: size, 3: available), in bytes."""
         text = self.ok_text(name)
         parts = text.split() if text else []
-        if len(parts) >= 2 and parts[1].isdigit():
-            return int(parts[1]) * 1024
+        if len(parts) > column and parts[column].isdigit():
+            return int(parts[column]) * 1024
         return None
 
     @property
