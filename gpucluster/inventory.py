@@ -558,3 +558,14 @@ def _current_user() -> str:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_ip(text: str) -> bool:
+    """True for an IPv4 or IPv6 address (not a DNS name)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

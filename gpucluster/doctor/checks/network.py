@@ -7,6 +7,7 @@ import ipaddress
 
 from gpucluster import hostrange
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
+from gpucluster.inventory import is_ip
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
 
@@ -16,14 +17,6 @@ def _is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
 
 
 @check("hostname", "network", "each node's hostname is unique and not localhost")
@@ -63,7 +56,7 @@ def name_resolution(context: Context) -> list[CheckResult]:
             if not name:
                 continue
             address = seen.resolved.get(name)
-            expected = peer.address if _is_ip(peer.address) else None
+            expected = peer.address if is_ip(peer.address) else None
             if address is None:
                 unresolved.append(name)
             elif _is_loopback(address):
@@ -142,7 +135,7 @@ def interface(context: Context) -> list[CheckResult]:
     for host in context.answering():
         facts = context.facts[host.name]
         own = context.network.get(host.name)
-        address = host.address if _is_ip(host.address) else (
+        address = host.address if is_ip(host.address) else (
             own.resolved.get(facts.hostname or "") if own else None)
         found = facts.interfaces.get(address or "")
         if found is None:

@@ -1,0 +1,70 @@
+"""`gpucluster provision`: make the cluster right, idempotently."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpucluster import render
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    InventoryOption,
+    JsonOption,
+    load_inventory,
+    ssh_options,
+    stdout_console,
+)
+from gpucluster.errors import EXIT_FAILED
+
+
+def _names(value: str | None) -> list[str] | None:
+    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+
+
+def provision(
+    inventory: InventoryOption = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show per node exactly what would change (diffs, rule commands).")
+    ] = False,
+    only: Annotated[str | None, typer.Option(
+        "--only", metavar="STEPS", help="Only these steps: parity,ssh-mesh,hosts,firewall.")
+    ] = None,
+    skip: Annotated[str | None, typer.Option("--skip", metavar="STEPS",
+                                             help="All steps but these.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Go on even when the parity gate finds the nodes differ.")] = False,
+    undo: Annotated[str | None, typer.Option(
+        "--undo", metavar="STEP", help="Remove what a step added (firewall).")] = None,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Make every node right: SSH mesh, /etc/hosts, firewall; a re-run changes nothing."""
+    from gpucluster.provision import runner
+    from gpucluster.provision.report import print_report
+    from gpucluster.remote.session import Session
+
+    loaded = load_inventory(inventory)
+    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
+    console = stdout_console()
+    with Session(loaded, options) as session:
+        if undo is not None:
+            results = runner.undo(session, loaded, undo)
+            for result in results:
+                console.print(f"{result.host} {result.step}: {result.outcome.value} "
+                              f"({result.message})")
+            if any(r.outcome.value == "failed" for r in results):
+                raise typer.Exit(EXIT_FAILED)
+            return
+        steps = runner.select_steps(_names(only), _names(skip))
+        report = runner.provision(session, loaded, steps, dry_run, force)
+    if json_output:
+        render.print_json(console, runner.summary_payload(report))
+    else:
+        print_report(console, report, dry_run)
+    if report.failed:
+        raise typer.Exit(EXIT_FAILED)

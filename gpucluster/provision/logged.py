@@ -1,0 +1,61 @@
+"""Every remote command provision runs is logged in the state directory: host, command,
+exit code, duration. Environment values and stdin are never written, only their names
+and sizes, so secrets cannot leak into the log."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpucluster.remote.connection import Connection, LineCallback, Stdin
+from gpucluster.remote.result import CommandResult, RemoteError
+
+
+class CommandLog:
+    """An append-only log file shared by every connection of one run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def write(self, host: str, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with self._lock, self.path.open("a") as handle:
+            handle.write(f"{stamp} {host}: {text}\n")
+
+
+class LoggedConnection:
+    """A connection whose every command is written to the command log."""
+
+    def __init__(self, connection: Connection, log: CommandLog) -> None:
+        self.host = connection.host
+        self._connection = connection
+        self._log = log
+
+    def run(self, command: str, timeout: float, sudo: bool = False,
+            env: Mapping[str, str] | None = None, stdin: Stdin = None,
+            on_line: LineCallback | None = None) -> CommandResult:
+        extras = []
+        if sudo:
+            extras.append("sudo")
+        if env:
+            extras.append("env " + ",".join(sorted(env)))  # names only, never values
+        if stdin is not None:
+            size = len(stdin) if isinstance(stdin, bytes) else "streamed"
+            extras.append(f"stdin {size} bytes" if size != "streamed" else "stdin streamed")
+        prefix = f"[{'; '.join(extras)}] " if extras else ""
+        lines = command.splitlines()
+        shown = command if len(lines) <= 1 else f"{lines[0]} ... ({len(lines)} lines)"
+        try:
+            result = self._connection.run(command, timeout, sudo=sudo, env=env, stdin=stdin,
+                                          on_line=on_line)
+        except RemoteError as error:
+            self._log.write(self.host, f"{prefix}{shown!r} -> {error.kind.value}: "
+                                       f"{error.message}")
+            raise
+        self._log.write(self.host, f"{prefix}{shown!r} -> exit {result.exit_code} in "
+                                   f"{result.duration_s:.2f}s")
+        return result

@@ -1,0 +1,66 @@
+"""Provision's output: the dry-run plan, the nodes x steps summary, the SSH matrix."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpucluster.provision.model import Outcome
+from gpucluster.provision.runner import ProvisionReport
+
+STYLE = {Outcome.CHANGED: "cyan", Outcome.OK: "green", Outcome.PLANNED: "yellow",
+         Outcome.FAILED: "bold red", Outcome.SKIPPED: "dim"}
+
+
+def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> None:
+    if report.gate_blocked:
+        console.print("[bold red]Parity gate: the nodes differ where a job needs them to "
+                      "match; nothing was changed (rerun with --force to go on anyway)[/]")
+        for finding in report.gate:
+            console.print(f"  FAIL {finding.name} [cyan]{finding.host}[/]: "
+                          f"{escape(finding.message)}")
+        return
+    if dry_run:
+        for result in report.results:
+            for change in result.changes:
+                console.print(f"[yellow]{result.host}[/] {result.step}: "
+                              f"{escape(change.summary)}")
+                if change.detail:
+                    console.print(escape(change.detail.rstrip("\n")), style="dim")
+    steps = [s for s in report.steps if s != "parity"]
+    table = Table(title="gpucluster provision" + (" --dry-run" if dry_run else ""))
+    table.add_column("node")
+    for step in steps:
+        table.add_column(step)
+    cells = {(r.host, r.step): r.outcome for r in report.results}
+    for host in report.hosts:
+        outcomes = [cells.get((host, step), Outcome.SKIPPED) for step in steps]
+        table.add_row(host, *[f"[{STYLE[o]}]{o.value}[/]" for o in outcomes])
+    console.print(table)
+    for result in report.results:
+        if result.outcome is Outcome.FAILED:
+            console.print(f"[bold red]{result.host} {result.step}:[/] {escape(result.message)}")
+    if report.mesh:
+        _print_mesh(console, report)
+    changed = sum(1 for r in report.results if r.outcome is Outcome.CHANGED)
+    verb = "would change" if dry_run else "changed"
+    planned = sum(1 for r in report.results if r.outcome is Outcome.PLANNED)
+    console.print(f"provision: {planned if dry_run else changed} node-steps {verb}; "
+                  f"log: {report.log}")
+
+
+def _print_mesh(console: Console, report: ProvisionReport) -> None:
+    table = Table(title="SSH from (row) to (column)")
+    table.add_column("")
+    for host in report.hosts:
+        table.add_column(host, justify="center")
+    for source in report.hosts:
+        row = report.mesh.get(source, {})
+        cells = []
+        for target in report.hosts:
+            state = "-" if source == target else row.get(target, "?")
+            style = "green" if state == "ok" else ("dim" if state == "-" else "bold red")
+            cells.append(f"[{style}]{state}[/]")
+        table.add_row(source, *cells)
+    console.print(table)

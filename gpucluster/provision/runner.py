@@ -1,0 +1,187 @@
+"""Run provision: the parity gate, then each step on every node in parallel
+(check -> plan -> apply -> re-check), never stopping because one node failed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpucluster.doctor.model import REGISTRY, CheckResult, Status
+from gpucluster.doctor.runner import run_doctor
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Host, Inventory
+from gpucluster.provision.logged import CommandLog, LoggedConnection
+from gpucluster.provision.model import NodeResult, Outcome, ProvisionContext, Step
+from gpucluster.provision.steps_firewall import FirewallStep
+from gpucluster.provision.steps_hosts import HostsStep
+from gpucluster.provision.steps_ssh_mesh import SshMeshStep
+from gpucluster.remote.connection import Connection
+from gpucluster.remote.result import FanoutResult
+from gpucluster.remote.session import Session
+
+T = TypeVar("T")
+PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
+                 "nccl")
+STEPS: tuple[Step, ...] = (SshMeshStep(), HostsStep(), FirewallStep())
+STEP_NAMES = ("parity", *(s.name for s in STEPS))
+UNDOABLE = ("firewall",)
+
+
+def state_dir_for(inventory: Inventory) -> Path:
+    """`.gpucluster/` beside the inventory: the cluster key and the command logs (0700)."""
+    state_dir = inventory.path.absolute().parent / ".gpucluster"
+    state_dir.mkdir(mode=0o700, exist_ok=True)
+    state_dir.chmod(0o700)
+    return state_dir
+
+
+@dataclass(frozen=True)
+class ProvisionReport:
+    hosts: tuple[str, ...]
+    steps: tuple[str, ...]
+    results: tuple[NodeResult, ...]
+    gate: tuple[CheckResult, ...] = ()
+    gate_blocked: bool = False
+    mesh: dict[str, dict[str, str]] = field(default_factory=dict)
+    log: Path | None = None
+    duration_s: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.gate_blocked or any(r.outcome is Outcome.FAILED for r in self.results)
+
+
+def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]:
+    wanted = list(only) if only else list(STEP_NAMES)
+    unknown = [n for n in [*wanted, *(skip or [])] if n not in STEP_NAMES]
+    if unknown:
+        raise GpuclusterError(f"unknown step {', '.join(unknown)}; steps: "
+                              f"{', '.join(STEP_NAMES)}")
+    return [n for n in STEP_NAMES if n in wanted and n not in set(skip or [])]
+
+
+class _Run:
+    """One provision run: the logged connections and the fan-out helper steps use."""
+
+    def __init__(self, session: Session, inventory: Inventory, log: CommandLog) -> None:
+        self.session = session
+        self.inventory = inventory
+        self.logged: dict[str, LoggedConnection] = {}
+        self.log = log
+
+    def connection(self, connection: Connection) -> LoggedConnection:
+        if connection.host not in self.logged:
+            self.logged[connection.host] = LoggedConnection(connection, self.log)
+        return self.logged[connection.host]
+
+    def each(self, task: Callable[[Host, LoggedConnection], T],
+             hosts: Sequence[Host] | None = None) -> FanoutResult[T]:
+        targets = list(hosts if hosts is not None else self.inventory.hosts)
+        by_name = {h.name: h for h in targets}
+        return self.session.map(targets, lambda c: task(by_name[c.host], self.connection(c)))
+
+
+def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
+              force: bool, on_step: Callable[[str], None] | None = None) -> ProvisionReport:
+    started = time.monotonic()
+    state_dir = state_dir_for(inventory)
+    log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    run = _Run(session, inventory, log)
+    context = ProvisionContext(inventory, state_dir, dry_run)
+    gate: list[CheckResult] = []
+    if "parity" in steps:
+        if on_step:
+            on_step("parity")
+        report = run_doctor(session, inventory, [REGISTRY[n] for n in PARITY_CHECKS])
+        gate = [r for r in report.results if r.status is Status.FAIL]
+        if gate and not force:
+            return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps), (),
+                                   tuple(gate), True, log=log.path,
+                                   duration_s=time.monotonic() - started)
+    results: list[NodeResult] = []
+    mesh: dict[str, dict[str, str]] = {}
+    for step in STEPS:
+        if step.name not in steps:
+            continue
+        if on_step:
+            on_step(step.name)
+        results.extend(_run_step(step, run, context))
+        if isinstance(step, SshMeshStep) and not dry_run:
+            mesh = step.verify(context, run.each)
+    return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps),
+                           tuple(results), tuple(gate), False, mesh, log.path,
+                           time.monotonic() - started)
+
+
+def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResult]:
+    try:
+        step.prepare(context, run.each)
+    except GpuclusterError as error:
+        return [NodeResult(step.name, h.name, Outcome.FAILED, message=str(error))
+                for h in context.inventory.hosts]
+
+    def converge(host: Host, connection: LoggedConnection) -> NodeResult:
+        try:
+            changes = step.check(context, host, connection)
+            if not changes:
+                return NodeResult(step.name, host.name, Outcome.OK)
+            if context.dry_run:
+                return NodeResult(step.name, host.name, Outcome.PLANNED, tuple(changes))
+            step.apply(context, host, connection, changes)
+            left = step.check(context, host, connection)
+        except GpuclusterError as error:
+            return NodeResult(step.name, host.name, Outcome.FAILED, message=str(error))
+        if left:
+            return NodeResult(step.name, host.name, Outcome.FAILED, tuple(left),
+                              "still differs after applying")
+        return NodeResult(step.name, host.name, Outcome.CHANGED, tuple(changes))
+
+    result = run.each(converge)
+    failed = [NodeResult(step.name, name, Outcome.FAILED,
+                         message=f"{failure.kind.value}: {failure.message}")
+              for name, failure in result.failures.items()]
+    order = {h.name: i for i, h in enumerate(context.inventory.hosts)}
+    return sorted([*result.values.values(), *failed], key=lambda r: order[r.host])
+
+
+def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
+    """`--undo firewall`: remove exactly the rules provision added."""
+    if what not in UNDOABLE:
+        raise GpuclusterError(f"--undo {what}: only {', '.join(UNDOABLE)} can be undone "
+                              f"(the hosts block and SSH mesh are harmless to keep)")
+    state_dir = state_dir_for(inventory)
+    log = CommandLog(state_dir / "logs" / f"undo-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    run = _Run(session, inventory, log)
+    context = ProvisionContext(inventory, state_dir, dry_run=False)
+    step = FirewallStep()
+
+    def remove(host: Host, connection: LoggedConnection) -> NodeResult:
+        try:
+            commands = step.undo(context, host, connection)
+        except GpuclusterError as error:
+            return NodeResult("firewall", host.name, Outcome.FAILED, message=str(error))
+        outcome = Outcome.CHANGED if commands else Outcome.OK
+        return NodeResult("firewall", host.name, outcome, message=f"{len(commands)} commands")
+
+    result = run.each(remove)
+    failed = [NodeResult("firewall", n, Outcome.FAILED, message=f.message)
+              for n, f in result.failures.items()]
+    return [*result.values.values(), *failed]
+
+
+def summary_payload(report: ProvisionReport) -> dict[str, Any]:
+    return {
+        "hosts": list(report.hosts),
+        "steps": list(report.steps),
+        "gate_blocked": report.gate_blocked,
+        "gate": [{"check": r.name, "host": r.host, "message": r.message} for r in report.gate],
+        "results": [{"step": r.step, "host": r.host, "outcome": r.outcome.value,
+                     "changes": [{"summary": c.summary, "detail": c.detail} for c in r.changes],
+                     "message": r.message} for r in report.results],
+        "ssh_mesh": report.mesh,
+        "log": str(report.log) if report.log else None,
+        "failed": report.failed,
+    }

@@ -1,0 +1,133 @@
+"""Step `firewall`: open the rendezvous port and the ephemeral range NCCL and gloo use,
+to the cluster's own addresses only, in whatever firewall the node runs.
+
+Detected in this order: ufw (active), firewalld (running), iptables (an INPUT chain that
+drops or rejects), nftables (a ruleset with no iptables tables). No active firewall:
+nothing to open, no change. Rules carry the tag `gpucluster` so they are found again:
+a re-run adds no duplicates and `--undo firewall` removes exactly ours. SSH is never
+touched: only ACCEPT rules are added.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Host, is_ip
+from gpucluster.provision.logged import LoggedConnection
+from gpucluster.provision.model import Change, Each, ProvisionContext
+from gpucluster.templating import render
+
+TAG = "gpucluster"
+
+
+@dataclass(frozen=True)
+class Firewall:
+    kind: str  # ufw | firewalld | iptables | nftables | none
+    ephemeral: str  # low:high from ip_local_port_range
+    ours: tuple[str, ...]  # our rules as the firewall lists them
+
+
+def detect(connection: LoggedConnection) -> Firewall:
+    output = connection.run(render("provision/firewall_detect.sh.j2", tag=TAG), timeout=30,
+                            sudo=True)
+    if not output.ok:
+        raise GpuclusterError(f"firewall detection failed: {output.stderr.strip()[-200:]}")
+    lines = output.stdout.splitlines()
+    kind = lines[0].strip() if lines else "none"
+    bounds = lines[1].split() if len(lines) > 1 else []
+    ephemeral = ":".join(bounds) if len(bounds) == 2 and all(b.isdigit() for b in bounds) \
+        else "32768:60999"
+    return Firewall(kind, ephemeral, tuple(line for line in lines[2:] if line.strip()))
+
+
+def peers_of(context: ProvisionContext, host: Host) -> list[str]:
+    return [p.address for p in context.inventory.hosts if p.name != host.name
+            and is_ip(p.address)]
+
+
+def iptables_rule(address: str, port: int, ephemeral: str) -> str:
+    """A rule as `iptables -S` prints it, so present and desired rules compare as text."""
+    return (f"-A INPUT -s {address}/32 -p tcp -m multiport --dports {port},{ephemeral} "
+            f"-m comment --comment {TAG} -j ACCEPT")
+
+
+def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
+    """The commands that bring the node's rules to exactly `wanted` peers."""
+    if firewall.kind == "iptables":
+        desired = {iptables_rule(a, port, firewall.ephemeral) for a in wanted}
+        present = set(firewall.ours)
+        add = [f"iptables -I INPUT {r.removeprefix('-A INPUT ')}"
+               for r in sorted(desired - present)]
+        drop = [f"iptables -D INPUT {r.removeprefix('-A INPUT ')}"
+                for r in sorted(present - desired)]
+        return drop + add
+    if firewall.kind == "ufw":
+        ports = f"{port},{firewall.ephemeral}"
+        present = {line.split()[0] for line in firewall.ours}
+        add = [f"ufw allow from {a} to any port {ports} proto tcp comment {TAG}"
+               for a in wanted if a not in present]
+        drop = [f"ufw delete allow from {a} to any port {ports} proto tcp"
+                for a in sorted(present - set(wanted))]
+        return drop + add
+    if firewall.kind == "firewalld":
+        def rule(address: str, ports: str) -> str:
+            return (f"rule family=\"ipv4\" source address=\"{address}\" port "
+                    f"port=\"{ports}\" protocol=\"tcp\" accept")
+        ephemeral = firewall.ephemeral.replace(":", "-")
+        desired = {rule(a, str(port)) for a in wanted} | {rule(a, ephemeral) for a in wanted}
+        # Rich rules carry no tag: ours are those opening exactly our ports over tcp.
+        ours = (f'port="{port}" protocol="tcp" accept', f'port="{ephemeral}" protocol="tcp" accept')
+        present = {r for r in firewall.ours if r.endswith(ours)}
+        commands = [f"firewall-cmd --permanent --remove-rich-rule={shlex.quote(r)}"
+                    for r in sorted(present - desired)]
+        commands += [f"firewall-cmd --permanent --add-rich-rule={shlex.quote(r)}"
+                     for r in sorted(desired - present)]
+        return [*commands, "firewall-cmd --reload"] if commands else []
+    return []
+
+
+class FirewallStep:
+    name = "firewall"
+    summary = "open the rendezvous port and NCCL/gloo ports to cluster addresses only"
+
+    def prepare(self, context: ProvisionContext, each: Each) -> None:
+        """Nothing to gather: each node's firewall is read in check."""
+
+    def _commands(self, context: ProvisionContext, host: Host,
+                  connection: LoggedConnection, undo: bool) -> list[str]:
+        firewall = detect(connection)
+        if firewall.kind == "nftables":
+            raise GpuclusterError(
+                "native nftables ruleset: gpucluster manages ufw, firewalld and iptables "
+                f"(iptables-nft included); add to your input chain: ip saddr "
+                f"{{ {', '.join(peers_of(context, host))} }} tcp dport "
+                f"{{ {context.inventory.cluster.rendezvous_port}, "
+                f"{firewall.ephemeral.replace(':', '-')} }} accept")
+        wanted = [] if undo else peers_of(context, host)
+        return plan_commands(firewall, wanted, context.inventory.cluster.rendezvous_port)
+
+    def check(self, context: ProvisionContext, host: Host,
+              connection: LoggedConnection) -> list[Change]:
+        commands = self._commands(context, host, connection, undo=False)
+        return [Change(f"firewall: {len(commands)} rule commands", "\n".join(commands))] \
+            if commands else []
+
+    def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
+              changes: list[Change]) -> None:
+        self._run(context, host, connection, undo=False)
+
+    def undo(self, context: ProvisionContext, host: Host,
+             connection: LoggedConnection) -> list[str]:
+        """Remove exactly our rules; returns the commands run."""
+        return self._run(context, host, connection, undo=True)
+
+    def _run(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
+             undo: bool) -> list[str]:
+        commands = self._commands(context, host, connection, undo)
+        for command in commands:
+            result = connection.run(command, timeout=60, sudo=True)
+            if not result.ok:
+                raise GpuclusterError(f"`{command}` failed: {result.stderr.strip()[-200:]}")
+        return commands

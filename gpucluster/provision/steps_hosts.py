@@ -1,0 +1,50 @@
+"""Step `hosts`: a managed block in /etc/hosts mapping every node's name (and its real
+hostname, where that differs) to its cluster address. Placed at the top, so it wins over
+a distribution's `127.0.1.1 <hostname>` line; lines outside the block are never touched."""
+
+from __future__ import annotations
+
+from gpucluster.inventory import Host, is_ip
+from gpucluster.provision import files
+from gpucluster.provision.logged import LoggedConnection
+from gpucluster.provision.model import Change, Each, ProvisionContext
+from gpucluster.templating import render
+
+HOSTS_FILE = "/etc/hosts"
+
+
+class HostsStep:
+    name = "hosts"
+    summary = "/etc/hosts block: every node's name -> its cluster address"
+
+    def prepare(self, context: ProvisionContext, each: Each) -> None:
+        result = each(lambda _host, connection: connection.run("hostname", timeout=30).stdout)
+        context.gathered["hostnames"] = {h: out.strip() for h, out in result.values.items()}
+
+    def block(self, context: ProvisionContext) -> list[str]:
+        hostnames = context.gathered.get("hostnames", {})
+        entries = []
+        for host in context.inventory.hosts:
+            if not is_ip(host.address):
+                continue  # a DNS name resolves through DNS; /etc/hosts needs addresses
+            names = [host.name]
+            real = hostnames.get(host.name)
+            if isinstance(real, str) and real and real not in names:
+                names.append(real)
+            entries.append({"address": host.address, "names": names})
+        return render("provision/hosts_block.j2", entries=entries).splitlines()
+
+    def check(self, context: ProvisionContext, host: Host,
+              connection: LoggedConnection) -> list[Change]:
+        current = files.read(connection, HOSTS_FILE)
+        desired = files.with_block(current, self.block(context), at_top=True)
+        if desired == current:
+            return []
+        return [Change(f"write the managed block in {HOSTS_FILE}",
+                       files.diff(HOSTS_FILE, current, desired))]
+
+    def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
+              changes: list[Change]) -> None:
+        current = files.read(connection, HOSTS_FILE)
+        desired = files.with_block(current, self.block(context), at_top=True)
+        files.write_atomically(connection, HOSTS_FILE, desired, "644", sudo=True)

@@ -1,0 +1,133 @@
+"""Step `ssh-mesh`: every node can SSH to every other node as the job user.
+
+A cluster key pair is generated once, kept in the state directory (0600), and installed
+on every node as ~/.ssh/gpucluster_ed25519. authorized_keys gains its public key (other
+lines kept, no duplicates). known_hosts gets a managed block with every node's real
+host keys, collected through the controller's own verified connections (never
+StrictHostKeyChecking=no), and ~/.ssh/config a managed block that makes `ssh node2` use
+the cluster key. Afterwards every ordered pair is tried, in parallel."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Host
+from gpucluster.provision import files
+from gpucluster.provision.logged import LoggedConnection
+from gpucluster.provision.model import Change, Each, ProvisionContext
+from gpucluster.remote.hostkeys import known_hosts_name
+from gpucluster.templating import render
+
+KEY_NAME = "gpucluster_ed25519"
+PAIR_TIMEOUT_S = 10
+
+
+def cluster_key(state_dir: Path, create: bool) -> tuple[str, str]:
+    """(private key, public key line) of the cluster, generated on first use."""
+    private = state_dir / KEY_NAME
+    if not private.exists():
+        if not create:
+            return "<generated on the first real run>", "<cluster public key>"
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        done = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                               "gpucluster-cluster", "-f", str(private)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise GpuclusterError(f"ssh-keygen failed: {done.stderr.strip()}")
+    private.chmod(0o600)
+    return private.read_text(), Path(f"{private}.pub").read_text().strip()
+
+
+class SshMeshStep:
+    name = "ssh-mesh"
+    summary = "cluster key pair, authorized_keys, known_hosts and ssh config on every node"
+
+    def prepare(self, context: ProvisionContext, each: Each) -> None:
+        private, public = cluster_key(context.state_dir, create=not context.dry_run)
+        context.gathered["cluster_key"] = {"private": private, "public": public}
+        keys = each(lambda _host, connection: connection.run(
+            "cat /etc/ssh/ssh_host_*_key.pub", timeout=30).stdout)
+        hostnames = each(lambda _host, connection: connection.run(
+            "hostname", timeout=30).stdout.strip())
+        context.gathered["host_keys"] = dict(keys.values)
+        context.gathered["mesh_hostnames"] = dict(hostnames.values)
+
+    def _files(self, context: ProvisionContext, host: Host,
+               current: dict[str, str | None]) -> dict[str, tuple[str, str]]:
+        """path -> (mode for a new file, desired content), built on the current files."""
+        key = context.gathered["cluster_key"]
+        public = str(key["public"])
+        authorized = current["~/.ssh/authorized_keys"] or ""
+        authorized_lines = authorized.splitlines()
+        if public not in authorized_lines:
+            authorized_lines.append(public)
+        known = []
+        host_keys = context.gathered["host_keys"]
+        hostnames = context.gathered["mesh_hostnames"]
+        peers = [p for p in context.inventory.hosts if p.name in host_keys]
+        for peer in peers:
+            names = dict.fromkeys([peer.name, str(hostnames.get(peer.name) or peer.name),
+                                   peer.address])
+            listed = ",".join(known_hosts_name(n, peer.port) for n in names)
+            for line in str(host_keys[peer.name]).splitlines():
+                parts = line.split()
+                if len(parts) >= 2:
+                    known.append(f"{listed} {parts[0]} {parts[1]}")
+        config = render("provision/ssh_config_block.j2", peers=peers, key=f"~/.ssh/{KEY_NAME}",
+                        hostnames=hostnames).splitlines()
+        return {
+            f"~/.ssh/{KEY_NAME}": ("600", str(key["private"])),
+            f"~/.ssh/{KEY_NAME}.pub": ("644", public + "\n"),
+            "~/.ssh/authorized_keys": ("600", "\n".join(authorized_lines) + "\n"),
+            "~/.ssh/known_hosts": ("600", files.with_block(current["~/.ssh/known_hosts"], known)),
+            "~/.ssh/config": ("600", files.with_block(current["~/.ssh/config"], config,
+                                                      at_top=True)),
+        }
+
+    def _current(self, connection: LoggedConnection) -> dict[str, str | None]:
+        paths = [f"~/.ssh/{KEY_NAME}", f"~/.ssh/{KEY_NAME}.pub", "~/.ssh/authorized_keys",
+                 "~/.ssh/known_hosts", "~/.ssh/config"]
+        return {path: files.read(connection, path) for path in paths}
+
+    def check(self, context: ProvisionContext, host: Host,
+              connection: LoggedConnection) -> list[Change]:
+        if host.name not in context.gathered["host_keys"]:
+            raise GpuclusterError(f"{host.name}: its host keys could not be read")
+        current = self._current(connection)
+        changes = []
+        for path, (_, content) in self._files(context, host, current).items():
+            if current[path] != content:
+                shown = "<private key>" if path.endswith(KEY_NAME) else None
+                changes.append(Change(f"write {path}", shown or files.diff(
+                    path, current[path], content)))
+        return changes
+
+    def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
+              changes: list[Change]) -> None:
+        connection.run("mkdir -p ~/.ssh && chmod 700 ~/.ssh", timeout=30)
+        current = self._current(connection)
+        for path, (mode, content) in self._files(context, host, current).items():
+            if current[path] != content:
+                files.write_atomically(connection, path, content, mode)
+
+    def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
+        """Every ordered pair: does `ssh peer true` work from this node? -> matrix."""
+        names = [h.name for h in context.inventory.hosts]
+
+        def probe(host: Host, connection: LoggedConnection) -> dict[str, str]:
+            peers = [n for n in names if n != host.name]
+            checks = " ".join(
+                f"(ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 "
+                f"{shlex.quote(peer)} true </dev/null >/dev/null 2>&1 && echo "
+                f"{shlex.quote(peer)} ok || echo {shlex.quote(peer)} fail) &" for peer in peers)
+            output = connection.run(f"{checks} wait", timeout=PAIR_TIMEOUT_S * 2).stdout
+            return dict(line.split() for line in output.splitlines() if len(line.split()) == 2)
+
+        result = each(probe)
+        matrix = {name: dict(row) for name, row in result.values.items()}
+        for name, failure in result.failures.items():
+            matrix[name] = {peer: failure.kind.value for peer in names if peer != name}
+        return matrix

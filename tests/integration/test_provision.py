@@ -1,0 +1,228 @@
+"""Provision on its own 3-node sandbox: real effects inside the nodes, idempotence by
+file mtimes, a firewall that admits peers and not an outsider, undo, and a node that
+dies in the middle of a run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import gpucluster
+from tests.integration.conftest import Sandbox
+
+pytestmark = pytest.mark.sandbox
+
+NAME, SUBNET = "gpcprov", "198.19.2.0/24"
+OUTSIDER = "gpcprov-outsider"
+FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntrack --ctstate "
+            "ESTABLISHED,RELATED -j ACCEPT; iptables -A INPUT -p tcp --dport 22 -j ACCEPT; "
+            "iptables -P INPUT DROP")
+WATCHED = "/etc/hosts /root/.ssh/authorized_keys /root/.ssh/known_hosts /root/.ssh/config " \
+          "/root/.ssh/gpucluster_ed25519"
+
+
+def _up(inventory: Path, *flags: str) -> None:
+    done = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
+                      "--write-inventory", str(inventory), *flags, timeout=120)
+    assert done.code == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    inventory = tmp_path_factory.mktemp("provision") / "cluster.yaml"
+    gpucluster("sandbox", "down", "--name", NAME)
+    _up(inventory)
+    data = yaml.safe_load(inventory.read_text())
+    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
+                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    for node in sandbox.nodes:  # a real firewall: default drop, SSH allowed
+        sandbox.node_exec(node, f"{FIREWALL}; echo '10.9.9.9 keep-me' >> /etc/hosts")
+    try:
+        yield sandbox
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
+
+
+def _provision(sandbox: Sandbox, *args: str) -> tuple[int, dict]:
+    result = gpucluster("provision", "-i", str(sandbox.inventory), "--json", *args,
+                        timeout=180)
+    return result.code, json.loads(result.stdout) if result.stdout.strip() else {}
+
+
+def _outcomes(payload: dict) -> dict[tuple[str, str], str]:
+    return {(r["step"], r["host"]): r["outcome"] for r in payload["results"]}
+
+
+def _mtimes(sandbox: Sandbox) -> dict[str, str]:
+    return {node: sandbox.node_exec(node, f"stat -c '%n %Y.%y' {WATCHED}", check=False).stdout
+            for node in sandbox.nodes}
+
+
+def test_dry_run_shows_diffs_and_rules_and_changes_nothing(cluster: Sandbox) -> None:
+    before = _mtimes(cluster)
+    code, payload = _provision(cluster, "--dry-run")
+    assert code == 0
+    assert set(_outcomes(payload).values()) == {"would change"}
+    changes = {(r["step"], r["host"]): r["changes"] for r in payload["results"]}
+    hosts_diff = changes[("hosts", "node1")][0]["detail"]
+    assert "+198.19.2.12\tnode2" in hosts_diff and "--- /etc/hosts (now)" in hosts_diff
+    rules = changes[("firewall", "node1")][0]["detail"]
+    assert "iptables -I INPUT -s 198.19.2.12/32 -p tcp -m multiport --dports 29500," in rules
+    assert _mtimes(cluster) == before
+
+
+def test_provision_then_a_second_run_changes_nothing(cluster: Sandbox) -> None:
+    code, payload = _provision(cluster)
+    assert code == 0, payload
+    assert set(_outcomes(payload).values()) == {"changed"}
+    assert payload["ssh_mesh"] == {n: {p: "ok" for p in cluster.nodes if p != n}
+                                   for n in cluster.nodes}
+    log = Path(payload["log"])
+    assert log.is_file() and "iptables -I INPUT" in log.read_text()
+    assert "BEGIN OPENSSH PRIVATE KEY" not in log.read_text()
+    state = log.parent.parent
+    assert (state / "gpucluster_ed25519").stat().st_mode & 0o777 == 0o600
+    assert state.stat().st_mode & 0o777 == 0o700
+
+    before = _mtimes(cluster)
+    code, again = _provision(cluster)
+    assert code == 0
+    assert set(_outcomes(again).values()) == {"already ok"}
+    assert _mtimes(cluster) == before  # nothing was written
+
+
+def test_every_node_reaches_every_peer_with_verified_keys(cluster: Sandbox) -> None:
+    for node in cluster.nodes:
+        for peer in cluster.nodes:
+            done = cluster.node_exec(node, f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes"
+                                           f" {peer} hostname", check=False)
+            assert done.stdout.strip() == peer, (node, peer, done.stderr)
+        known = cluster.node_exec(node, "cat /root/.ssh/known_hosts").stdout
+        assert "StrictHostKeyChecking=no" not in cluster.node_exec(
+            node, "cat /root/.ssh/config").stdout
+        for peer, address in cluster.addresses.items():
+            key = Path(f"/var/lib/gpucluster/sandbox/{NAME}/{peer}/etc/ssh/"
+                       f"ssh_host_ed25519_key.pub").read_text().split()[1]
+            assert any(line.startswith(f"{peer},") and address in line and key in line
+                       for line in known.splitlines())
+
+
+def test_hosts_block_is_right_and_other_lines_are_intact(cluster: Sandbox) -> None:
+    hosts = cluster.node_exec("node2", "cat /etc/hosts").stdout.splitlines()
+    start = hosts.index(next(line for line in hosts if line.startswith("# BEGIN gpucluster")))
+    assert hosts[start + 1:start + 4] == [f"{a}\t{n}" for n, a in cluster.addresses.items()]
+    assert "10.9.9.9 keep-me" in hosts and "127.0.0.1\tlocalhost" in hosts
+    resolved = cluster.node_exec("node2", "getent hosts node3").stdout.split()[0]
+    assert resolved == cluster.addresses["node3"]
+
+
+@pytest.fixture
+def outsider(cluster: Sandbox) -> Iterator[list[str]]:
+    """A namespace on the sandbox bridge that is not in the inventory."""
+    for command in (f"ip netns add {OUTSIDER}",
+                    f"ip link add {NAME}-out type veth peer name eth0 netns {OUTSIDER}",
+                    f"ip link set {NAME}-out master {NAME}-br up",
+                    f"ip -n {OUTSIDER} addr add 198.19.2.250/24 dev eth0",
+                    f"ip -n {OUTSIDER} link set eth0 up"):
+        subprocess.run(command.split(), check=True)
+    yield ["ip", "netns", "exec", OUTSIDER]
+    subprocess.run(["ip", "netns", "del", OUTSIDER], check=False)
+    subprocess.run(["ip", "link", "del", f"{NAME}-out"], check=False, capture_output=True)
+
+
+CONNECT = ("import socket,sys\ntry:\n socket.create_connection(('198.19.2.11',29500),"
+           "timeout=2).close(); print('open')\nexcept OSError as e: print('closed', e)")
+
+
+def test_rendezvous_port_open_to_peers_not_to_an_outsider(cluster: Sandbox,
+                                                         outsider: list[str]) -> None:
+    listener = subprocess.Popen(cluster.node_argv("node1", [
+        sys.executable, "-c", "import socket,time\ns=socket.socket()\n"
+        "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',29500))\n"
+        "s.listen(8)\ns.settimeout(15)\nwhile True:\n c,_=s.accept(); c.close()"]))
+    try:
+        time.sleep(0.5)
+        peer = cluster.node_exec("node2", f"{sys.executable} -c \"{CONNECT}\"").stdout
+        stranger = subprocess.run([*outsider, sys.executable, "-c", CONNECT],
+                                  capture_output=True, text=True, timeout=30).stdout
+    finally:
+        listener.kill()
+        listener.wait()
+    assert peer.strip() == "open"
+    assert stranger.startswith("closed")
+
+
+def test_undo_firewall_restores_the_ruleset(cluster: Sandbox) -> None:
+    with_ours = cluster.node_exec("node1", "iptables -S INPUT").stdout
+    assert "--comment gpucluster" in with_ours
+    done = gpucluster("provision", "-i", str(cluster.inventory), "--undo", "firewall")
+    assert done.code == 0, done.stderr
+    after = cluster.node_exec("node1", "iptables -S INPUT").stdout
+    original = [line for line in with_ours.splitlines() if "gpucluster" not in line]
+    assert after.splitlines() == original
+    assert "-p tcp -m tcp --dport 22 -j ACCEPT" in after  # SSH never touched
+    code, payload = _provision(cluster, "--only", "firewall")  # back for later tests
+    assert code == 0 and set(_outcomes(payload).values()) == {"changed"}
+
+
+def test_a_node_dying_mid_run_fails_alone_and_a_rerun_completes(cluster: Sandbox) -> None:
+    for node in cluster.nodes:  # undo the hosts block so that there is work to do
+        cluster.node_exec(node, "sed -i '/BEGIN gpucluster/,/END gpucluster/d' /etc/hosts")
+    logs = Path(cluster.inventory).parent / ".gpucluster" / "logs"
+    seen = set(logs.iterdir())
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "provision", "-i", str(cluster.inventory),
+         "--json", "--skip", "parity"], stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    killed = False
+    while time.time() < deadline and not killed:  # wait until the run reaches /etc/hosts
+        for log in set(logs.iterdir()) - seen:
+            if "node3: 'if [ -e /etc/hosts ]" in log.read_text():
+                namespace_pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-node3"],
+                                                capture_output=True, text=True).stdout.split()
+                for pid in namespace_pids:
+                    subprocess.run(["kill", "-KILL", pid], check=False)
+                killed = True
+        time.sleep(0.05)
+    output, _ = process.communicate(timeout=120)
+    assert killed
+    payload = json.loads(output)
+    outcomes = _outcomes(payload)
+    assert process.returncode == 1
+    assert outcomes[("hosts", "node3")] == "failed"
+    assert outcomes[("hosts", "node1")] == "changed" and outcomes[("hosts", "node2")] == "changed"
+
+    _up(cluster.inventory)  # node3 comes back (same keys, same files)
+    code, again = _provision(cluster, "--skip", "parity")
+    outcomes = _outcomes(again)
+    assert code == 0, again
+    assert outcomes[("hosts", "node3")] == "changed"
+    assert outcomes[("hosts", "node1")] == "already ok"
+
+
+def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None:
+    _up(cluster.inventory, "--driver", "node2=535.104.05")
+    try:
+        for node in cluster.nodes:  # leave work to do, to prove the gate changes nothing
+            cluster.node_exec(node, "sed -i '/BEGIN gpucluster/,/END gpucluster/d' /etc/hosts")
+        before = _mtimes(cluster)
+        code, payload = _provision(cluster)
+        assert code == 1 and payload["gate_blocked"] is True
+        assert {(g["check"], g["host"]) for g in payload["gate"]} == {("driver", "node2")}
+        assert payload["results"] == []
+        assert _mtimes(cluster) == before
+        human = gpucluster("provision", "-i", str(cluster.inventory))
+        assert "Parity gate" in human.stdout and "--force" in human.stdout
+        assert "535.104.05" in human.stdout
+        code, forced = _provision(cluster, "--force")
+        assert code == 0 and _outcomes(forced)[("hosts", "node2")] == "changed"
+    finally:
+        _up(cluster.inventory)
