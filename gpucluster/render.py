@@ -39,6 +39,27 @@ def host_progress(console: Console, total: int, what: str) -> Iterator[Callable[
         yield lambda: progress.advance(task)
 
 
+@contextmanager
+def byte_progress(console: Console) -> Iterator[Callable[[str, int, bool], None]]:
+    """Per-node bars of bytes received and rate, for image pushes; silent when piped."""
+    if not console.is_terminal:
+        yield lambda _node, _bytes, _done: None
+        return
+    from rich.progress import DownloadColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=console, transient=False) as progress:
+        tasks: dict[str, Any] = {}
+
+        def update(node: str, received: int, done: bool) -> None:
+            if node not in tasks:
+                tasks[node] = progress.add_task(node, total=None)
+            progress.update(tasks[node], completed=received,
+                            total=received if done else None)
+
+        yield update
+
+
 # -- inventory
 
 

@@ -15,6 +15,7 @@ from gpucluster.cli.options import (
     JsonOption,
     load_inventory,
     ssh_options,
+    stderr_console,
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
@@ -30,7 +31,8 @@ def provision(
         "--dry-run", help="Show per node exactly what would change (diffs, rule commands).")
     ] = False,
     only: Annotated[str | None, typer.Option(
-        "--only", metavar="STEPS", help="Only these steps: parity,ssh-mesh,hosts,firewall.")
+        "--only", metavar="STEPS",
+        help="Only these steps: parity,ssh-mesh,hosts,firewall,image.")
     ] = None,
     skip: Annotated[str | None, typer.Option("--skip", metavar="STEPS",
                                              help="All steps but these.")] = None,
@@ -61,7 +63,9 @@ def provision(
                 raise typer.Exit(EXIT_FAILED)
             return
         steps = runner.select_steps(_names(only), _names(skip))
-        report = runner.provision(session, loaded, steps, dry_run, force)
+        with render.byte_progress(stderr_console()) as on_bytes:
+            report = runner.provision(session, loaded, steps, dry_run, force,
+                                      on_image_progress=on_bytes)
     if json_output:
         render.print_json(console, runner.summary_payload(report))
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from gpucluster.inventory import Host, Inventory
     from gpucluster.provision.logged import LoggedConnection
     from gpucluster.remote.result import FanoutResult
+
+
+class StepSkipped(Exception):
+    """Raised by `prepare` when the step does not apply to this cluster; says why."""
 
 
 class Outcome(enum.Enum):
@@ -47,7 +51,7 @@ class ProvisionContext:
     inventory: Inventory
     state_dir: Path
     dry_run: bool
-    gathered: dict[str, Mapping[str, object]] = field(default_factory=dict)
+    gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 Each = Callable[[Callable[["Host", "LoggedConnection"], Any]], "FanoutResult[Any]"]

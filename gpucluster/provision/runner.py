@@ -14,18 +14,26 @@ from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.provision.logged import CommandLog, LoggedConnection
-from gpucluster.provision.model import NodeResult, Outcome, ProvisionContext, Step
+from gpucluster.provision.model import (
+    Change,
+    NodeResult,
+    Outcome,
+    ProvisionContext,
+    Step,
+    StepSkipped,
+)
 from gpucluster.provision.steps_firewall import FirewallStep
 from gpucluster.provision.steps_hosts import HostsStep
+from gpucluster.provision.steps_image import ImageStep, Progress
 from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
-from gpucluster.remote.result import FanoutResult
+from gpucluster.remote.result import FanoutResult, RemoteError
 from gpucluster.remote.session import Session
 
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
                  "nccl")
-STEPS: tuple[Step, ...] = (SshMeshStep(), HostsStep(), FirewallStep())
+STEPS: tuple[Step, ...] = (SshMeshStep(), HostsStep(), FirewallStep(), ImageStep())
 STEP_NAMES = ("parity", *(s.name for s in STEPS))
 UNDOABLE = ("firewall",)
 
@@ -85,7 +93,8 @@ class _Run:
 
 
 def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
-              force: bool, on_step: Callable[[str], None] | None = None) -> ProvisionReport:
+              force: bool, on_step: Callable[[str], None] | None = None,
+              on_image_progress: Progress | None = None) -> ProvisionReport:
     started = time.monotonic()
     state_dir = state_dir_for(inventory)
     log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")
@@ -108,6 +117,8 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
             continue
         if on_step:
             on_step(step.name)
+        if isinstance(step, ImageStep):
+            step.on_progress = on_image_progress
         results.extend(_run_step(step, run, context))
         if isinstance(step, SshMeshStep) and not dry_run:
             mesh = step.verify(context, run.each)
@@ -119,32 +130,67 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
 def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResult]:
     try:
         step.prepare(context, run.each)
+    except StepSkipped as reason:
+        return [NodeResult(step.name, h.name, Outcome.SKIPPED, message=str(reason))
+                for h in context.inventory.hosts]
     except GpuclusterError as error:
         return [NodeResult(step.name, h.name, Outcome.FAILED, message=str(error))
                 for h in context.inventory.hosts]
+
+    cluster_wide = isinstance(step, ImageStep)  # applied to all nodes at once (the relay)
 
     def converge(host: Host, connection: LoggedConnection) -> NodeResult:
         try:
             changes = step.check(context, host, connection)
             if not changes:
                 return NodeResult(step.name, host.name, Outcome.OK)
-            if context.dry_run:
+            if context.dry_run or cluster_wide:
                 return NodeResult(step.name, host.name, Outcome.PLANNED, tuple(changes))
             step.apply(context, host, connection, changes)
-            left = step.check(context, host, connection)
+            return recheck(host, connection, changes)
         except GpuclusterError as error:
             return NodeResult(step.name, host.name, Outcome.FAILED, message=str(error))
+
+    def recheck(host: Host, connection: LoggedConnection, changes: list[Change]
+                ) -> NodeResult:
+        left = step.check(context, host, connection)
         if left:
             return NodeResult(step.name, host.name, Outcome.FAILED, tuple(left),
                               "still differs after applying")
         return NodeResult(step.name, host.name, Outcome.CHANGED, tuple(changes))
 
-    result = run.each(converge)
-    failed = [NodeResult(step.name, name, Outcome.FAILED,
-                         message=f"{failure.kind.value}: {failure.message}")
-              for name, failure in result.failures.items()]
+    outcomes = _collect(step.name, run.each(converge))
+    if cluster_wide and not context.dry_run:
+        planned = {r.host: r for r in outcomes.values() if r.outcome is Outcome.PLANNED}
+        targets = [h for h in context.inventory.hosts if h.name in planned]
+        if targets:
+            assert isinstance(step, ImageStep)
+            try:
+                step.apply_all(context, run.each, targets,
+                               {h.name: run.logged[h.name] for h in targets})
+            except (GpuclusterError, RemoteError) as error:
+                message = error.message if isinstance(error, RemoteError) else str(error)
+                outcomes.update({h.name: NodeResult(step.name, h.name, Outcome.FAILED,
+                                                    message=message) for h in targets})
+            else:
+                def verify(host: Host, connection: LoggedConnection) -> NodeResult:
+                    try:
+                        return recheck(host, connection, list(planned[host.name].changes))
+                    except GpuclusterError as error:
+                        return NodeResult(step.name, host.name, Outcome.FAILED,
+                                          message=str(error))
+                outcomes.update(_collect(step.name, run.each(verify, targets)))
     order = {h.name: i for i, h in enumerate(context.inventory.hosts)}
-    return sorted([*result.values.values(), *failed], key=lambda r: order[r.host])
+    return sorted(outcomes.values(), key=lambda r: order[r.host])
+
+
+def _collect(step: str, result: FanoutResult[NodeResult]) -> dict[str, NodeResult]:
+    """Per-host results, with hosts that could not be reached as FAILED."""
+    outcomes = dict(result.values)
+    for name, failure in result.failures.items():
+        outcomes[name] = NodeResult(step, name, Outcome.FAILED,
+                                    message=f"{failure.kind.value}: {failure.message}")
+    return outcomes
 
 
 def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:

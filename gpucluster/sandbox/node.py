@@ -22,7 +22,8 @@ from gpucluster.templating import render
 STATE_ROOT = Path("/var/lib/gpucluster/sandbox")
 # Host paths each node gets its own copy of (bind targets must exist on the host).
 # /tmp stays shared on purpose: venvs and interpreters there must stay visible in nodes.
-BIND_TARGETS = (Path("/root/.ssh"), Path("/var/lib/containers"), Path("/srv"))
+BIND_TARGETS = (Path("/root/.ssh"), Path("/var/lib/containers"), Path("/run/containers"),
+                Path("/srv"))
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class NodePaths:
     @property
     def containers(self) -> Path:
         return self.root / "containers"
+
+    @property
+    def container_run(self) -> Path:
+        """The node's own /run/containers: podman's locks and mount state."""
+        return self.root / "run-containers"
 
     @property
     def srv(self) -> Path:
@@ -113,6 +119,7 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> Non
     if controller_key not in lines:
         system.write_atomically(authorized, "\n".join([*lines, controller_key]) + "\n", 0o600)
     paths.containers.mkdir(mode=0o700, exist_ok=True)
+    paths.container_run.mkdir(mode=0o700, exist_ok=True)
     paths.srv.mkdir(mode=0o755, exist_ok=True)
     paths.bin.mkdir(exist_ok=True)
     write_gpu_state(spec, node)

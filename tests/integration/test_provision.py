@@ -226,3 +226,63 @@ def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None
         assert code == 0 and _outcomes(forced)[("hosts", "node2")] == "changed"
     finally:
         _up(cluster.inventory)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real podman image in the controller's storage: busybox and 8 MB of noise."""
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    subprocess.run(["cp", "/bin/busybox", str(root / "bin" / "busybox")], check=True)
+    (root / "noise").write_bytes(__import__("os").urandom(8 * 1024 * 1024))
+    archive = root.parent / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
+    reference = "localhost/gpcprov-test:1"
+    subprocess.run(["podman", "import", "-q", str(archive), reference], check=True,
+                   capture_output=True)
+    yield reference
+    subprocess.run(["podman", "rmi", "-f", reference], check=False, capture_output=True)
+
+
+def test_image_reaches_every_nodes_own_storage_then_skips(cluster: Sandbox, image: str
+                                                         ) -> None:
+    expected = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    # Beside the cluster's inventory, so that it shares its state (the cluster key).
+    inventory = cluster.write_inventory(cluster.inventory.parent / "image.yaml",
+                                        cluster={**cluster.data["cluster"], "image": image})
+    result = gpucluster("provision", "-i", str(inventory), "--json", "--only",
+                        "ssh-mesh,image", timeout=300)
+    payload = json.loads(result.stdout)
+    assert result.code == 0, payload
+    assert {o for (step, _), o in _outcomes(payload).items() if step == "image"} == {"changed"}
+    for node in cluster.nodes:
+        found = cluster.node_exec(node, f"podman image inspect --format '{{{{.Id}}}}' {image}")
+        assert found.stdout.strip() == expected
+        storage = Path(f"/var/lib/gpucluster/sandbox/{NAME}/{node}/containers")
+        assert any(storage.rglob("*")), f"{node} has no image in its own storage"
+    leftovers = cluster.node_exec("node2", "ls -d /tmp/gpucluster-relay.* 2>/dev/null || true")
+    assert leftovers.stdout.strip() == ""  # relay scripts and control sockets removed
+
+    again = gpucluster("provision", "-i", str(inventory), "--json", "--only", "image")
+    assert set(_outcomes(json.loads(again.stdout)).values()) == {"already ok"}
+
+
+def test_image_too_big_for_a_node_is_refused_before_sending(cluster: Sandbox, image: str
+                                                           ) -> None:
+    # node3's container storage is a 4 MiB tmpfs: too small for the 8 MB image.
+    cluster.node_exec("node3", "podman rmi -f --all >/dev/null 2>&1; "
+                               "mount -t tmpfs -o size=4m tmpfs /var/lib/containers")
+    try:
+        inventory = cluster.write_inventory(cluster.inventory.parent / "image.yaml",
+                                            cluster={**cluster.data["cluster"], "image": image})
+        result = gpucluster("provision", "-i", str(inventory), "--json", "--only", "image",
+                            timeout=300)
+        results = {r["host"]: r for r in json.loads(result.stdout)["results"]}
+        assert result.code == 1
+        assert results["node3"]["outcome"] == "failed"
+        assert "not enough disk" in results["node3"]["message"]
+        assert "GiB free" in results["node3"]["message"]
+        assert results["node1"]["outcome"] == "already ok"
+    finally:
+        cluster.node_exec("node3", "umount /var/lib/containers")
