@@ -14,7 +14,7 @@ END = "# END gpucluster managed block"
 
 def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | None:
     """The file's text, or None when it does not exist."""
-    quoted = _path(path)
+    quoted = shell_path(path)
     result = connection.run(f"if [ -e {quoted} ]; then cat {quoted}; else echo __absent__ >&2;"
                             f" fi", timeout=30, sudo=sudo)
     if "__absent__" in result.stderr:
@@ -28,7 +28,7 @@ def write_atomically(connection: LoggedConnection, path: str, text: str, mode: s
                      sudo: bool = False) -> None:
     """Write to a temp file beside `path`, then rename over it: a reader (or a Ctrl-C)
     never sees half a file. An existing file keeps its owner and mode."""
-    quoted = _path(path)
+    quoted = shell_path(path)
     script = (
         f"set -e; umask 077; t=$(mktemp {quoted}.gpucluster-XXXXXX); "
         f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; "
@@ -41,7 +41,7 @@ def write_atomically(connection: LoggedConnection, path: str, text: str, mode: s
         raise RemoteError(FailureKind.ERROR, f"cannot write {path}: {result.stderr.strip()}")
 
 
-def _path(path: str) -> str:
+def shell_path(path: str) -> str:
     """Quote a path; a leading ~/ stays expandable by the remote shell."""
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from gpucluster.inventory import Host, Inventory
@@ -54,7 +54,15 @@ class ProvisionContext:
     gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-Each = Callable[[Callable[["Host", "LoggedConnection"], Any]], "FanoutResult[Any]"]
+T = TypeVar("T")
+
+
+class Each(Protocol):
+    """Fan a task out over every node (or `hosts`) with logged connections."""
+
+    def __call__(self, task: Callable[[Host, LoggedConnection], T],
+                 hosts: Sequence[Host] | None = None) -> FanoutResult[T]: ...
+
 
 
 class Step(Protocol):

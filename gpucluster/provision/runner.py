@@ -27,7 +27,7 @@ from gpucluster.provision.steps_hosts import HostsStep
 from gpucluster.provision.steps_image import ImageStep, Progress
 from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
-from gpucluster.remote.result import FanoutResult, RemoteError
+from gpucluster.remote.result import FanoutResult
 from gpucluster.remote.session import Session
 
 T = TypeVar("T")
@@ -165,21 +165,13 @@ def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResu
         targets = [h for h in context.inventory.hosts if h.name in planned]
         if targets:
             assert isinstance(step, ImageStep)
-            try:
-                step.apply_all(context, run.each, targets,
-                               {h.name: run.logged[h.name] for h in targets})
-            except (GpuclusterError, RemoteError) as error:
-                message = error.message if isinstance(error, RemoteError) else str(error)
-                outcomes.update({h.name: NodeResult(step.name, h.name, Outcome.FAILED,
-                                                    message=message) for h in targets})
-            else:
-                def verify(host: Host, connection: LoggedConnection) -> NodeResult:
-                    try:
-                        return recheck(host, connection, list(planned[host.name].changes))
-                    except GpuclusterError as error:
-                        return NodeResult(step.name, host.name, Outcome.FAILED,
-                                          message=str(error))
-                outcomes.update(_collect(step.name, run.each(verify, targets)))
+            verified = step.apply_all(context, run.each, targets,
+                                      {h.name: run.logged[h.name] for h in targets})
+            for host in targets:
+                problem = verified.get(host.name)
+                outcomes[host.name] = NodeResult(
+                    step.name, host.name, Outcome.FAILED if problem else Outcome.CHANGED,
+                    planned[host.name].changes, problem or "")
     order = {h.name: i for i, h in enumerate(context.inventory.hosts)}
     return sorted(outcomes.values(), key=lambda r: order[r.host])
 

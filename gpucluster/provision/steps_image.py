@@ -10,17 +10,17 @@ small is refused before anything is sent; every node's image ID is verified afte
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import shlex
 import shutil
 import subprocess
-import threading
+import uuid
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
+from gpucluster.provision.files import shell_path
 from gpucluster.provision.image_source import ImageSource, locate
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, StepSkipped
@@ -28,6 +28,9 @@ from gpucluster.remote.result import RemoteError
 from gpucluster.templating import render
 
 GIB = 1024**3
+# AES-GCM first: with AES-NI it costs about half of chacha20 per byte, and every hop
+# both decrypts and encrypts the whole image.
+HOP_CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com"
 HEADROOM = 1.2  # unpacked layers plus a margin
 COUNTER = """\
 import sys, time
@@ -71,9 +74,10 @@ class ImageStep:
             "echo \"$rt\"; \"$rt\" image inspect --format '{{.Id}}' "
             f"{shlex.quote(image.reference)} 2>/dev/null || echo absent; "
             "command -v zstd >/dev/null && echo zstd || echo no-zstd; "
-            "root=$(\"$rt\" info --format '{{.Store.GraphRoot}}' 2>/dev/null || "
-            "\"$rt\" info --format '{{.DockerRootDir}}' 2>/dev/null); "
-            "d=${root:-/var/lib}; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
+            # `podman info` would name the storage root, but costs a second podman start
+            # per node: the default roots are where images go unless reconfigured.
+            "case $rt in *docker) d=/var/lib/docker;; *) d=/var/lib/containers;; esac; "
+            "while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
             "df -Pk \"$d\" | tail -n 1", timeout=60, sudo=True)
         lines = probe.stdout.split("\n")
         if not lines or lines[0].strip() == "none":
@@ -98,69 +102,65 @@ class ImageStep:
         raise GpuclusterError("the image step is applied to all nodes at once")
 
     def apply_all(self, context: ProvisionContext, each: Each, targets: list[Host],
-                  connections: dict[str, LoggedConnection]) -> None:
-        """Push to `targets` in one relay chain; failures show in the re-check."""
+                  connections: dict[str, LoggedConnection]) -> dict[str, str | None]:
+        """Push to `targets` in one relay chain. Returns per node None when the image ID
+        it reports after loading is the right one, else what went wrong."""
         image = self.source(context)
         zstd_everywhere = shutil.which("zstd") is not None and all(
             context.gathered.get("zstd", {}).get(h.name) for h in targets)
-        dirs = {h.name: connections[h.name].run(
-            "mktemp -d \"${TMPDIR:-/tmp}/gpucluster-relay.XXXXXX\"", timeout=30).stdout.strip()
-            for h in targets}
-        python = context.inventory.cluster.python
+        # The same path on every node, inside its own work directory (not a shared /tmp).
+        relay_dir = shell_path(f"{context.inventory.cluster.work_dir}/.relay-"
+                               f"{uuid.uuid4().hex[:8]}")
         runtimes = context.gathered.get("runtimes", {})
-        for position, host in enumerate(targets):  # write each hop's script
-            following = targets[position + 1] if position + 1 < len(targets) else None
+        following = dict(itertools.pairwise([h.name for h in targets]))
+        scripts = {}
+        for host in targets:
             runtime = shlex.quote(str(runtimes[host.name]))
-            script = render("provision/image_relay.sh.j2", node=host.name, dir=dirs[host.name],
-                            next=following.name if following else None,
-                            next_dir=dirs[following.name] if following else "",
-                            python=python, counter=COUNTER,
-                            runtime=runtime if host.user == "root" else f"sudo -n {runtime}",
-                            decompress="zstd -dc" if zstd_everywhere else "cat")
-            connection = connections[host.name]
-            quoted = shlex.quote(dirs[host.name])
-            connection.run(f"cat > {quoted}/relay.sh", timeout=30, stdin=script.encode())
-        try:
-            self._connect_hops(targets, dirs, connections)
-            self._stream(image, targets[0], connections[targets[0].name], dirs, zstd_everywhere)
-        finally:
-            for host in targets:
-                quoted = shlex.quote(dirs[host.name])
-                with contextlib.suppress(RemoteError):  # a dead node: its /tmp clears
-                    connections[host.name].run(
-                        f"ssh -o ControlPath={quoted}/control -O exit x 2>/dev/null; "
-                        f"rm -rf {quoted}", timeout=30)
+            scripts[host.name] = render(
+                "provision/image_relay.sh.j2", node=host.name, dir=relay_dir,
+                next=following.get(host.name), python=context.inventory.cluster.python,
+                counter=COUNTER, reference=image.reference, id_format="{{.Id}}",
+                runtime=runtime if host.user == "root" else f"sudo -n {runtime}",
+                decompress="zstd -dc" if zstd_everywhere else "cat")
 
-    def _connect_hops(self, targets: list[Host], dirs: dict[str, str],
-                      connections: dict[str, LoggedConnection]) -> None:
-        """Every hop opens its SSH connection to the next before data flows, in parallel."""
-        errors: list[str] = []
+        def prepare_hop(host: Host, connection: LoggedConnection) -> str:
+            """Write this hop's script and connect it to the next hop, before any data."""
+            command = f"mkdir -p -m 700 {relay_dir} && cat > {relay_dir}/relay.sh"
+            if host.name in following:
+                command += (
+                    f" && ssh -o BatchMode=yes -o ControlMaster=yes -o ControlPersist=600"
+                    f" -o ControlPath={relay_dir}/control -o Ciphers={HOP_CIPHERS} -fN "
+                    f"{shlex.quote(following[host.name])} </dev/null >/dev/null 2>&1 && "
+                    f"ssh -o ControlPath={relay_dir}/control -O check x 2>&1")
+            result = connection.run(command, timeout=60, stdin=scripts[host.name].encode())
+            if result.ok:
+                return ""
+            return (result.stdout + result.stderr).strip()[-200:] or f"exit {result.exit_code}"
 
-        def connect(host: Host, following: Host) -> None:
-            quoted = shlex.quote(dirs[host.name])
+        prepared = each(prepare_hop, targets)
+        problems = {**{n: f.message for n, f in prepared.failures.items()},
+                    **{n: e for n, e in prepared.values.items() if e}}
+        loaded: dict[str, str] = {}
+        failure = None
+        if problems:
+            failure = "relay hops could not connect (run the ssh-mesh step first): " + \
+                "; ".join(f"{n}: {e}" for n, e in problems.items())
+        else:
             try:
-                result = connections[host.name].run(
-                    f"ssh -o BatchMode=yes -o ControlMaster=yes -o ControlPath={quoted}/control "
-                    f"-o ControlPersist=600 -fN {shlex.quote(following.name)} "
-                    f"</dev/null >/dev/null 2>&1; ssh -o ControlPath={quoted}/control -O check "
-                    f"x 2>&1", timeout=30)
-                if not result.ok:
-                    errors.append(f"{host.name} -> {following.name}: {result.stdout.strip()}")
-            except RemoteError as error:
-                errors.append(f"{host.name}: {error.message}")
+                self._stream(image, connections[targets[0].name], relay_dir,
+                             zstd_everywhere, loaded)
+            except (GpuclusterError, RemoteError) as error:
+                failure = error.message if isinstance(error, RemoteError) else str(error)
+        if failure is not None:  # remove what the relay scripts did not remove themselves
+            each(lambda _host, connection: connection.run(
+                f"ssh -o ControlPath={relay_dir}/control -O exit x 2>/dev/null; "
+                f"rm -rf {relay_dir}", timeout=30), targets)
+        return {h.name: None if loaded.get(h.name) == image.image_id else failure or
+                f"after loading, the node reports image {loaded.get(h.name) or 'none'}, "
+                f"not {image.image_id[:12]}" for h in targets}
 
-        threads = [threading.Thread(target=connect, args=(a, b), daemon=True)
-                   for a, b in itertools.pairwise(targets)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(40)
-        if errors:
-            raise GpuclusterError("relay hops could not connect (run the ssh-mesh step): "
-                                  + "; ".join(errors))
-
-    def _stream(self, image: ImageSource, first: Host, connection: LoggedConnection,
-                dirs: dict[str, str], compress: bool) -> None:
+    def _stream(self, image: ImageSource, connection: LoggedConnection, relay_dir: str,
+                compress: bool, loaded: dict[str, str]) -> None:
         saver = subprocess.Popen(image.stream_argv, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL)
         source = cast("BinaryIO | None", saver.stdout)
@@ -173,13 +173,19 @@ class ImageStep:
 
         def on_line(_stream: str, line: str) -> None:
             parts = line.split()
-            if len(parts) >= 3 and parts[0] == "progress" and parts[2].isdigit() and \
+            if len(parts) >= 3 and parts[0] == "loaded":
+                loaded[parts[1]] = parts[2].removeprefix("sha256:")
+            elif len(parts) >= 3 and parts[0] == "progress" and parts[2].isdigit() and \
                     self.on_progress is not None:
                 self.on_progress(parts[1], int(parts[2]), parts[-1] == "done")
 
         try:
-            connection.run(f"sh {shlex.quote(dirs[first.name])}/relay.sh", timeout=24 * 3600,
-                           stdin=source, on_line=on_line)
+            result = connection.run(f"sh {relay_dir}/relay.sh", timeout=24 * 3600,
+                                    stdin=source, on_line=on_line)
+            if not result.ok:  # which nodes missed out shows in the re-check
+                tail = result.stderr.strip().splitlines()[-3:]
+                raise GpuclusterError(f"the relay stopped (exit {result.exit_code}): "
+                                      + " | ".join(tail))
         finally:
             for process in (compressor, saver):
                 if process is not None:

@@ -1,0 +1,147 @@
+"""bench/image_push: one image to 8 sandbox nodes, every link shaped to the same rate
+(the controller's own uplink into the sandbox too), gpucluster's pipelined relay
+against the naive star (`podman save | ssh node podman load` per node), sequentially
+and all in parallel, in the same run.
+
+    sudo .venv/bin/python -m bench.image_push [--nodes 8] [--mb 50] [--rate 100mbit]
+
+Goals: 8 nodes within 1.3x of 1 node; at least 4x faster than the parallel star; a
+re-push with the image everywhere under 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.common import GPUCLUSTER, sandbox
+
+REFERENCE = "localhost/gpcbench-image:1"
+
+
+def _build_image(mb: int, workdir: Path) -> str:
+    root = workdir / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    subprocess.run(["cp", "/bin/busybox", str(root / "bin")], check=True)
+    (root / "noise").write_bytes(os.urandom(mb * 1024 * 1024))  # incompressible
+    subprocess.run(["tar", "-C", str(root), "-cf", str(workdir / "rootfs.tar"), "."], check=True)
+    subprocess.run(["podman", "rmi", "-f", REFERENCE], capture_output=True, check=False)
+    subprocess.run(["podman", "import", "-q", str(workdir / "rootfs.tar"), REFERENCE],
+                   check=True, capture_output=True)
+    return subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", REFERENCE],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _ssh(inventory: dict, address: str) -> list[str]:
+    return ["ssh", "-o", f"UserKnownHostsFile={inventory['cluster']['known_hosts']}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+            "-i", inventory["defaults"]["identity_file"], f"root@{address}"]
+
+
+def _clear(inventory: dict) -> None:
+    for host in inventory["hosts"]:
+        subprocess.run([*_ssh(inventory, host["address"]), f"podman rmi -f {REFERENCE}"],
+                       capture_output=True, check=False)
+
+
+def _verify(inventory: dict, image_id: str, hosts: list[dict]) -> None:
+    for host in hosts:
+        found = subprocess.run([*_ssh(inventory, host["address"]),
+                                f"podman image inspect --format '{{{{.Id}}}}' {REFERENCE}"],
+                               capture_output=True, text=True, check=False).stdout.strip()
+        if found != image_id:
+            raise SystemExit(f"{host['name']} does not hold the image after the push")
+
+
+def _star(inventory: dict, hosts: list[dict], parallel: bool) -> float:
+    started = time.perf_counter()
+    processes = []
+    for host in hosts:
+        command = (f"podman save {REFERENCE} | {' '.join(_ssh(inventory, host['address']))} "
+                   f"podman load -q")
+        process = subprocess.Popen(command, shell=True, stdout=subprocess.DEVNULL,  # noqa: S602 - the naive peer is a shell pipeline by definition
+                                   stderr=subprocess.DEVNULL)
+        if parallel:
+            processes.append(process)
+        else:
+            process.wait()
+    for process in processes:
+        process.wait()
+    return time.perf_counter() - started
+
+
+STREAMS: dict[str, float] = {}
+
+
+def _gpucluster(path: Path, label: str) -> float:
+    started = time.perf_counter()
+    done = subprocess.run([*GPUCLUSTER, "provision", "-i", str(path), "--only", "image"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"provision failed:\n{done.stdout[-1500:]}\n{done.stderr[-500:]}")
+    elapsed = time.perf_counter() - started
+    log = max((path.parent / ".gpucluster" / "logs").iterdir(), key=lambda p: p.stat().st_mtime)
+    for line in log.read_text().splitlines():  # the relay's own duration, from the log
+        if "relay.sh'" in line and line.startswith(tuple("0123456789")):
+            STREAMS[label] = float(line.rsplit(" in ", 1)[1].rstrip("s"))
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--mb", type=int, default=50)
+    parser.add_argument("--rate", default="100mbit", help="tc rate, or \"none\" for unshaped")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, sandbox(
+            "gpcbench", "198.18.9.0/24", args.nodes, Path(tmp),
+            () if args.rate == "none" else ("--link-rate", args.rate)) as inventory:
+        image_id = _build_image(args.mb, Path(tmp))
+        data = {key: value for key, value in inventory.items() if key != "path"}
+        data["cluster"]["image"] = REFERENCE
+        everyone = Path(tmp) / "all.yaml"
+        everyone.write_text(yaml.safe_dump(data))
+        one = Path(tmp) / "one.yaml"
+        one.write_text(yaml.safe_dump({**data, "hosts": data["hosts"][:1]}))
+        setup = subprocess.run([*GPUCLUSTER, "provision", "-i", str(everyone), "--only",
+                                "ssh-mesh"], capture_output=True, text=True, check=False)
+        if setup.returncode != 0:
+            raise SystemExit(f"ssh-mesh failed:\n{setup.stdout[-1500:]}")
+        hosts = data["hosts"]
+        results: dict[str, float] = {}
+        _clear(data)
+        results["gpucluster, 1 node"] = _gpucluster(one, "1 node")
+        _verify(data, image_id, hosts[:1])
+        _clear(data)
+        results[f"gpucluster, {len(hosts)} nodes (relay)"] = _gpucluster(everyone, "relay")
+        _verify(data, image_id, hosts)
+        results["gpucluster re-push, image everywhere"] = _gpucluster(everyone, "re-push")
+        _clear(data)
+        results["naive star, sequential"] = _star(data, hosts, parallel=False)
+        _verify(data, image_id, hosts)
+        _clear(data)
+        results["naive star, parallel"] = _star(data, hosts, parallel=True)
+        _verify(data, image_id, hosts)
+        subprocess.run(["podman", "rmi", "-f", REFERENCE], capture_output=True, check=False)
+
+    relay = results[f"gpucluster, {len(hosts)} nodes (relay)"]
+    print(f"\nimage push: {args.mb} MB incompressible, {len(hosts)} nodes, every link "
+          f"(controller uplink included) at {args.rate}")
+    print(f"{'method':<42} {'seconds':>8} {'vs relay':>9}")
+    for name, seconds in results.items():
+        print(f"{name:<42} {seconds:>8.2f} {seconds / relay:>8.2f}x")
+    print(f"relay {len(hosts)} nodes / 1 node: {relay / results['gpucluster, 1 node']:.2f}x "
+          f"(goal <= 1.3x)")
+    print(f"parallel star / relay: {results['naive star, parallel'] / relay:.2f}x (goal >= 4x)")
+    for label, seconds in STREAMS.items():
+        print(f"of which the stream itself ({label}): {seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
