@@ -173,3 +173,19 @@ def test_the_real_probe_runs_here_and_quotes_inventory_paths(tmp_path: Path) -> 
     assert found.ok_text("python") is None  # the odd path is looked up literally
     assert found.df_available_bytes("disk") is not None  # nearest existing parent
     assert found.clock_offset_s is not None and abs(found.clock_offset_s) < 5
+
+
+def test_container_toolkit_needed_with_an_image_except_on_simulated_gpus(tmp_path: Path
+                                                                         ) -> None:
+    podman = facts(runtimes="podman podman version 4.3.1")
+    ctx = context(tmp_path, {"a": podman}, "").inventory
+    path = tmp_path / "inventory.yaml"
+    path.write_text("cluster:\n  image: localhost/x:1\ndefaults:\n  gpus: 1\nhosts: [a]\n")
+    with_image = Context(inventory_module.load(path), {"a": podman}, {}, {})
+    assert statuses("container-toolkit", with_image) == {"a": Status.FAIL}
+    assert statuses("container-runtime", with_image) == {"a": Status.OK}
+    path.write_text("cluster:\n  image: localhost/x:1\ndefaults:\n  gpus: 1\n"
+                    "  labels: {sandbox: x}\nhosts: [a]\n")
+    sandbox = Context(inventory_module.load(path), {"a": podman}, {}, {})
+    assert statuses("container-toolkit", sandbox) == {"a": Status.SKIP}
+    assert ctx.cluster.image is None
