@@ -189,3 +189,15 @@ def test_container_toolkit_needed_with_an_image_except_on_simulated_gpus(tmp_pat
     sandbox = Context(inventory_module.load(path), {"a": podman}, {}, {})
     assert statuses("container-toolkit", sandbox) == {"a": Status.SKIP}
     assert ctx.cluster.image is None
+
+
+def test_strict_turns_warnings_into_failure() -> None:
+    from gpucluster.doctor.model import CheckResult
+    from gpucluster.doctor.runner import DoctorReport
+
+    warned = DoctorReport(("a",), ("shm",), (CheckResult("shm", "a", Status.WARN, "small"),))
+    assert warned.worst(strict=False) is Status.WARN
+    assert warned.worst(strict=True) is Status.FAIL
+    clean = DoctorReport(("a",), ("shm",), (CheckResult("shm", "a", Status.OK, "fine"),
+                                            CheckResult("xid", "a", Status.SKIP, "n/a")))
+    assert clean.worst(strict=True) is Status.OK
