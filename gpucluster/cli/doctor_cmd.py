@@ -19,10 +19,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED, EXIT_OK
-
-
-def _names(value: str | None) -> list[str] | None:
-    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+from gpucluster.selection import comma_list
 
 
 def doctor(
@@ -52,7 +49,7 @@ def doctor(
     if list_checks:
         print_check_list(stdout_console())
         return
-    selected = select_checks(_names(checks), _names(skip))
+    selected = select_checks(comma_list(checks), comma_list(skip))
     loaded = load_inventory(inventory)
     options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
     with Session(loaded, options) as session, render.host_progress(

@@ -19,10 +19,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
-
-
-def _names(value: str | None) -> list[str] | None:
-    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+from gpucluster.selection import comma_list
 
 
 def provision(
@@ -62,7 +59,7 @@ def provision(
             if any(r.outcome.value == "failed" for r in results):
                 raise typer.Exit(EXIT_FAILED)
             return
-        steps = runner.select_steps(_names(only), _names(skip))
+        steps = runner.select_steps(comma_list(only), comma_list(skip))
         with render.byte_progress(stderr_console()) as on_bytes:
             report = runner.provision(session, loaded, steps, dry_run, force,
                                       on_image_progress=on_bytes)

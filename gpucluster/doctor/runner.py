@@ -14,11 +14,11 @@ from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills R
 from gpucluster.doctor.model import REGISTRY, CheckResult, CheckSpec, Context, Status
 from gpucluster.doctor.probe import NodeFacts, parse_facts, render_probe
 from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
-from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import CommandResult
 from gpucluster.remote.session import Session
+from gpucluster.selection import select
 
 DEFAULT_PROBE_TIMEOUT_S = 60.0
 
@@ -42,13 +42,8 @@ class DoctorReport:
 
 
 def select_checks(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[CheckSpec]:
-    """--checks / --skip; an unknown name is an error naming the known ones."""
-    wanted = list(only) if only else list(REGISTRY)
-    unknown = [n for n in [*wanted, *(skip or [])] if n not in REGISTRY]
-    if unknown:
-        raise GpuclusterError(f"unknown check {', '.join(unknown)}; see gpucluster doctor "
-                              f"--list ({', '.join(REGISTRY)})")
-    return [REGISTRY[n] for n in wanted if n not in set(skip or [])]
+    """--checks / --skip, in the order doctor shows checks."""
+    return [REGISTRY[n] for n in select(list(REGISTRY), only, skip, "check")]
 
 
 def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckSpec],

@@ -29,6 +29,7 @@ from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import FanoutResult
 from gpucluster.remote.session import Session
+from gpucluster.selection import select
 
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
@@ -63,12 +64,8 @@ class ProvisionReport:
 
 
 def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]:
-    wanted = list(only) if only else list(STEP_NAMES)
-    unknown = [n for n in [*wanted, *(skip or [])] if n not in STEP_NAMES]
-    if unknown:
-        raise GpuclusterError(f"unknown step {', '.join(unknown)}; steps: "
-                              f"{', '.join(STEP_NAMES)}")
-    return [n for n in STEP_NAMES if n in wanted and n not in set(skip or [])]
+    """--only / --skip, in the order the steps run."""
+    return select(STEP_NAMES, only, skip, "step")
 
 
 class _Run:

@@ -1,0 +1,24 @@
+"""Picking named things (doctor checks, provision steps) with --only / --skip lists."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpucluster.errors import GpuclusterError
+
+
+def comma_list(value: str | None) -> list[str] | None:
+    """`a, b,,c` -> ['a', 'b', 'c']; None when the option was not given."""
+    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+
+
+def select(known: Sequence[str], only: Sequence[str] | None, skip: Sequence[str] | None,
+           what: str) -> list[str]:
+    """The known names to use, in their own order; an unknown name is an error that
+    lists the known ones."""
+    unknown = [n for n in [*(only or []), *(skip or [])] if n not in known]
+    if unknown:
+        raise GpuclusterError(f"unknown {what} {', '.join(unknown)}; known: "
+                              f"{', '.join(known)}")
+    wanted = set(only) if only else set(known)
+    return [n for n in known if n in wanted and n not in set(skip or [])]

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import pytest
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.selection import comma_list, select
+
+KNOWN = ["parity", "ssh-mesh", "hosts", "firewall"]
+
+
+def test_only_and_skip_keep_the_known_order() -> None:
+    assert select(KNOWN, None, None, "step") == KNOWN
+    assert select(KNOWN, ["firewall", "parity"], None, "step") == ["parity", "firewall"]
+    assert select(KNOWN, None, ["hosts"], "step") == ["parity", "ssh-mesh", "firewall"]
+
+
+def test_unknown_names_are_one_error_listing_the_known() -> None:
+    with pytest.raises(GpuclusterError, match="unknown step fire, nope; known: parity"):
+        select(KNOWN, ["fire"], ["nope"], "step")
+
+
+def test_comma_list() -> None:
+    assert comma_list(" a, b,,c ") == ["a", "b", "c"]
+    assert comma_list(None) is None
