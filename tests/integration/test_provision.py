@@ -293,3 +293,26 @@ def test_image_too_big_for_a_node_is_refused_before_sending(cluster: Sandbox, im
         assert results["node1"]["outcome"] == "already ok"
     finally:
         cluster.node_exec("node3", "umount -R /var/lib/containers")  # podman mounts inside
+
+
+def test_ufw_rules_are_added_once_and_undone_exactly(cluster: Sandbox) -> None:
+    # node3 swaps its plain iptables firewall for ufw (SSH allowed), as many hosts have.
+    cluster.node_exec("node3", "iptables -P INPUT ACCEPT; iptables -F INPUT; "
+                               "ufw allow 22/tcp >/dev/null; ufw --force enable >/dev/null")
+    try:
+        before = cluster.node_exec("node3", "ufw status").stdout
+        code, payload = _provision(cluster, "--only", "firewall")
+        assert code == 0, payload
+        assert _outcomes(payload)[("firewall", "node3")] == "changed"
+        status = cluster.node_exec("node3", "ufw status").stdout
+        for peer in ("node1", "node2"):
+            assert any(cluster.addresses[peer] in line and "# gpucluster" in line
+                       and "29500" in line for line in status.splitlines())
+        code, again = _provision(cluster, "--only", "firewall")
+        assert _outcomes(again)[("firewall", "node3")] == "already ok"
+        done = gpucluster("provision", "-i", str(cluster.inventory), "--undo", "firewall")
+        assert done.code == 0, done.stderr
+        assert cluster.node_exec("node3", "ufw status").stdout == before
+    finally:
+        cluster.node_exec("node3", f"ufw --force disable >/dev/null; ufw --force reset "
+                                   f">/dev/null; iptables -F INPUT; {FIREWALL}")
