@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 
 from gpucluster import __version__
-from gpucluster.cli import doctor_cmd, inventory_cmd, provision_cmd, run_cmd, sandbox_cmd
+from gpucluster.cli import (
+    doctor_cmd,
+    inventory_cmd,
+    provision_cmd,
+    run_cmd,
+    sandbox_cmd,
+    smoke_cmd,
+)
 from gpucluster.errors import GpuclusterError
 
 app = typer.Typer(
@@ -23,6 +30,7 @@ app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("run")(run_cmd.run)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
+app.command("smoke")(smoke_cmd.smoke)
 
 
 def _version(value: bool) -> None:

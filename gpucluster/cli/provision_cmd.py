@@ -29,7 +29,7 @@ def provision(
     ] = False,
     only: Annotated[str | None, typer.Option(
         "--only", metavar="STEPS",
-        help="Only these steps: parity,ssh-mesh,hosts,firewall,image.")
+        help="Only these steps: parity,ssh-mesh,hosts,firewall,image,smoke.")
     ] = None,
     skip: Annotated[str | None, typer.Option("--skip", metavar="STEPS",
                                              help="All steps but these.")] = None,

@@ -41,6 +41,8 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
     for result in report.results:
         if result.outcome is Outcome.FAILED:
             console.print(f"[bold red]{result.host} {result.step}:[/] {escape(result.message)}")
+        elif result.step == "smoke" and result.message.startswith("slow"):
+            console.print(f"[yellow]{result.host} smoke:[/] {escape(result.message)}")
     if report.mesh:
         _print_mesh(console, report)
     changed = sum(1 for r in report.results if r.outcome is Outcome.CHANGED)

@@ -35,7 +35,7 @@ T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
                  "nccl")
 STEPS: tuple[Step, ...] = (SshMeshStep(), HostsStep(), FirewallStep(), ImageStep())
-STEP_NAMES = ("parity", *(s.name for s in STEPS))
+STEP_NAMES = ("parity", *(s.name for s in STEPS), "smoke")
 UNDOABLE = ("firewall",)
 
 
@@ -119,9 +119,35 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
         results.extend(_run_step(step, run, context))
         if isinstance(step, SshMeshStep) and not dry_run:
             mesh = step.verify(context, run.each)
+    if "smoke" in steps:
+        if on_step:
+            on_step("smoke")
+        results.extend(_smoke(session, inventory, dry_run))
     return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps),
                            tuple(results), tuple(gate), False, mesh, log.path,
                            time.monotonic() - started)
+
+
+def _smoke(session: Session, inventory: Inventory, dry_run: bool) -> list[NodeResult]:
+    """The last step: the all-reduce smoke test across every node, through torchrun."""
+    from gpucluster.smoke.runner import run_smoke
+
+    if dry_run:
+        return [NodeResult("smoke", h.name, Outcome.SKIPPED, message="runs after a real "
+                           "provision") for h in inventory.hosts]
+    report = run_smoke(session, inventory)
+    results = []
+    for host in inventory.hosts:
+        problem = report.node_errors.get(host.name) or (
+            "; ".join(report.problems) if report.problems else None)
+        if problem:
+            results.append(NodeResult("smoke", host.name, Outcome.FAILED, message=problem))
+        else:
+            peak = max((e["busbw_gbps"] for e in report.sweep), default=0.0)
+            note = f"slow: {report.slow[host.name]}" if host.name in report.slow else \
+                f"{report.backend} all-reduce correct, peak busbw {peak:.2f} Gbit/s"
+            results.append(NodeResult("smoke", host.name, Outcome.OK, message=note))
+    return results
 
 
 def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResult]:

@@ -1,0 +1,147 @@
+"""Run the all-reduce smoke test across every node through torchrun, the way jobs run,
+and judge it: correctness, bus bandwidth against a threshold, and the slow node."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucluster.inventory import Host, Inventory
+from gpucluster.provision.files import shell_path
+from gpucluster.remote.connection import Connection
+from gpucluster.remote.result import CommandResult
+from gpucluster.remote.session import Session
+
+JOB = Path(__file__).with_name("allreduce_job.py")
+MARKER = "GPUCLUSTER_SMOKE "
+SLOW_BANDWIDTH = 0.5  # a node below half the median of its peers is named slow
+SLOW_COMPUTE = 2.0  # ...or taking over twice the median time
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    """What the benchmark measured, and the verdict."""
+
+    backend: str | None
+    world_size: int
+    sweep: list[dict[str, Any]]
+    per_node: dict[str, dict[str, Any]]
+    slow: dict[str, str]  # node -> why it is named slow
+    problems: list[str]  # why the test failed; empty when it passed
+    node_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def nproc_for(host: Host, override: int | None) -> int:
+    """One process per GPU; on CPU nodes (and the sandbox's simulated GPUs) 1."""
+    if override is not None:
+        return override
+    if host.gpus and "sandbox" not in host.labels:
+        return host.gpus
+    return 1
+
+
+def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int,
+                sizes: str, iterations: int) -> str:
+    """cd to the work dir, pick the interface holding the node's cluster address for
+    NCCL/gloo (unless the inventory sets it), and start torchrun."""
+    cluster = inventory.cluster
+    work_dir = shell_path(cluster.work_dir)
+    exports = []
+    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        if name not in cluster.env:
+            exports.append(f'{name}="$iface"')
+    head = inventory.head
+    return (
+        f"cd {work_dir} && "
+        f"iface=$(ip -o -4 addr show | awk -v a={shlex.quote(host.address + '/')} "
+        f"'index($4, a) == 1 {{print $2; exit}}'); "
+        + (f"[ -n \"$iface\" ] && export {' '.join(exports)}; " if exports else "")
+        + f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}; "
+        f"exec {shlex.quote(cluster.torchrun)} --nnodes {len(inventory.hosts)} "
+        f"--nproc-per-node {nproc} --rdzv-backend c10d "
+        f"--rdzv-endpoint {shlex.quote(head.address)}:{cluster.rendezvous_port} "
+        f"--rdzv-id {rendezvous_id} --max-restarts 0 smoke_allreduce.py "
+        f"--sizes {shlex.quote(sizes)} --iterations {iterations}")
+
+
+def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
+              sizes: str = "auto", iterations: int = 5, timeout: float = 300.0,
+              min_busbw_gbps: float | None = None) -> SmokeReport:
+    rendezvous_id = f"gpucluster-smoke-{uuid.uuid4().hex[:8]}"
+    job = JOB.read_bytes()
+    work_dir = shell_path(inventory.cluster.work_dir)
+
+    def task(connection: Connection) -> CommandResult:
+        host = inventory.host(connection.host)
+        connection.run(f"mkdir -p {work_dir} && cat > {work_dir}/smoke_allreduce.py",
+                       timeout=30, stdin=job)
+        return connection.run(command_for(inventory, host, rendezvous_id,
+                                          nproc_for(host, nproc), sizes, iterations),
+                              timeout=timeout, env=dict(inventory.cluster.env))
+
+    result = session.map(inventory.hosts, task)
+    errors = {name: f"{f.kind.value}: {f.message}" for name, f in result.failures.items()}
+    for name, value in result.values.items():
+        if not value.ok:
+            tail = (value.stdout + value.stderr).strip().splitlines()[-3:]
+            errors[name] = f"torchrun exited {value.exit_code}: " + " | ".join(tail)
+    head = result.values.get(inventory.head.name)
+    found = _measurements(head.stdout if head else "")
+    if found is None:
+        return SmokeReport(None, 0, [], {}, {}, ["no measurement came back (see the node "
+                                                 "errors)"], errors)
+    return judge(found, errors, min_busbw_gbps)
+
+
+def _measurements(stdout: str) -> dict[str, Any] | None:
+    for line in stdout.splitlines():
+        if line.startswith(MARKER):
+            data: dict[str, Any] = json.loads(line[len(MARKER):])
+            return data
+    return None
+
+
+def judge(found: dict[str, Any], errors: dict[str, str],
+          min_busbw_gbps: float | None) -> SmokeReport:
+    """Correctness, the threshold, and the slowest stave of the barrel."""
+    problems = [f"{node}: {error}" for node, error in errors.items()]
+    sweep = found["sweep"]
+    wrong = [entry["bytes"] for entry in sweep if not entry["correct"]]
+    if wrong:
+        problems.append(f"wrong all-reduce results at sizes {wrong} bytes")
+    peak = max((entry["busbw_gbps"] for entry in sweep), default=0.0)
+    if min_busbw_gbps is not None and peak < min_busbw_gbps:
+        problems.append(f"peak busbw {peak:.2f} Gbit/s is under the threshold "
+                        f"{min_busbw_gbps:g} Gbit/s")
+    per_node: dict[str, dict[str, Any]] = found["per_node"]
+    slow = slow_nodes(per_node)
+    return SmokeReport(found["backend"], found["world_size"], sweep, per_node, slow,
+                       problems, errors)
+
+
+def slow_nodes(per_node: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Nodes whose link, intra-node bandwidth or compute stands out from their peers."""
+    slow: dict[str, str] = {}
+    for metric, label, low_is_bad in (("link_gbps", "link to the head", True),
+                                      ("intra_busbw_gbps", "intra-node all-reduce", True),
+                                      ("compute_s", "compute kernel", False)):
+        values = {n: v[metric] for n, v in per_node.items() if v.get(metric) is not None}
+        if len(values) < 2:
+            continue
+        for node, value in values.items():
+            others = [v for n, v in values.items() if n != node]
+            typical = statistics.median(others)
+            if low_is_bad and typical > 0 and value < SLOW_BANDWIDTH * typical:
+                slow[node] = f"{label}: {value:.3f} Gbit/s, others about {typical:.3f}"
+            elif not low_is_bad and value > SLOW_COMPUTE * typical:
+                slow[node] = f"{label}: {value:.3f} s, others about {typical:.3f} s"
+    return slow
