@@ -122,7 +122,13 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
     if "smoke" in steps:
         if on_step:
             on_step("smoke")
-        results.extend(_smoke(session, inventory, dry_run))
+        failed = sorted({r.host for r in results if r.outcome is Outcome.FAILED})
+        if failed:  # every node must join; a smoke test would only wait for the missing
+            results.extend(NodeResult("smoke", h.name, Outcome.SKIPPED,
+                                      message=f"not run: {', '.join(failed)} failed earlier")
+                           for h in inventory.hosts)
+        else:
+            results.extend(_smoke(session, inventory, dry_run))
     return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps),
                            tuple(results), tuple(gate), False, mesh, log.path,
                            time.monotonic() - started)

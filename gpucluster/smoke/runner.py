@@ -21,6 +21,7 @@ JOB = Path(__file__).with_name("allreduce_job.py")
 MARKER = "GPUCLUSTER_SMOKE "
 SLOW_BANDWIDTH = 0.5  # a node below half the median of its peers is named slow
 SLOW_COMPUTE = 2.0  # ...or taking over twice the median time
+JOIN_TIMEOUT_S = 60  # a node that never joins ends the run in a minute, not torch's ten
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int
         f"exec {shlex.quote(cluster.torchrun)} --nnodes {len(inventory.hosts)} "
         f"--nproc-per-node {nproc} --rdzv-backend c10d "
         f"--rdzv-endpoint {shlex.quote(head.address)}:{cluster.rendezvous_port} "
-        f"--rdzv-id {rendezvous_id} --max-restarts 0 smoke_allreduce.py "
+        f"--rdzv-id {rendezvous_id} --rdzv-conf join_timeout={JOIN_TIMEOUT_S} "
+        f"--max-restarts 0 smoke_allreduce.py "
         f"--sizes {shlex.quote(sizes)} --iterations {iterations}")
 
 

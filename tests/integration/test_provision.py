@@ -61,10 +61,11 @@ def _outcomes(payload: dict) -> dict[tuple[str, str], str]:
 
 
 def _without_image(payload: dict) -> set[str]:
-    """Outcomes of every step but `image`, which this inventory leaves out (skipped)."""
+    """Outcomes of the steps that change nodes, but `image`, which this inventory leaves
+    out (skipped); the smoke test, which changes nothing, is checked apart."""
     outcomes = _outcomes(payload)
     assert {o for (step, _), o in outcomes.items() if step == "image"} == {"skipped"}
-    return {o for (step, _), o in outcomes.items() if step != "image"}
+    return {o for (step, _), o in outcomes.items() if step not in ("image", "smoke")}
 
 
 def _mtimes(sandbox: Sandbox) -> dict[str, str]:
@@ -89,6 +90,11 @@ def test_provision_then_a_second_run_changes_nothing(cluster: Sandbox) -> None:
     code, payload = _provision(cluster)
     assert code == 0, payload
     assert _without_image(payload) == {"changed"}
+    # The last step: an all-reduce through torchrun across the freshly provisioned nodes
+    # (names resolve, the firewall admits peers), which would fail before provision.
+    smoke = {r["host"]: r for r in payload["results"] if r["step"] == "smoke"}
+    assert {r["outcome"] for r in smoke.values()} == {"already ok"}, smoke
+    assert "gloo all-reduce correct" in smoke["node1"]["message"]
     assert payload["ssh_mesh"] == {n: {p: "ok" for p in cluster.nodes if p != n}
                                    for n in cluster.nodes}
     log = Path(payload["log"])
@@ -293,6 +299,33 @@ def test_image_too_big_for_a_node_is_refused_before_sending(cluster: Sandbox, im
         assert results["node1"]["outcome"] == "already ok"
     finally:
         cluster.node_exec("node3", "umount -R /var/lib/containers")  # podman mounts inside
+
+
+def test_smoke_through_the_provisioned_cluster(cluster: Sandbox) -> None:
+    result = gpucluster("smoke", "-i", str(cluster.inventory), "--json",
+                        "--nproc-per-node", "2", timeout=300)
+    payload = json.loads(result.stdout)
+    assert result.code == 0, payload
+    assert payload["passed"] and payload["backend"] == "gloo" and payload["world_size"] == 6
+    assert [e["bytes"] for e in payload["sweep"]] == [1 << 16, 1 << 18, 1 << 20, 1 << 22]
+    assert all(e["correct"] and e["busbw_gbps"] > 0 for e in payload["sweep"])
+    for entry in payload["sweep"]:  # busbw = algbw * 2(n-1)/n, as nccl-tests define it
+        assert abs(entry["busbw_gbps"] - entry["algbw_gbps"] * 2 * 5 / 6) < 1e-9
+    assert set(payload["per_node"]) == set(cluster.nodes)
+    human = gpucluster("smoke", "-i", str(cluster.inventory), timeout=300)
+    assert "backend gloo" in human.stdout and "smoke: passed" in human.stdout
+
+
+def test_smoke_names_the_node_with_a_slow_link(cluster: Sandbox) -> None:
+    _up(cluster.inventory, "--link-rate", "node3=20mbit")
+    try:
+        result = gpucluster("smoke", "-i", str(cluster.inventory), "--json",
+                            "--sizes", "65536", timeout=300)
+        payload = json.loads(result.stdout)
+        assert list(payload["slow"]) == ["node3"], payload["per_node"]
+        assert payload["slow"]["node3"].startswith("link to the head")
+    finally:
+        _up(cluster.inventory)
 
 
 def test_ufw_rules_are_added_once_and_undone_exactly(cluster: Sandbox) -> None:

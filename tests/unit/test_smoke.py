@@ -1,0 +1,60 @@
+"""Judging smoke results, and the torchrun command each node gets."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from gpucluster import inventory as inventory_module
+from gpucluster.smoke.runner import command_for, judge, nproc_for, slow_nodes
+
+
+def _found(correct: bool = True, busbw: float = 5.0) -> dict:
+    return {"backend": "gloo", "world_size": 4,
+            "sweep": [{"bytes": 1 << 20, "time_s": 0.01, "algbw_gbps": busbw / 1.5,
+                       "busbw_gbps": busbw, "correct": correct}],
+            "per_node": {"a": {"link_gbps": None, "intra_busbw_gbps": 9.0, "compute_s": 0.05},
+                         "b": {"link_gbps": 9.0, "intra_busbw_gbps": 9.0, "compute_s": 0.05},
+                         "c": {"link_gbps": 8.0, "intra_busbw_gbps": 8.5, "compute_s": 0.06},
+                         "d": {"link_gbps": 0.9, "intra_busbw_gbps": 9.2, "compute_s": 0.30}}}
+
+
+def test_a_slow_link_and_a_slow_compute_are_named() -> None:
+    slow = slow_nodes(_found()["per_node"])
+    assert set(slow) == {"d"}
+    assert slow["d"].startswith("compute kernel") or slow["d"].startswith("link to the head")
+
+
+def test_wrong_results_threshold_and_node_errors_fail() -> None:
+    assert judge(_found(), {}, None).passed
+    assert not judge(_found(correct=False), {}, None).passed
+    low = judge(_found(busbw=2.0), {}, 10.0)
+    assert not low.passed and "under the threshold 10" in low.problems[0]
+    broken = judge(_found(), {"c": "torchrun exited 1: boom"}, None)
+    assert broken.problems == ["c: torchrun exited 1: boom"]
+
+
+def test_nproc_per_node() -> None:
+    path = Path(__file__).parent.parent.parent / "inventory.example.yaml"
+    loaded = inventory_module.load(path)
+    assert nproc_for(loaded.host("gpu01"), None) == 8
+    assert nproc_for(loaded.host("gpu05"), None) == 4
+    assert nproc_for(loaded.host("gpu01"), 2) == 2
+
+
+def test_command_quotes_inventory_values_and_sets_interfaces(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("cluster:\n  torchrun: '/opt/my venv/bin/torchrun'\n"
+                    "  work_dir: '~/jobs; rm -rf x'\nhosts:\n  - name: a\n    address: 10.0.0.1\n"
+                    "  - name: b\n    address: 10.0.0.2\n")
+    loaded = inventory_module.load(path)
+    command = command_for(loaded, loaded.host("b"), "rid", 1, "auto", 5)
+    assert "'/opt/my venv/bin/torchrun'" in command
+    assert "'jobs; rm -rf x'" in command
+    assert "--rdzv-endpoint 10.0.0.1:29500" in command and "--nnodes 2" in command
+    assert 'NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"' in command
+    shlex.split(command)  # well-formed shell words
+    path.write_text("cluster:\n  env: {GLOO_SOCKET_IFNAME: ib0}\nhosts: [a, b]\n")
+    pinned = inventory_module.load(path)
+    assert "GLOO_SOCKET_IFNAME=\"$iface\"" not in command_for(pinned, pinned.host("a"), "r",
+                                                               1, "auto", 5)
