@@ -75,6 +75,13 @@ class ClusterSettings:
 
 
 @dataclass(frozen=True)
+class SmokeSettings:
+    """Pass/fail thresholds for the all-reduce smoke test."""
+
+    min_busbw_gbps: float | None = None
+
+
+@dataclass(frozen=True)
 class Inventory:
     """A validated inventory; hosts keep the order of the file."""
 
@@ -82,6 +89,7 @@ class Inventory:
     cluster: ClusterSettings
     hosts: tuple[Host, ...]
     groups: Mapping[str, tuple[str, ...]]
+    smoke: SmokeSettings = SmokeSettings()
 
     @property
     def head(self) -> Host:
@@ -204,6 +212,12 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("use a number above 0")
+    return float(value)
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError("use a plain string")
@@ -280,7 +294,10 @@ DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "addres
 NULLABLE_KEYS = frozenset({"jump_host", "identity_file", "gpus", "gpu_model"})
 # Paths on the controller; paths on nodes (python, work_dir) are left as written.
 PATH_KEYS = frozenset({"known_hosts", "ssh_config", "identity_file"})
-TOP_KEYS = ("cluster", "defaults", "groups", "hosts")
+SMOKE_KEYS: dict[str, tuple[str, Converter]] = {
+    "min_busbw_gbps": ("number", _positive_number),
+}
+TOP_KEYS = ("cluster", "defaults", "groups", "hosts", "smoke")
 
 
 class _Validator:
@@ -304,13 +321,14 @@ class _Validator:
         self._repeated(document)
         self._unknown_keys(document, TOP_KEYS, "top level")
         cluster = ClusterSettings(**self._section(document, "cluster", CLUSTER_KEYS))
+        smoke = SmokeSettings(**self._section(document, "smoke", SMOKE_KEYS))
         defaults = self._section(document, "defaults", DEFAULTS_KEYS)
         hosts = self._hosts(document, defaults, cluster)
         groups = self._groups(document, hosts)
         if self.problems:
             raise InventoryError(self.problems)
         hosts = [_with_groups(h, groups) for h in hosts]
-        return Inventory(self.path, cluster, tuple(hosts), groups)
+        return Inventory(self.path, cluster, tuple(hosts), groups, smoke)
 
     # -- generic helpers
 

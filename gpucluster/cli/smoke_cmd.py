@@ -34,7 +34,8 @@ def smoke(
              "64 KiB-4 MiB on CPUs.")] = "auto",
     iterations: Annotated[int, typer.Option(min=1, help="Timed iterations per size.")] = 5,
     min_busbw: Annotated[float | None, typer.Option(
-        "--min-busbw", metavar="GBIT/S", help="Fail under this peak bus bandwidth.")] = None,
+        "--min-busbw", metavar="GBIT/S",
+        help="Fail under this peak bus bandwidth (default: smoke.min_busbw_gbps).")] = None,
     timeout: Annotated[float, typer.Option(min=10, help="Seconds for the whole run.")] = 300,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
@@ -49,8 +50,9 @@ def smoke(
     loaded = load_inventory(inventory)
     options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
     with Session(loaded, options) as session:
+        threshold = min_busbw if min_busbw is not None else loaded.smoke.min_busbw_gbps
         report = run_smoke(session, loaded, nproc_per_node, sizes, iterations, timeout,
-                           min_busbw)
+                           threshold)
     console = stdout_console()
     if json_output:
         render.print_json(console, {**asdict(report), "passed": report.passed})

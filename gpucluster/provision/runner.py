@@ -141,7 +141,7 @@ def _smoke(session: Session, inventory: Inventory, dry_run: bool) -> list[NodeRe
     if dry_run:
         return [NodeResult("smoke", h.name, Outcome.SKIPPED, message="runs after a real "
                            "provision") for h in inventory.hosts]
-    report = run_smoke(session, inventory)
+    report = run_smoke(session, inventory, min_busbw_gbps=inventory.smoke.min_busbw_gbps)
     results = []
     for host in inventory.hosts:
         problem = report.node_errors.get(host.name) or (

@@ -36,8 +36,9 @@ def test_the_example_inventory_is_valid_and_complete() -> None:
     assert loaded.cluster.rendezvous_port == 29500
     # Every key the loader knows is shown (commented or not) in the example.
     text = (ROOT / "inventory.example.yaml").read_text()
-    for key in [*inventory.CLUSTER_KEYS, *inventory.HOST_KEYS]:
+    for key in [*inventory.CLUSTER_KEYS, *inventory.HOST_KEYS, *inventory.SMOKE_KEYS]:
         assert f"{key}:" in text, key
+    assert loaded.smoke.min_busbw_gbps == 100
 
 
 def test_examples_are_valid() -> None:
@@ -103,6 +104,8 @@ hosts:
     ("hosts: [a]\nwhen: 2024-13-45\n", "not valid YAML"),
     ("hosts:\n  - name: 'a b'\n", "characters a hostname cannot"),
     ("defaults:\n  jump_host: b\nhosts: [a, b]\n", "'b' reaches itself through jump_host"),
+    ("smoke:\n  min_busbw_gbps: -1\nhosts: [a]\n", ":2: smoke.min_busbw_gbps has a bad number"),
+    ("smoke:\n  min_busbw: 5\nhosts: [a]\n", "did you mean 'min_busbw_gbps'?"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(
