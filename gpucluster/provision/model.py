@@ -22,6 +22,7 @@ class Outcome(enum.Enum):
     CHANGED = "changed"
     OK = "already ok"
     PLANNED = "would change"  # --dry-run
+    PASSED = "passed"  # a test step (smoke) that changes nothing
     FAILED = "failed"
     SKIPPED = "skipped"
 

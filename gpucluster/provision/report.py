@@ -9,7 +9,8 @@ from rich.table import Table
 from gpucluster.provision.model import Outcome
 from gpucluster.provision.runner import ProvisionReport
 
-STYLE = {Outcome.CHANGED: "cyan", Outcome.OK: "green", Outcome.PLANNED: "yellow",
+STYLE = {Outcome.CHANGED: "cyan", Outcome.OK: "green", Outcome.PASSED: "green",
+         Outcome.PLANNED: "yellow",
          Outcome.FAILED: "bold red", Outcome.SKIPPED: "dim"}
 
 

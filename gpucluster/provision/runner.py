@@ -152,7 +152,7 @@ def _smoke(session: Session, inventory: Inventory, dry_run: bool) -> list[NodeRe
             peak = max((e["busbw_gbps"] for e in report.sweep), default=0.0)
             note = f"slow: {report.slow[host.name]}" if host.name in report.slow else \
                 f"{report.backend} all-reduce correct, peak busbw {peak:.2f} Gbit/s"
-            results.append(NodeResult("smoke", host.name, Outcome.OK, message=note))
+            results.append(NodeResult("smoke", host.name, Outcome.PASSED, message=note))
     return results
 
 

@@ -93,7 +93,7 @@ def test_provision_then_a_second_run_changes_nothing(cluster: Sandbox) -> None:
     # The last step: an all-reduce through torchrun across the freshly provisioned nodes
     # (names resolve, the firewall admits peers), which would fail before provision.
     smoke = {r["host"]: r for r in payload["results"] if r["step"] == "smoke"}
-    assert {r["outcome"] for r in smoke.values()} == {"already ok"}, smoke
+    assert {r["outcome"] for r in smoke.values()} == {"passed"}, smoke
     assert "gloo all-reduce correct" in smoke["node1"]["message"]
     assert payload["ssh_mesh"] == {n: {p: "ok" for p in cluster.nodes if p != n}
                                    for n in cluster.nodes}
