@@ -349,3 +349,30 @@ def test_ufw_rules_are_added_once_and_undone_exactly(cluster: Sandbox) -> None:
     finally:
         cluster.node_exec("node3", f"ufw --force disable >/dev/null; ufw --force reset "
                                    f">/dev/null; iptables -F INPUT; {FIREWALL}")
+
+
+def test_firewall_detection_docker_forward_drop_and_native_nftables(sandbox: Sandbox) -> None:
+    """A FORWARD drop policy (as Docker sets) is no input firewall: nothing to open. A
+    native nftables input chain that drops is reported with the rule to add."""
+    node = "node2"
+    sandbox.node_exec(node, "iptables -P FORWARD DROP; iptables -N DOCKER; "
+                            "iptables -A FORWARD -j DOCKER")
+    try:
+        code, payload = _provision(sandbox, "--only", "firewall")
+        assert code == 0
+        assert _outcomes(payload)[("firewall", node)] == "already ok"
+    finally:
+        sandbox.node_exec(node, "iptables -P FORWARD ACCEPT; iptables -F FORWARD; "
+                                "iptables -X DOCKER")
+    sandbox.node_exec(node, "nft add table inet fw && nft add chain inet fw input "
+                            "'{ type filter hook input priority 0; policy drop; }' && "
+                            "nft add rule inet fw input tcp dport 22 accept")
+    try:
+        code, payload = _provision(sandbox, "--only", "firewall")
+        results = {r["host"]: r for r in payload["results"]}
+        assert code == 1 and results[node]["outcome"] == "failed"
+        assert "native nftables" in results[node]["message"]
+        assert "tcp dport { 29500, 32768-60999 } accept" in results[node]["message"]
+        assert results["node1"]["outcome"] == "already ok"
+    finally:
+        sandbox.node_exec(node, "nft delete table inet fw")
