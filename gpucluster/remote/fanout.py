@@ -19,9 +19,6 @@ from gpucluster.remote.result import FailureKind, FanoutResult, HostFailure, Rem
 T = TypeVar("T")
 DEFAULT_FANOUT = 64
 
-DoneCallback = Callable[[str, "object"], None]
-"""Called from a worker as each host finishes, with its value or its HostFailure."""
-
 
 def fan_out(
     hosts: Sequence[Host],

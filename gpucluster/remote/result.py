@@ -68,9 +68,3 @@ class FanoutResult(Generic[T]):
     @property
     def failed_hosts(self) -> list[str]:
         return [h for h in self.hosts if h in self.failures]
-
-
-def failed_commands(result: FanoutResult[CommandResult]) -> list[str]:
-    """Hosts that could not run the command or where it exited non-zero."""
-    return [h for h in result.hosts
-            if h in result.failures or (h in result.values and not result.values[h].ok)]

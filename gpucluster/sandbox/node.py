@@ -240,11 +240,3 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return False
-
-
-def exec_argv(spec: SandboxSpec, node: NodeSpec, argv: list[str]) -> list[str]:
-    """argv that runs a command inside the node (its net, mount and UTS namespaces)."""
-    pid = sshd_pid(spec, node)
-    if pid is None:
-        raise SandboxError(f"{node.name} is not running")
-    return ["nsenter", "-t", str(pid), "-n", "-m", "-u", "--", *argv]
