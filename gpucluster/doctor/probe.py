@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster.doctor import nvidia_smi
 from gpucluster.inventory import Inventory
+from gpucluster.remote.connection import shell_path
 from gpucluster.templating import render
 
 TOOL_TIMEOUT_S = 15
@@ -182,25 +184,14 @@ def render_probe(inventory: Inventory) -> str:
     from gpucluster.doctor.rendezvous import connect_script
 
 
-    work_dir = inventory.cluster.work_dir
-    if work_dir.startswith("~/"):  # expand on the node, the rest quoted
-        work_dir_shell = '"$HOME"/' + _quote(work_dir[2:])
-    else:
-        work_dir_shell = _quote(work_dir)
     return render(
         "doctor/probe.sh.j2", python=inventory.cluster.python,
-        torchrun=inventory.cluster.torchrun, work_dir=work_dir_shell,
+        torchrun=inventory.cluster.torchrun, work_dir=shell_path(inventory.cluster.work_dir),
         tool_timeout=TOOL_TIMEOUT_S, torch_script=TORCH_SCRIPT,
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),
         app_fields=",".join(nvidia_smi.APP_FIELDS),
-        names=" ".join(_quote(h.name) for h in inventory.hosts),
+        names=" ".join(shlex.quote(h.name) for h in inventory.hosts),
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def parse_sections(output: str) -> dict[str, Section]:

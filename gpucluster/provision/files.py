@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import difflib
-import shlex
 
 from gpucluster.provision.logged import LoggedConnection
+from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import FailureKind, RemoteError
 
 BEGIN = "# BEGIN gpucluster managed block: `gpucluster provision` rewrites it, do not edit"
@@ -39,13 +39,6 @@ def write_atomically(connection: LoggedConnection, path: str, text: str, mode: s
     result = connection.run(script, timeout=30, sudo=sudo, stdin=text.encode())
     if not result.ok:
         raise RemoteError(FailureKind.ERROR, f"cannot write {path}: {result.stderr.strip()}")
-
-
-def shell_path(path: str) -> str:
-    """Quote a path; a leading ~/ stays expandable by the remote shell."""
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def with_block(current: str | None, block_lines: list[str], at_top: bool = False) -> str:

@@ -20,10 +20,10 @@ from typing import BinaryIO, cast
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
-from gpucluster.provision.files import shell_path
 from gpucluster.provision.image_source import ImageSource, locate
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, StepSkipped
+from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import RemoteError
 from gpucluster.templating import render
 

@@ -64,6 +64,13 @@ def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
     return command
 
 
+def shell_path(path: str) -> str:
+    """Quote a path; a leading ~/ stays expandable by the remote shell."""
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
 class LineSplitter:
     """Turns chunks of bytes from one stream into decoded lines for a callback."""
 

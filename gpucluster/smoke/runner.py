@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster.inventory import Host, Inventory
-from gpucluster.provision.files import shell_path
-from gpucluster.remote.connection import Connection
+from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult
 from gpucluster.remote.session import Session
 
