@@ -66,6 +66,14 @@ class Each(Protocol):
 
 
 
+def hostnames(context: ProvisionContext, each: Each) -> dict[str, str]:
+    """Each node's real hostname, asked once per run whichever step needs it first."""
+    if "hostnames" not in context.gathered:
+        result = each(lambda _host, connection: connection.run("hostname", timeout=30).stdout)
+        context.gathered["hostnames"] = {h: out.strip() for h, out in result.values.items()}
+    return context.gathered["hostnames"]
+
+
 class Step(Protocol):
     """check -> plan -> apply -> re-check, per node; `prepare` once for the cluster."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpucluster.inventory import Host, is_ip
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext
+from gpucluster.provision.model import Change, Each, ProvisionContext, hostnames
 from gpucluster.templating import render
 
 HOSTS_FILE = "/etc/hosts"
@@ -18,17 +18,16 @@ class HostsStep:
     summary = "/etc/hosts block: every node's name -> its cluster address"
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
-        result = each(lambda _host, connection: connection.run("hostname", timeout=30).stdout)
-        context.gathered["hostnames"] = {h: out.strip() for h, out in result.values.items()}
+        hostnames(context, each)
 
     def block(self, context: ProvisionContext) -> list[str]:
-        hostnames = context.gathered.get("hostnames", {})
+        names_seen = context.gathered.get("hostnames", {})
         entries = []
         for host in context.inventory.hosts:
             if not is_ip(host.address):
                 continue  # a DNS name resolves through DNS; /etc/hosts needs addresses
             names = [host.name]
-            real = hostnames.get(host.name)
+            real = names_seen.get(host.name)
             if isinstance(real, str) and real and real not in names:
                 names.append(real)
             entries.append({"address": host.address, "names": names})

@@ -17,7 +17,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext
+from gpucluster.provision.model import Change, Each, ProvisionContext, hostnames
 from gpucluster.remote.hostkeys import known_hosts_name
 from gpucluster.templating import render
 
@@ -50,10 +50,8 @@ class SshMeshStep:
         context.gathered["cluster_key"] = {"private": private, "public": public}
         keys = each(lambda _host, connection: connection.run(
             "cat /etc/ssh/ssh_host_*_key.pub", timeout=30).stdout)
-        hostnames = each(lambda _host, connection: connection.run(
-            "hostname", timeout=30).stdout.strip())
         context.gathered["host_keys"] = dict(keys.values)
-        context.gathered["mesh_hostnames"] = dict(hostnames.values)
+        hostnames(context, each)
 
     def _files(self, context: ProvisionContext, host: Host,
                current: dict[str, str | None]) -> dict[str, tuple[str, str]]:
@@ -66,10 +64,10 @@ class SshMeshStep:
             authorized_lines.append(public)
         known = []
         host_keys = context.gathered["host_keys"]
-        hostnames = context.gathered["mesh_hostnames"]
+        names_seen = context.gathered["hostnames"]
         peers = [p for p in context.inventory.hosts if p.name in host_keys]
         for peer in peers:
-            names = dict.fromkeys([peer.name, str(hostnames.get(peer.name) or peer.name),
+            names = dict.fromkeys([peer.name, str(names_seen.get(peer.name) or peer.name),
                                    peer.address])
             listed = ",".join(known_hosts_name(n, peer.port) for n in names)
             for line in str(host_keys[peer.name]).splitlines():
@@ -77,7 +75,7 @@ class SshMeshStep:
                 if len(parts) >= 2:
                     known.append(f"{listed} {parts[0]} {parts[1]}")
         config = render("provision/ssh_config_block.j2", peers=peers, key=f"~/.ssh/{KEY_NAME}",
-                        hostnames=hostnames).splitlines()
+                        hostnames=names_seen).splitlines()
         return {
             f"~/.ssh/{KEY_NAME}": ("600", str(key["private"])),
             f"~/.ssh/{KEY_NAME}.pub": ("644", public + "\n"),
