@@ -184,8 +184,8 @@ def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
 def print_table(console: Console, title: str, columns: Sequence[str],
                 rows: Sequence[Sequence[str]]) -> None:
     table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
+    for index, column in enumerate(columns):
+        table.add_column(column, no_wrap=index == 0)  # the key column stays whole
     for row in rows:
         table.add_row(*row)
     console.print(table)

@@ -12,6 +12,7 @@ from gpucluster import __version__
 from gpucluster.cli import (
     doctor_cmd,
     inventory_cmd,
+    launch_cmd,
     provision_cmd,
     run_cmd,
     sandbox_cmd,
@@ -31,6 +32,10 @@ app.command("run")(run_cmd.run)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.command("smoke")(smoke_cmd.smoke)
+app.command("launch")(launch_cmd.launch)
+app.command("jobs")(launch_cmd.jobs)
+app.command("logs")(launch_cmd.logs)
+app.command("stop")(launch_cmd.stop)
 
 
 def _version(value: bool) -> None:

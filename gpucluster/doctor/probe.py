@@ -76,6 +76,15 @@ class NodeFacts:
     def hostname(self) -> str | None:
         return self.ok_text("hostname")
 
+    def running_jobs(self, node: str) -> list[str]:
+        """Ids of gpucluster jobs with a live process on `node` (marked in their env)."""
+        jobs = set()
+        for line in (self.text("jobs") or "").splitlines():
+            marker, _, where = line.removeprefix("GPUCLUSTER_JOB=").rpartition("@")
+            if marker and where == node:
+                jobs.add(marker)
+        return sorted(jobs)
+
     @property
     def has_nvidia_smi(self) -> bool:
         return self.ok_text("nvidia_smi_path") is not None

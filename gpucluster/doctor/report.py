@@ -4,6 +4,7 @@ their remedies, and the versioned JSON."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -11,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpucluster import hostrange
-from gpucluster.doctor.model import REGISTRY, Status
+from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import DoctorReport, fold_summary
 
 STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -45,18 +46,23 @@ def _print_table(console: Console, report: DoctorReport) -> None:
 
 
 def _print_findings(console: Console, report: DoctorReport, verbose: bool) -> None:
+    print_findings(console, report.results, report.checks, verbose)
+
+
+def print_findings(console: Console, results: Sequence[CheckResult], checks: Sequence[str],
+                   verbose: bool = False) -> None:
     """WARN and FAIL (every status with -v), identical findings folded across hosts."""
     shown = {Status.WARN, Status.FAIL} | ({Status.OK, Status.SKIP} if verbose else set())
     findings: dict[tuple[str, Status, str, str], list[str]] = {}
-    for result in report.results:
+    for result in results:
         if result.status in shown:
             key = (result.name, result.status, result.message, result.remedy)
             findings.setdefault(key, []).append(result.host)
     if not findings:
         return
     console.print("[bold]Findings[/]")
-    details = {(r.name, r.host): r.details for r in report.results if r.details}
-    position = {name: i for i, name in enumerate(report.checks)}
+    details = {(r.name, r.host): r.details for r in results if r.details}
+    position = {name: i for i, name in enumerate(checks)}
     for (name, status, message, remedy), hosts in sorted(
             findings.items(), key=lambda item: position.get(item[0][0], 0)):
         console.print(f" [{STYLE[status]}]{status.value}[/] {name} "

@@ -30,6 +30,7 @@ from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import FanoutResult
 from gpucluster.remote.session import Session
 from gpucluster.selection import select
+from gpucluster.state import state_dir_for
 
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
@@ -37,14 +38,6 @@ PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "to
 STEPS: tuple[Step, ...] = (SshMeshStep(), HostsStep(), FirewallStep(), ImageStep())
 STEP_NAMES = ("parity", *(s.name for s in STEPS), "smoke")
 UNDOABLE = ("firewall",)
-
-
-def state_dir_for(inventory: Inventory) -> Path:
-    """`.gpucluster/` beside the inventory: the cluster key and the command logs (0700)."""
-    state_dir = inventory.path.absolute().parent / ".gpucluster"
-    state_dir.mkdir(mode=0o700, exist_ok=True)
-    state_dir.chmod(0o700)
-    return state_dir
 
 
 @dataclass(frozen=True)

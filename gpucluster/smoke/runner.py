@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster.inventory import Host, Inventory
+from gpucluster.launch.torchrun import (
+    TorchrunSpec,
+    interface_exports,
+    nproc_for,
+    torchrun_argv,
+)
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult
 from gpucluster.remote.session import Session
@@ -40,38 +46,16 @@ class SmokeReport:
         return not self.problems
 
 
-def nproc_for(host: Host, override: int | None) -> int:
-    """One process per GPU; on CPU nodes (and the sandbox's simulated GPUs) 1."""
-    if override is not None:
-        return override
-    if host.gpus and "sandbox" not in host.labels:
-        return host.gpus
-    return 1
-
-
 def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int,
                 sizes: str, iterations: int) -> str:
-    """cd to the work dir, pick the interface holding the node's cluster address for
-    NCCL/gloo (unless the inventory sets it), and start torchrun."""
-    cluster = inventory.cluster
-    work_dir = shell_path(cluster.work_dir)
-    exports = []
-    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-        if name not in cluster.env:
-            exports.append(f'{name}="$iface"')
-    head = inventory.head
-    return (
-        f"cd {work_dir} && "
-        f"iface=$(ip -o -4 addr show | awk -v a={shlex.quote(host.address + '/')} "
-        f"'index($4, a) == 1 {{print $2; exit}}'); "
-        + (f"[ -n \"$iface\" ] && export {' '.join(exports)}; " if exports else "")
-        + f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}; "
-        f"exec {shlex.quote(cluster.torchrun)} --nnodes {len(inventory.hosts)} "
-        f"--nproc-per-node {nproc} --rdzv-backend c10d "
-        f"--rdzv-endpoint {shlex.quote(head.address)}:{cluster.rendezvous_port} "
-        f"--rdzv-id {rendezvous_id} --rdzv-conf join_timeout={JOIN_TIMEOUT_S} "
-        f"--max-restarts 0 smoke_allreduce.py "
-        f"--sizes {shlex.quote(sizes)} --iterations {iterations}")
+    """cd to the work dir, point NCCL/gloo at the cluster interface, start torchrun."""
+    spec = TorchrunSpec(rendezvous_id, nproc, "smoke_allreduce.py",
+                        ("--sizes", sizes, "--iterations", str(iterations)),
+                        join_timeout_s=JOIN_TIMEOUT_S)
+    argv = " ".join(shlex.quote(part) for part in torchrun_argv(inventory, spec))
+    return (f"cd {shell_path(inventory.cluster.work_dir)} && "
+            + interface_exports(host, inventory.cluster.env)
+            + f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}; exec {argv}")
 
 
 def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,

@@ -145,3 +145,19 @@ def container_toolkit(context: Context) -> list[CheckResult]:
                 "install nvidia-container-toolkit, then: sudo nvidia-ctk runtime configure "
                 "(docker) or nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (podman)"))
     return results
+
+
+@check("jobs", "system", "no gpucluster job still running (a new launch would collide)")
+def running_jobs(context: Context) -> list[CheckResult]:
+    results = []
+    for host in context.answering():
+        jobs = context.facts[host.name].running_jobs(host.name)
+        if jobs:
+            listed = ", ".join(jobs)
+            results.append(CheckResult(
+                "jobs", host.name, Status.WARN, f"job {listed} still running",
+                f"let it finish, or end it: gpucluster stop {jobs[0]} (gpucluster jobs lists "
+                f"them)", {"jobs": jobs}))
+        else:
+            results.append(CheckResult("jobs", host.name, Status.OK, "no gpucluster job running"))
+    return results

@@ -1,0 +1,1 @@
+"""`gpucluster launch` and job control: torchrun on every node, detached, streamed, stopped."""

@@ -1,0 +1,91 @@
+"""The controller's record of jobs: `.gpucluster/jobs/<id>/` with job.json and one log
+per node, so `jobs`, `logs` and `stop` work from any later shell."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpucluster.errors import GpuclusterError
+
+JOB_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{4}$")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What was started where; enough to follow, stop and explain the job later."""
+
+    id: str
+    script: str
+    args: list[str]
+    hosts: list[str]
+    code_dir: str  # on the nodes
+    jobs_dir: str  # on the nodes: <work_dir>/jobs
+    started_at: float
+    nproc_per_node: dict[str, int]
+    image: str | None = None
+    container_runtime: dict[str, str] = field(default_factory=dict)
+
+    def marker(self, node: str) -> str:
+        """The environment value that tags every process of this job on `node`."""
+        return f"{self.id}@{node}"
+
+    def container_name(self) -> str:
+        return f"gpucluster-{self.id}"
+
+
+def new_job_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+class JobStore:
+    """Job directories under the state directory, newest id last (ids sort by time)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "jobs"
+
+    def directory(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    def save(self, record: JobRecord) -> Path:
+        directory = self.directory(record.id)
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary = directory / "job.json.tmp"
+        temporary.write_text(json.dumps(asdict(record), indent=2) + "\n", encoding="utf-8")
+        temporary.replace(directory / "job.json")
+        return directory
+
+    def ids(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if JOB_ID.match(p.name) and (p / "job.json").is_file())
+
+    def load(self, job_id: str | None) -> JobRecord:
+        """A job by id, by a unique prefix or suffix of it, or the newest when None."""
+        ids = self.ids()
+        if not ids:
+            raise GpuclusterError(f"no jobs recorded in {self.root} (fix: start one with "
+                                  f"gpucluster launch, from beside the same inventory)")
+        if job_id is None:
+            chosen = ids[-1]
+        else:
+            matches = [i for i in ids if i == job_id] or [
+                i for i in ids if i.startswith(job_id) or i.endswith(job_id)]
+            if len(matches) != 1:
+                what = "matches no job" if not matches else f"is ambiguous ({len(matches)} jobs)"
+                raise GpuclusterError(f"job {job_id!r} {what} (fix: gpucluster jobs lists "
+                                      f"them)")
+            chosen = matches[0]
+        data: dict[str, Any] = json.loads(
+            (self.directory(chosen) / "job.json").read_text(encoding="utf-8"))
+        return JobRecord(**data)
+
+    def node_log(self, job_id: str, node: str) -> Path:
+        return self.directory(job_id) / f"{node}.log"

@@ -1,0 +1,82 @@
+"""The shell scripts a job's life runs on each node, rendered from templates/launch/."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpucluster.launch.jobs import JobRecord
+from gpucluster.templating import render
+
+HEARTBEAT_S = 2
+JOB_VARIABLE = "GPUCLUSTER_JOB"
+# Set for every job so that output streams live and each line names its global rank.
+JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+
+
+@dataclass(frozen=True)
+class Container:
+    """Run torchrun inside this image: host network and IPC, GPUs, work dir mounted."""
+
+    image: str
+    name: str
+    gpus: bool
+    env_names: Sequence[str]
+
+
+def _marker_pattern(record: JobRecord, node: str) -> str:
+    return re.escape(f"{JOB_VARIABLE}={record.marker(node)}")
+
+
+def any_job_pattern(node: str) -> str:
+    return f"{JOB_VARIABLE}=[^@]+@{re.escape(node)}"
+
+
+def container_command(container: Container, torchrun: str) -> str:
+    """The image's torchrun under podman or docker (whichever the node has: $GPC_RT)."""
+    env_flags = " ".join(f"-e {name}" for name in container.env_names)
+    gpus = ' $(case "$GPC_RT" in *docker) echo --gpus all;; ' \
+           '*) echo --device nvidia.com/gpu=all;; esac)' if container.gpus else ""
+    return (f'"$GPC_RT" run --rm --name {shlex.quote(container.name)} --network host '
+            f'--ipc host{gpus} -v "$PWD:$PWD" -v "$GPC_JOB_DIR:$GPC_JOB_DIR" -w "$PWD" '
+            f"{env_flags} {shlex.quote(container.image)} {torchrun}")
+
+
+def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
+                 container: bool) -> str:
+    return render("launch/start.sh.j2", job_id=record.id, node=node,
+                  jobs_dir=record.jobs_dir, code_dir=record.code_dir, command=command,
+                  interface_exports=interface_exports, marker=record.marker(node),
+                  any_job_pattern=any_job_pattern(node), container=container)
+
+
+def follow_script(record: JobRecord, node: str, follow: bool) -> str:
+    return render("launch/follow.sh.j2", job_id=record.id, node=node,
+                  jobs_dir=record.jobs_dir, follow=follow, heartbeat_s=HEARTBEAT_S,
+                  marker_pattern=_marker_pattern(record, node))
+
+
+def stop_script(record: JobRecord, node: str, grace_s: float,
+                runtime: str | None = None) -> str:
+    container = ({"runtime": shlex.quote(runtime), "name": record.container_name()}
+                 if record.image and runtime else None)
+    return render("launch/stop.sh.j2", job_id=record.id, node=node,
+                  jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,
+                  marker_pattern=_marker_pattern(record, node))
+
+
+def state_script(records: Sequence[JobRecord], node: str, jobs_dir: str) -> str:
+    return render("launch/state.sh.j2", job_ids=[r.id for r in records], node=node,
+                  jobs_dir=jobs_dir, any_job_pattern=any_job_pattern(node))
+
+
+def parse_markers(output: str) -> Mapping[str, list[str]]:
+    """`@@gpc-WORD rest` lines of a script's output, by word."""
+    found: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        if line.startswith("@@gpc-"):
+            word, _, rest = line[6:].partition(" ")
+            found.setdefault(word, []).append(rest)
+    return found

@@ -1,0 +1,61 @@
+"""The torchrun command line every node runs, shared by launch and the smoke test, so
+the smoke test proves the exact rendezvous path jobs use."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpucluster.inventory import Host, Inventory
+
+SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class TorchrunSpec:
+    """What torchrun needs to know beyond the inventory."""
+
+    rendezvous_id: str
+    nproc_per_node: int
+    script: str
+    args: Sequence[str] = ()
+    max_restarts: int = 0
+    join_timeout_s: int | None = None
+    log_dir: str | None = None  # with tee: per-rank logs here, lines prefixed on stdout
+    extra: Sequence[str] = field(default_factory=tuple)
+
+
+def nproc_for(host: Host, override: int | None) -> int:
+    """One process per GPU; on CPU nodes (and the sandbox's simulated GPUs) 1."""
+    if override is not None:
+        return override
+    if host.gpus and "sandbox" not in host.labels:
+        return host.gpus
+    return 1
+
+
+def torchrun_argv(inventory: Inventory, spec: TorchrunSpec) -> list[str]:
+    """torchrun with c10d rendezvous at the head's cluster address and rendezvous port."""
+    cluster = inventory.cluster
+    argv = [cluster.torchrun, "--nnodes", str(len(inventory.hosts)),
+            "--nproc-per-node", str(spec.nproc_per_node), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{inventory.head.address}:{cluster.rendezvous_port}",
+            "--rdzv-id", spec.rendezvous_id, "--max-restarts", str(spec.max_restarts)]
+    if spec.join_timeout_s is not None:
+        argv += ["--rdzv-conf", f"join_timeout={spec.join_timeout_s}"]
+    if spec.log_dir is not None:
+        argv += ["--log-dir", spec.log_dir, "--tee", "3"]
+    return [*argv, *spec.extra, spec.script, *spec.args]
+
+
+def interface_exports(host: Host, env: Mapping[str, str]) -> str:
+    """Shell that points NCCL and gloo at the interface holding the node's cluster
+    address, unless the job's environment already names one. Ends with '; ' or is ''."""
+    missing = [name for name in SOCKET_IFNAME_VARIABLES if name not in env]
+    if not missing:
+        return ""
+    exports = " ".join(f'{name}="$iface"' for name in missing)
+    return (f"iface=$(ip -o -4 addr show | awk -v a={shlex.quote(host.address + '/')} "
+            f"'index($4, a) == 1 {{print $2; exit}}'); "
+            f'[ -n "$iface" ] && export {exports}; ')

@@ -1,0 +1,180 @@
+"""Send the job's working directory to every node, only what changed.
+
+Like rsync's quick check: a file is sent when its size or modification time differs
+from the node's copy. The node keeps the list of files we sent (`.gpucluster-sync`), so
+a file deleted here is deleted there, while files the job wrote itself (checkpoints,
+outputs) are never touched.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import shlex
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.remote.connection import Connection
+
+IGNORE_FILE = ".gpuclusterignore"
+MANIFEST = ".gpucluster-sync"
+# Never sent: version control, virtualenvs, caches, and our own state (the cluster key).
+ALWAYS_EXCLUDED = (".git", ".hg", ".svn", "__pycache__", ".gpucluster", ".venv", "venv",
+                   ".mypy_cache", ".pytest_cache", ".ruff_cache", MANIFEST)
+SYNC_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str  # relative, POSIX separators
+    size: int
+    mtime: int
+    mode: int
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    send: tuple[LocalFile, ...]
+    delete: tuple[str, ...]
+    unchanged: int
+
+    @property
+    def bytes_to_send(self) -> int:
+        return sum(f.size for f in self.send)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    sent: int
+    deleted: int
+    unchanged: int
+    bytes_sent: int
+
+
+def read_ignore_file(root: Path) -> list[str]:
+    """Patterns from `.gpuclusterignore`, gitignore-style: one per line, # comments,
+    a trailing / for directories only, a / inside anchors the pattern at the root."""
+    path = root / IGNORE_FILE
+    if not path.is_file():
+        return []
+    patterns = []
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("!"):
+            raise GpuclusterError(f"{path}:{number}: negated patterns (!) are not supported "
+                                  f"(fix: list what to exclude, not what to keep)")
+        patterns.append(line)
+    return patterns
+
+
+def is_ignored(relative: str, is_dir: bool, patterns: list[str]) -> bool:
+    name = relative.rsplit("/", 1)[-1]
+    if name in ALWAYS_EXCLUDED:
+        return True
+    for pattern in patterns:
+        if pattern.endswith("/") and not is_dir:
+            continue
+        bare = pattern.rstrip("/")
+        if "/" in bare:
+            if fnmatch.fnmatchcase(relative, bare.lstrip("/")):
+                return True
+        elif fnmatch.fnmatchcase(name, bare):
+            return True
+    return False
+
+
+def local_files(root: Path) -> dict[str, LocalFile]:
+    """Regular files under `root` that are not excluded; virtualenvs are recognised by
+    their pyvenv.cfg whatever they are called."""
+    patterns = read_ignore_file(root)
+    found: dict[str, LocalFile] = {}
+    for directory, dirs, files in os.walk(root):
+        base = Path(directory)
+        prefix = base.relative_to(root).as_posix()
+        prefix = "" if prefix == "." else prefix + "/"
+        dirs[:] = sorted(d for d in dirs
+                         if not is_ignored(prefix + d, True, patterns)
+                         and not (base / d / "pyvenv.cfg").exists())
+        for name in sorted(files):
+            relative = prefix + name
+            if "\n" in relative or is_ignored(relative, False, patterns):
+                continue
+            status = (base / name).stat()
+            if not (base / name).is_file():
+                continue
+            found[relative] = LocalFile(relative, status.st_size, int(status.st_mtime),
+                                        status.st_mode & 0o777)
+    return found
+
+
+def listing_command(code_dir: str) -> str:
+    """What the node has: the manifest of the last sync, then size, mtime and path of
+    every file (NUL-separated, so any file name survives)."""
+    return (f"mkdir -p {code_dir} && cd {code_dir} && "
+            f"{{ cat {MANIFEST} 2>/dev/null; printf '\\0@@gpc-files\\0'; "
+            f"find . -type f -printf '%s %T@ %P\\0'; }}")
+
+
+def parse_listing(output: str) -> tuple[set[str], dict[str, tuple[int, int]]]:
+    manifest_part, _, files_part = output.partition("\0@@gpc-files\0")
+    previous = {p for p in manifest_part.split("\0") if p}
+    remote: dict[str, tuple[int, int]] = {}
+    for record in files_part.split("\0"):
+        size, _, rest = record.partition(" ")
+        mtime, _, path = rest.partition(" ")
+        if path and size.isdigit():
+            remote[path] = (int(size), int(float(mtime)))
+    return previous, remote
+
+
+def plan_sync(local: Mapping[str, LocalFile], previous: set[str],
+              remote: Mapping[str, tuple[int, int]]) -> SyncPlan:
+    send = tuple(f for p, f in local.items() if remote.get(p) != (f.size, f.mtime))
+    delete = tuple(sorted(p for p in previous if p not in local and p in remote))
+    return SyncPlan(send, delete, len(local) - len(send))
+
+
+def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]) -> bytes:
+    """The changed files plus the new manifest, as one tar (code is small: in memory)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for entry in send:
+            info = tarfile.TarInfo(entry.path)
+            info.size, info.mtime, info.mode = entry.size, entry.mtime, entry.mode
+            with (root / entry.path).open("rb") as handle:
+                archive.addfile(info, handle)
+        data = "\0".join(manifest).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def apply_command(code_dir: str, delete: tuple[str, ...]) -> str:
+    removals = "".join(f" {shlex.quote(p)}" for p in delete)
+    return (f"cd {code_dir} && tar -x --no-same-owner -f -"
+            + (f" && rm -f --{removals}" if delete else ""))
+
+
+def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
+         code_dir: str) -> SyncResult:
+    """Bring the node's copy of `root` up to date; two round trips."""
+    listing = connection.run(listing_command(code_dir), timeout=60)
+    if not listing.ok:
+        raise GpuclusterError(f"cannot list {code_dir}: {listing.stderr.strip()[-200:]}")
+    previous, remote = parse_listing(listing.stdout)
+    plan = plan_sync(local, previous, remote)
+    if plan.send or plan.delete or previous != set(local):
+        applied = connection.run(apply_command(code_dir, plan.delete), timeout=SYNC_TIMEOUT_S,
+                                 stdin=tar_stream(root, plan.send, sorted(local)))
+        if not applied.ok:
+            raise GpuclusterError(f"cannot unpack into {code_dir}: "
+                                  f"{applied.stderr.strip()[-200:]}")
+    return SyncResult(len(plan.send), len(plan.delete), plan.unchanged, plan.bytes_to_send)
+
