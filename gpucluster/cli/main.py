@@ -10,6 +10,7 @@ import typer
 
 from gpucluster import __version__
 from gpucluster.cli import (
+    demo_cmd,
     doctor_cmd,
     inventory_cmd,
     launch_cmd,
@@ -36,6 +37,7 @@ app.command("launch")(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
 app.command("logs")(launch_cmd.logs)
 app.command("stop")(launch_cmd.stop)
+app.command("demo")(demo_cmd.demo)
 
 
 def _version(value: bool) -> None:

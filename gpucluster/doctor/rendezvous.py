@@ -26,8 +26,20 @@ PROBE_TIMEOUT_S = 3.0
 LISTENER_LIFETIME_S = 20.0  # a safety net: it normally exits, or is killed, well before
 
 LISTENER = """\
-import os, socket, sys, time
+import glob, os, socket, sys, time
 port, lifetime, expected = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+# A gpucluster job on this node owns the port, or is about to bind it: never take it
+# from under a starting torchrun (it would turn client of this listener and hang).
+suffix = ("@" + sys.argv[4]).encode()
+for path in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        entries = open(path, "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    for entry in entries:
+        if entry.startswith(b"GPUCLUSTER_JOB=") and entry.endswith(suffix):
+            print("busy job", entry[15:-len(suffix)].decode(), flush=True)
+            sys.exit(0)
 server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
@@ -115,7 +127,7 @@ def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
     connection = session.connection(head)
     thread = threading.Thread(target=_listen, daemon=True, args=(
         connection, inventory.cluster.python, inventory.cluster.rendezvous_port,
-        len(inventory.hosts) - 1, listener))
+        len(inventory.hosts) - 1, head.name, listener))
     thread.start()
     try:
         yield listener
@@ -127,18 +139,22 @@ def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
         thread.join(5)
 
 
-def _listen(connection: Connection, python: str, port: int, expected: int,
+def _listen(connection: Connection, python: str, port: int, expected: int, head: str,
             listener: Listener) -> None:
     def on_line(_stream: str, line: str) -> None:
         word, _, rest = line.partition(" ")
         if word in ("ready", "busy") and not listener.ready.is_set():
-            listener.state = word if word == "ready" else f"busy: port {port} is in use"
+            job = rest.removeprefix("job ").strip() if rest.startswith("job ") else None
+            listener.state = "ready" if word == "ready" else (
+                f"busy: port {port} is held by gpucluster job {job}" if job
+                else f"busy: port {port} is in use")
             listener.pid = rest.strip() if word == "ready" else None
             listener.ready.set()
 
     # The job's python if it runs, else any python3 the node has.
     command = " || ".join(
-        f"{interpreter} -c {shlex.quote(LISTENER)} {port} {LISTENER_LIFETIME_S:g} {expected}"
+        f"{interpreter} -c {shlex.quote(LISTENER)} {port} {LISTENER_LIFETIME_S:g} {expected} "
+        f"{shlex.quote(head)}"
         for interpreter in (shlex.quote(python), "python3"))
     try:
         result = connection.run(command, timeout=LISTENER_LIFETIME_S + 10, on_line=on_line)

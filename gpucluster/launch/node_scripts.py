@@ -45,8 +45,10 @@ def container_command(container: Container, torchrun: str) -> str:
 
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
-                 container: bool) -> str:
+                 container: bool, rendezvous_port: int | None) -> str:
+    """`rendezvous_port` on the head only: wait for it to be free, else refuse."""
     return render("launch/start.sh.j2", job_id=record.id, node=node,
+                  rendezvous_port=rendezvous_port,
                   jobs_dir=record.jobs_dir, code_dir=record.code_dir, command=command,
                   interface_exports=interface_exports, marker=record.marker(node),
                   any_job_pattern=any_job_pattern(node), container=container)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucluster import hostrange
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
@@ -156,6 +157,16 @@ def check_request(request: LaunchRequest) -> dict[str, workdir.LocalFile]:
     return files
 
 
+def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
+    """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded."""
+    groups: dict[workdir.SyncResult, list[str]] = {}
+    for node, result in results.items():
+        groups.setdefault(result, []).append(node)
+    return "synced: " + "; ".join(
+        f"{r.sent} sent ({r.bytes_sent / 1024:.1f} KiB), {r.deleted} deleted, "
+        f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
+
+
 def code_dir_for(inventory: Inventory, local_dir: Path) -> str:
     """The node's copy of the work dir: <work_dir>/<directory name>, shell-quoted."""
     return f"{shell_path(inventory.cluster.work_dir)}/{shlex.quote(local_dir.resolve().name)}"
@@ -181,6 +192,7 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
     if synced.failures:
         raise GpuclusterError("sync failed on " + "; ".join(
             f"{n}: {f.message}" for n, f in synced.failures.items()))
+    phase(sync_summary(synced.values))
     script = Path(request.script)
     if script.is_absolute():
         script = script.resolve().relative_to(request.workdir.resolve())
@@ -235,13 +247,18 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
                        shlex.quote(word) for word in argv)
     if container is not None:
         command = node_scripts.container_command(container, command)
+    head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
     script = node_scripts.start_script(record, host.name, command,
-                                       interface_exports(host, env), container is not None)
+                                       interface_exports(host, env), container is not None,
+                                       head_port)
     result = connection.run(script, timeout=60, env=dict(env))
     markers = node_scripts.parse_markers(result.stdout)
     pid = markers.get("started", [""])[0]
+    errors = markers.get("error", []) + [
+        f"port {port} is in use (fix: find it with ss -ltnp 'sport = :{port}' and end it, "
+        f"or set cluster.rendezvous_port)" for port in markers.get("port-busy", [])]
     return _Started(int(pid) if pid.isdigit() else None, tuple(markers.get("busy", [])),
-                    "; ".join(markers.get("error", [])) or result.stderr.strip()[-200:],
+                    "; ".join(errors) or result.stderr.strip()[-200:],
                     next(iter(markers.get("runtime", [])), None))
 
 

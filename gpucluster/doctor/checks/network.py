@@ -94,7 +94,13 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
     busy = note is not None and note.startswith("busy")
     for host in context.answering():
         if host.name == head.name:
-            if busy:
+            job = note.partition("gpucluster job ")[2] if note else ""
+            if busy and job:
+                results.append(CheckResult(
+                    "rendezvous-port", host.name, Status.FAIL,
+                    f"port {port} is held by gpucluster job {job} on the head node",
+                    f"let it finish, or end it: gpucluster stop {job}"))
+            elif busy:
                 results.append(CheckResult(
                     "rendezvous-port", host.name, Status.FAIL,
                     f"port {port} is already in use on the head node",

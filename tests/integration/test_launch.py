@@ -1,0 +1,246 @@
+"""launch, jobs, logs and stop on a 3-node sandbox of their own: real torchrun with
+gloo, 3 nodes x 2 processes; a node's workers killed mid-run; Ctrl-C; detach, follow,
+stop; refusal; and a sync that sends only what changed. "Nothing left" is checked
+from outside SSH, with `ip netns pids`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import gpucluster
+from tests.integration.conftest import Sandbox
+
+pytestmark = pytest.mark.sandbox
+
+NAME, SUBNET = "gpclnch", "198.19.3.0/24"
+TRAIN = Path(__file__).parents[2] / "examples" / "train.py"
+SLOW = ("--epochs", "200", "--step-delay", "0.05")  # long enough to interrupt
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    inventory = tmp_path_factory.mktemp("launch") / "cluster.yaml"
+    gpucluster("sandbox", "down", "--name", NAME)
+    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
+                    "--write-inventory", str(inventory), timeout=120)
+    assert up.code == 0, up.stderr
+    data = yaml.safe_load(inventory.read_text())
+    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
+                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    # torchrun resolves node names: the /etc/hosts block provision writes
+    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts", timeout=120)
+    assert hosts.code == 0, hosts.stderr
+    try:
+        yield sandbox
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    directory = tmp_path / "project"
+    directory.mkdir()
+    shutil.copy(TRAIN, directory / "train.py")
+    return directory
+
+
+def job_processes(sandbox: Sandbox) -> dict[str, list[str]]:
+    """Processes in each node's namespaces that belong to a job (by the job marker in
+    their environment, or a torchrun/train.py command line), seen from outside SSH."""
+    found: dict[str, list[str]] = {}
+    for node in sandbox.nodes:
+        pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
+                              text=True, check=True).stdout.split()
+        for pid in pids:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue  # gone meanwhile
+            if b"GPUCLUSTER_JOB=" in environ or re.search(rb"torchrun|train\.py", cmdline):
+                found.setdefault(node, []).append(f"{pid} {cmdline.decode()[:80]}")
+    return found
+
+
+def start_attached(cluster: Sandbox, project: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "launch", "-i", str(cluster.inventory),
+         "--nproc-per-node", "2", "--grace", "5", *args],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_ranks(process: subprocess.Popen[str], count: int, limit: float = 90) -> list[str]:
+    """Read the job's output until `count` ranks said they are ready."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + limit
+    while sum("ready" in line for line in lines) < count:
+        assert time.monotonic() < deadline, "ranks did not get ready:\n" + "".join(lines)
+        line = process.stdout.readline()
+        assert line, "the launcher ended early:\n" + "".join(lines) + process.stderr.read()
+        lines.append(line)
+    return lines
+
+
+def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    stdout, stderr = process.communicate(timeout=limit)
+    return process.returncode, stdout, stderr, time.monotonic() - started
+
+
+def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:
+    done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
+                      "train.py", "--", "--epochs", "3", cwd=str(project), timeout=180)
+    assert done.code == 0, done.stdout + done.stderr
+    ready = re.findall(r"^\[(node\d)/(\d)\] rank (\d)/6 on (node\d) ready$", done.stdout,
+                       re.MULTILINE)
+    assert sorted(int(rank) for _, rank, _, _ in ready) == list(range(6))
+    assert all(prefix_node == host and prefix_rank == rank
+               for prefix_node, prefix_rank, rank, host in ready)
+    losses = [float(x) for x in re.findall(r"^\[node1/0\] epoch \d loss ([0-9.]+)$",
+                                           done.stdout, re.MULTILINE)]
+    assert len(losses) == 3 and losses[-1] < losses[0] / 5, done.stdout
+    job = re.search(r"job (\d{8}-\d{6}-[0-9a-f]{4}): exited 0 on node\[1-3\]", done.stderr)
+    assert job, done.stderr
+    logs = cluster.inventory.parent / ".gpucluster" / "jobs" / job.group(1)
+    for index, node in enumerate(cluster.nodes):  # each node's log, as the node wrote it
+        text = (logs / f"{node}.log").read_text()
+        for rank in (2 * index, 2 * index + 1):
+            assert f"[{rank}]:rank {rank}/6 on {node} ready" in text
+    jobs = gpucluster("jobs", "-i", str(cluster.inventory))
+    assert re.search(rf"{job.group(1)}.*exited 0: node\[1-3\]", jobs.stdout), jobs.stdout
+    assert job_processes(cluster) == {}
+
+
+def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
+                                                            project: Path) -> None:
+    process = start_attached(cluster, project, "train.py", "--", *SLOW)
+    wait_for_ranks(process, 6)
+    killed = []
+    for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-node2"], capture_output=True,
+                              text=True, check=True).stdout.split():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"train.py" in cmdline and b"torchrun" not in cmdline:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+    assert len(killed) == 2
+    code, _, stderr, took = finish(process, 60)
+    assert code == 1, stderr
+    assert re.search(r"first failure: rank [23] on node2, worker killed by signal 9 "
+                     r"\(SIGKILL\)", stderr), stderr
+    assert "nothing of it is left on node[1-3]" in stderr
+    assert took < 30, f"took {took:.1f} s to end after the kill"
+    assert job_processes(cluster) == {}
+
+
+def test_ctrl_c_stops_the_job_on_every_node(cluster: Sandbox, project: Path) -> None:
+    process = start_attached(cluster, project, "train.py", "--", *SLOW)
+    wait_for_ranks(process, 6)
+    assert job_processes(cluster).keys() == set(cluster.nodes)
+    process.send_signal(signal.SIGINT)
+    code, _, stderr, _ = finish(process, 60)
+    assert code == 130, stderr
+    assert "interrupted: stopping the job on every node" in stderr
+    assert re.search(r"stopped: nothing of it is left on node\[1-3\] \([1-9]\d* processes",
+                     stderr), stderr
+    assert job_processes(cluster) == {}
+
+
+def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
+    inventory = str(cluster.inventory)
+    started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "2",
+                         "train.py", "--", *SLOW, cwd=str(project))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", job)
+    recorded = cluster.inventory.parent / ".gpucluster" / "jobs"
+    jobs_before = sorted(recorded.iterdir())
+    try:
+        refused = gpucluster("launch", "-i", inventory, "-d", "train.py", cwd=str(project))
+        assert refused.code == 1
+        assert f"job {job} still running" in refused.stderr
+        assert f"gpucluster stop {job}" in refused.stderr
+        # doctor's port test never takes the port from a starting job (it would hang)
+        assert f"port 29500 is held by gpucluster job {job}" in refused.stderr
+        assert "nothing was started" in refused.stderr
+        jobs = gpucluster("jobs", "-i", inventory)
+        assert re.search(rf"{job}.*running: node\[1-3\]", jobs.stdout), jobs.stdout
+        assert sorted(recorded.iterdir()) == jobs_before  # the refused one left no record
+
+        env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "gpucluster", "logs", "-i", inventory, "-f", job[-4:]],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        wait_for_ranks(follower, 6)
+        stopped = gpucluster("stop", "-i", inventory, job, "--grace", "5")
+        assert stopped.code == 0, stopped.stderr
+        assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+        code, _, stderr, _ = finish(follower, 30)
+        assert f"job {job}: stopped on node[1-3]" in stderr
+        assert code == 1  # a stopped job did not succeed
+    finally:
+        gpucluster("stop", "-i", inventory, job)
+    assert job_processes(cluster) == {}
+    node2 = gpucluster("logs", "-i", inventory, job, "--node", "node2")
+    assert node2.code == 0
+    assert re.search(r"^\[node2/[23]\] rank [23]/6 on node2 ready$", node2.stdout, re.MULTILINE)
+    assert "[node1" not in node2.stdout
+
+
+LISTING = """import os
+for root, _, files in sorted(os.walk(".")):
+    for name in sorted(files):
+        print("file", os.path.join(root, name)[2:], flush=True)
+open("written-by-job.txt", "w").write("job output")
+"""
+
+
+def test_sync_sends_only_what_changed_and_keeps_job_output(cluster: Sandbox,
+                                                           project: Path) -> None:
+    (project / "list.py").write_text(LISTING)
+    (project / "data").mkdir()
+    (project / "data" / "a.txt").write_text("a")
+    (project / "gone.txt").write_text("deleted later")
+    (project / ".git").mkdir()
+    (project / ".git" / "HEAD").write_text("ref")
+    (project / "env").mkdir()
+    (project / "env" / "pyvenv.cfg").write_text("home = /usr")
+    (project / "big.ckpt").write_text("local only")
+    (project / ".gpuclusterignore").write_text("# not for the nodes\n*.ckpt\n")
+
+    def launch() -> tuple[str, str]:
+        done = gpucluster("launch", "-i", str(cluster.inventory), "list.py",
+                          cwd=str(project), timeout=120)
+        assert done.code == 0, done.stderr
+        return done.stdout, done.stderr
+
+    stdout, stderr = launch()
+    files = set(re.findall(r"^\[node3/2\] file (\S+)$", stdout, re.MULTILINE))
+    assert files == {"list.py", "data/a.txt", "gone.txt", "train.py", ".gpuclusterignore",
+                     ".gpucluster-sync"}  # the list of what was sent, kept on the node
+    assert re.search(r"synced: 5 sent .*, 0 deleted, 0 unchanged on node\[1-3\]", stderr)
+
+    (project / "gone.txt").unlink()
+    time.sleep(1.1)  # a new mtime second
+    (project / "data" / "a.txt").write_text("changed")
+    stdout, stderr = launch()
+    assert re.search(r"synced: 1 sent .*, 1 deleted, 3 unchanged on node\[1-3\]", stderr), \
+        stderr
+    files = set(re.findall(r"^\[node2/1\] file (\S+)$", stdout, re.MULTILINE))
+    assert "gone.txt" not in files and "written-by-job.txt" in files  # the job's own file stays
+    code_dir = "/srv/gpucluster/project"
+    assert cluster.node_exec("node3", f"cat {code_dir}/data/a.txt").stdout == "changed"
+    assert cluster.node_exec("node3", f"cat {code_dir}/written-by-job.txt").stdout == \
+        "job output"

@@ -1,0 +1,226 @@
+"""Launch without a network: what the sync sends and deletes, the job store, the node
+scripts (valid shell), torchrun's command line, and reading torchrun's failure report."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gpucluster import inventory as inventory_module
+from gpucluster.errors import GpuclusterError
+from gpucluster.launch import node_scripts, workdir
+from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
+from gpucluster.launch.runner import (
+    FirstFailure,
+    NodeState,
+    failure_of,
+    parse_state,
+    split_rank,
+    sync_summary,
+)
+from gpucluster.launch.torchrun import TorchrunSpec, torchrun_argv
+from tests.cli import gpucluster
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_local_files_leave_out_vcs_virtualenvs_caches_state_and_ignored(tmp_path: Path) -> None:
+    _tree(tmp_path, {
+        "train.py": "x", "pkg/model.py": "y", "pkg/__pycache__/model.pyc": "c",
+        ".git/HEAD": "ref", ".gpucluster/gpucluster_ed25519": "KEY",
+        "myenv/pyvenv.cfg": "home", "myenv/lib/site.py": "s",
+        "data/big.ckpt": "weights", "outputs/run1/log.txt": "l", "notes/outputs": "file",
+        "sub/outputs/x": "nested", "docs/readme.md": "d",
+        ".gpuclusterignore": "# comment\n\n*.ckpt\noutputs/\n/docs/*.md\n",
+    })
+    files = workdir.local_files(tmp_path)
+    assert sorted(files) == [".gpuclusterignore", "notes/outputs", "pkg/model.py", "train.py"]
+    assert files["train.py"].size == 1
+    assert files["train.py"].mtime == int((tmp_path / "train.py").stat().st_mtime)
+
+
+def test_negated_ignore_pattern_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / ".gpuclusterignore").write_text("*.log\n!keep.log\n")
+    with pytest.raises(GpuclusterError, match=r"\.gpuclusterignore:2: negated patterns"):
+        workdir.local_files(tmp_path)
+
+
+def test_plan_sends_changed_and_deletes_only_what_it_sent(tmp_path: Path) -> None:
+    _tree(tmp_path, {"a.py": "aa", "b.py": "bbb", "c.py": "new"})
+    local = workdir.local_files(tmp_path)
+    a, b = local["a.py"], local["b.py"]
+    remote = {"a.py": (a.size, a.mtime), "b.py": (b.size, b.mtime - 5), "old.py": (1, 1),
+              "checkpoint.pt": (9, 9)}
+    plan = workdir.plan_sync(local, {"a.py", "b.py", "old.py", "gone.py"}, remote)
+    assert [f.path for f in plan.send] == ["b.py", "c.py"]
+    assert plan.delete == ("old.py",)  # never checkpoint.pt: the job wrote it
+    assert plan.unchanged == 1
+
+
+def test_listing_round_trip_keeps_odd_names() -> None:
+    output = "a.py\0dir/b c.py\0@@gpc-files\0" + "12 1700000000.5 a.py\0" \
+             "3 1700000001.0000000000 dir/b c.py\0"
+    previous, remote = workdir.parse_listing(output)
+    assert previous == {"a.py", "dir/b c.py"}
+    assert remote == {"a.py": (12, 1700000000), "dir/b c.py": (3, 1700000001)}
+
+
+def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> None:
+    _tree(tmp_path, {"x/y.py": "print(1)"})
+    os.utime(tmp_path / "x/y.py", (1_700_000_000, 1_700_000_000))
+    local = workdir.local_files(tmp_path)
+    data = workdir.tar_stream(tmp_path, tuple(local.values()), sorted(local))
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = archive.getmember("x/y.py")
+        assert member.mtime == 1_700_000_000
+        manifest = archive.extractfile(workdir.MANIFEST)
+        assert manifest is not None and manifest.read() == b"x/y.py"
+    assert workdir.apply_command("/srv/p", ("it's.py",)).endswith("rm -f -- 'it'\"'\"'s.py'")
+
+
+def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    with pytest.raises(GpuclusterError, match="no jobs recorded"):
+        store.load(None)
+    ids = [new_job_id(1_800_000_000), new_job_id(1_800_000_100)]
+    for job_id in ids:
+        store.save(JobRecord(job_id, "train.py", ["--x"], ["n1", "n2"], "/srv/p", "/srv/jobs",
+                             0.0, {"n1": 1, "n2": 1}))
+    assert store.load(None).id == ids[1]
+    assert store.load(ids[0][-4:]).id == ids[0]
+    assert store.load(ids[0]).args == ["--x"]
+    with pytest.raises(GpuclusterError, match="ambiguous"):
+        store.load(ids[0][:8])
+    with pytest.raises(GpuclusterError, match="matches no job"):
+        store.load("nope")
+
+
+def test_node_states_from_the_scripts_lines() -> None:
+    assert parse_state("n", "exited 0 1800000000.25") == NodeState("n", "exited", 0, "",
+                                                                   1800000000.25)
+    assert parse_state("n", "stopped -").exit_code is None
+    assert parse_state("n", "running -").failed is False
+    assert parse_state("n", "exited 1 5").failed and parse_state("n", "lost -").failed
+    assert split_rank("[12]:loss 0.5") == ("12", "loss 0.5")
+    assert split_rank("[W1129 socket.cpp:207] note") == (None, "[W1129 socket.cpp:207] note")
+
+
+ROOT_CAUSE = """\
+[1]:RuntimeError: Connection closed by peer
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-29_23:28:35
+  host      : {node}
+  rank      : {other} (local_rank: 1)
+  exitcode  : 1 (pid: 11)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : {time}
+  host      : {node}
+  rank      : {rank} (local_rank: 0)
+  exitcode  : {code} (pid: 10)
+============================================================
+"""
+
+
+def test_first_failure_is_the_root_cause_not_the_first_to_report(tmp_path: Path) -> None:
+    def failure(node: str, rank: int, code: int, time: str, exited_at: float) -> FirstFailure:
+        log = tmp_path / f"{node}.log"
+        log.write_text(ROOT_CAUSE.format(node=node, rank=rank, other=rank + 1, code=code,
+                                         time=time))
+        return failure_of(node, NodeState(node, "exited", 1, "", exited_at), log)
+
+    peer = failure("node1", 0, 1, "2026-11-29_23:28:35", 100.1)  # exited first
+    killed = failure("node2", 2, -9, "2026-11-29_23:28:35", 100.3)
+    assert (killed.rank, killed.worker_exit, killed.exit_code) == (2, -9, 1)
+    assert min([peer, killed], key=FirstFailure.order) is killed  # same second: the signal
+    earlier = failure("node3", 4, 1, "2026-11-29_23:28:34", 100.9)
+    assert min([peer, killed, earlier], key=FirstFailure.order) is earlier
+    assert killed.tail[-1].startswith("=====")
+
+
+def _record() -> JobRecord:
+    return JobRecord("20261129-120000-abcd", "train.py", ["--lr", "0.1; rm -rf /"],
+                     ["node1", "node-2"], "\"$HOME\"/'gpucluster/my proj'",
+                     "\"$HOME\"/'gpucluster/jobs'", 0.0, {"node1": 2, "node-2": 2})
+
+
+@pytest.mark.parametrize("script", ["start", "follow", "stop", "state", "start-container"])
+def test_node_scripts_are_valid_shell(script: str) -> None:
+    record = _record()
+    text = {
+        "start": lambda: node_scripts.start_script(record, "node-2", "torchrun x", "", False,
+                                                   None),
+        "start-container": lambda: node_scripts.start_script(record, "node1", "torchrun x",
+                                                             "", True, 29500),
+        "follow": lambda: node_scripts.follow_script(record, "node-2", True),
+        "stop": lambda: node_scripts.stop_script(record, "node-2", 2.5, "/usr/bin/podman"),
+        "state": lambda: node_scripts.state_script([record], "node-2", record.jobs_dir),
+    }[script]()
+    checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True,
+                             check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert record.id in text
+
+
+def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("cluster:\n  torchrun: /opt/v env/bin/torchrun\nhosts:\n"
+                    "  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n")
+    loaded = inventory_module.load(path)
+    argv = torchrun_argv(loaded, TorchrunSpec("job1", 4, "train.py", ("--a", "x y"),
+                                              max_restarts=2, log_dir="/l"))
+    assert argv[:1] == ["/opt/v env/bin/torchrun"]
+    assert argv[-3:] == ["train.py", "--a", "x y"]
+    joined = " ".join(argv)
+    assert "--rdzv-endpoint 10.0.0.1:29500" in joined and "--max-restarts 2" in joined
+    assert "--log-dir /l --tee 3" in joined
+    container = node_scripts.Container("reg/img:1", "gpucluster-job1", True,
+                                       ["GPUCLUSTER_JOB", "NCCL_SOCKET_IFNAME"])
+    command = node_scripts.container_command(container, "torchrun --nnodes 2")
+    assert re.search(r'"\$GPC_RT" run --rm --name gpucluster-job1 --network host --ipc host '
+                     r"\$\(case .* nvidia.com/gpu=all", command)
+    assert "-e GPUCLUSTER_JOB -e NCCL_SOCKET_IFNAME reg/img:1 torchrun --nnodes 2" in command
+
+
+def test_sync_summary_folds_identical_nodes() -> None:
+    same = workdir.SyncResult(1, 0, 2, 2048)
+    text = sync_summary({"n1": same, "n2": same, "n3": workdir.SyncResult(3, 0, 0, 4096)})
+    assert text == ("synced: 1 sent (2.0 KiB), 0 deleted, 2 unchanged on n[1-2]; "
+                    "3 sent (4.0 KiB), 0 deleted, 0 unchanged on n3")
+
+
+def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts: [a, b]\n")
+    (tmp_path / "train.py").write_text("")
+    bad_env = gpucluster("launch", "-i", str(inventory), "--env", "1X=2", "train.py",
+                         cwd=str(tmp_path))
+    assert bad_env.code == 2
+    assert bad_env.stderr == ("gpucluster: error: --env '1X=2': expected NAME=VALUE (fix: "
+                              "e.g. --env NCCL_DEBUG=INFO)\n")
+    missing = gpucluster("launch", "-i", str(inventory), "nope.py", cwd=str(tmp_path))
+    assert missing.code == 2 and "Traceback" not in missing.stderr
+    assert re.fullmatch(r"gpucluster: error: nope\.py: no such file in \S+ \(fix: .*\)\n",
+                        missing.stderr)
+    container = gpucluster("launch", "-i", str(inventory), "--container", "train.py",
+                           cwd=str(tmp_path))
+    assert container.code == 2 and "needs cluster.image" in container.stderr
+    no_jobs = gpucluster("logs", "-i", str(inventory))
+    assert no_jobs.code == 2 and "no jobs recorded" in no_jobs.stderr
