@@ -151,11 +151,13 @@ def _listen(connection: Connection, python: str, port: int, expected: int, head:
             listener.pid = rest.strip() if word == "ready" else None
             listener.ready.set()
 
-    # The job's python if it runs, else any python3 the node has.
-    command = " || ".join(
-        f"{interpreter} -c {shlex.quote(LISTENER)} {port} {LISTENER_LIFETIME_S:g} {expected} "
-        f"{shlex.quote(head)}"
-        for interpreter in (shlex.quote(python), "python3"))
+    # The job's python if the node has it, else any python3. Chosen first, then exec'd:
+    # with `a || b`, killing the listener would start the fallback, which then held
+    # the port for its whole lifetime after doctor had gone.
+    arguments = (f"-c {shlex.quote(LISTENER)} {port} {LISTENER_LIFETIME_S:g} {expected} "
+                 f"{shlex.quote(head)}")
+    command = (f"if command -v {shlex.quote(python)} >/dev/null 2>&1; then exec "
+               f"{shlex.quote(python)} {arguments}; else exec python3 {arguments}; fi")
     try:
         result = connection.run(command, timeout=LISTENER_LIFETIME_S + 10, on_line=on_line)
         if not listener.ready.is_set():

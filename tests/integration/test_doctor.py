@@ -96,6 +96,10 @@ def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
     apps.write_text(f"{sleeper} 5 30720 python stale_train.py\n")
     try:
         result = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", "-v")
+        # The test listener never reached: it must still be gone when doctor is (it once
+        # left a fallback listener holding the port, and the next job could not form).
+        listening = sandbox.node_exec("node1", "ss -ltn 'sport = :29500' | tail -n +2")
+        assert listening.stdout.strip() == "", "doctor left a listener on the head"
         yield sandbox, result.json(), result.code
     finally:
         apps.unlink(missing_ok=True)
