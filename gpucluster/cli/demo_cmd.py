@@ -1,9 +1,10 @@
 """`gpucluster demo`: the whole main job on a local sandbox, one command.
 
 Each step is the real CLI, run as a user would type it (the command is shown first):
-sandbox up, doctor (fresh nodes cannot resolve each other), provision (SSH mesh,
-/etc/hosts, firewall, all-reduce smoke test), doctor again, launch examples/train.py on
-3 nodes x 2 processes, jobs, and sandbox down unless --keep.
+sandbox up, a default-drop firewall on the nodes, doctor (the nodes cannot resolve each
+other, the rendezvous port is blocked), provision (SSH mesh, /etc/hosts, firewall open
+to peers only, all-reduce smoke test), doctor again, launch examples/train.py on 3
+nodes x 2 processes, jobs, and sandbox down unless --keep.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from gpucluster.cli.options import stderr_console
 from gpucluster.errors import EXIT_FAILED, GpuclusterError, Interrupted
 
 DEMO_NAME = "demo"
+FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT && iptables -A INPUT -m conntrack --ctstate "
+            "ESTABLISHED,RELATED -j ACCEPT && iptables -A INPUT -p tcp --dport 22 -j ACCEPT "
+            "&& iptables -P INPUT DROP")
 DEMO_SUBNET = "198.18.10.0/24"  # apart from the default sandbox and the benchmarks
 
 
@@ -68,8 +72,11 @@ def demo(
         step(f"{nodes} local nodes: network namespaces with real sshd, simulated GPUs",
              "sandbox", "up", "--name", DEMO_NAME, "--subnet", DEMO_SUBNET,
              "--nodes", str(nodes), "--write-inventory", str(inventory))
-        step("fresh servers cannot resolve each other's names: doctor says so, with the fix",
-             "doctor", "-i", str(inventory), may_fail=True)
+        step("servers often come with a firewall: this one drops everything but SSH",
+             "run", "-i", str(inventory), FIREWALL)
+        step("fresh servers cannot resolve each other's names, and the firewall blocks the "
+             "rendezvous port: doctor says so, with the fix", "doctor", "-i", str(inventory),
+             may_fail=True)
         step("make the cluster right: SSH mesh, /etc/hosts, firewall open to peers only, "
              "then an all-reduce across every node", "provision", "-i", str(inventory))
         step("a clean bill of health", "doctor", "-i", str(inventory))
