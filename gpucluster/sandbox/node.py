@@ -109,6 +109,10 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> Non
         # Only when the node is created: later edits (provision, staged faults) are kept.
         system.write_atomically(paths.etc / "hosts", render(
             "sandbox/hosts.j2", node=node.name, address=node.address))
+        containers_conf = paths.etc / "containers" / "containers.conf"
+        if not containers_conf.exists():
+            containers_conf.parent.mkdir(exist_ok=True)
+            system.write_atomically(containers_conf, render("sandbox/containers.conf.j2"))
     system.write_atomically(paths.etc / "hostname", node.name + "\n")
     system.write_atomically(paths.etc / "ssh" / "sshd_config", render(
         "sandbox/sshd_config.j2", node=node.name, address=node.address,
@@ -190,13 +194,34 @@ def start(spec: SandboxSpec, node: NodeSpec) -> None:
     paths = node_paths(spec, node)
     paths.pid_file.unlink(missing_ok=True)
     script = render("sandbox/node_init.sh.j2", node=node.name, paths=paths,
-                    simulate_gpu=simulates_gpu(node))
+                    simulate_gpu=simulates_gpu(node), cgroup_mounts=cgroup_mounts())
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     with paths.log.open("ab") as log:
         subprocess.Popen(
             ["ip", "netns", "exec", netns_name(spec.name, node.name),
              "unshare", "--mount", "--uts", "--propagation", "private", "/bin/sh", "-c", script],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    path: str
+    fstype: str
+    options: str
+
+
+def cgroup_mounts(mounts: Path = Path("/proc/self/mounts")) -> list[Mount]:
+    """The host's cgroup hierarchies (and the tmpfs holding them), in mount order.
+    `ip netns exec` gives the node a fresh /sys without them, and container runtimes
+    need them: the node mounts the same hierarchies again."""
+    found = []
+    for line in mounts.read_text().splitlines():
+        source, path, fstype, options, *_ = line.split()
+        if path == "/sys/fs/cgroup" or (path.startswith("/sys/fs/cgroup/")
+                                        and fstype in ("cgroup", "cgroup2")):
+            found.append(Mount(source, path, fstype, options))
+    return found
 
 
 def wait_until_listening(spec: SandboxSpec, node: NodeSpec, timeout: float = 15) -> None:

@@ -38,8 +38,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     data = yaml.safe_load(inventory.read_text())
     sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
                       {h["name"]: h["address"] for h in data["hosts"]}, data)
-    # torchrun resolves node names: the /etc/hosts block provision writes
-    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts", timeout=120)
+    # torchrun resolves node names (the /etc/hosts block); the image relay needs the mesh
+    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts,ssh-mesh",
+                       timeout=120)
     assert hosts.code == 0, hosts.stderr
     try:
         yield sandbox
@@ -244,3 +245,60 @@ def test_sync_sends_only_what_changed_and_keeps_job_output(cluster: Sandbox,
     assert cluster.node_exec("node3", f"cat {code_dir}/data/a.txt").stdout == "changed"
     assert cluster.node_exec("node3", f"cat {code_dir}/written-by-job.txt").stdout == \
         "job output"
+
+
+FAKE_TORCHRUN = """#!/bin/sh
+# Stands in for torchrun inside a busybox image: the sandbox has no image with torch.
+echo "in container: $(hostname) pwd=$PWD args=$*"
+echo "marker=$GPUCLUSTER_JOB gloo=$GLOO_SOCKET_IFNAME"
+sleep "${FAKE_SLEEP:-0}"
+"""
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real podman image in the controller's storage: busybox and a torchrun stand-in."""
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "sleep", "hostname"):
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "bin" / "torchrun").write_text(FAKE_TORCHRUN)
+    (root / "bin" / "torchrun").chmod(0o755)
+    archive = root.parent / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
+    reference = "localhost/gpclnch-fake-torchrun:1"
+    subprocess.run(["podman", "import", "-q", str(archive), reference], check=True,
+                   capture_output=True)
+    yield reference
+    subprocess.run(["podman", "rmi", "-f", reference], check=False, capture_output=True)
+
+
+def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, project: Path,
+                                                         image: str) -> None:
+    data = {**cluster.data, "cluster": {**cluster.data["cluster"], "image": image}}
+    inventory = cluster.inventory.with_name("with-image.yaml")
+    inventory.write_text(yaml.safe_dump(data))
+    pushed = gpucluster("provision", "-i", str(inventory), "--only", "image", timeout=180)
+    assert pushed.code == 0, pushed.stdout + pushed.stderr
+
+    done = gpucluster("launch", "-i", str(inventory), "--container", "train.py", "--",
+                      "--lr", "0.1", cwd=str(project), timeout=120)
+    assert done.code == 0, done.stdout + done.stderr
+    for node in cluster.nodes:
+        assert re.search(rf"^\[{node}\] in container: {node} pwd=/srv/gpucluster/project "
+                         rf"args=--nnodes 3 .* train\.py --lr 0\.1$", done.stdout, re.MULTILINE)
+        assert re.search(rf"^\[{node}\] marker=\d{{8}}-\d{{6}}-[0-9a-f]{{4}}@{node} gloo=eth0$",
+                         done.stdout, re.MULTILINE), done.stdout
+
+    started = gpucluster("launch", "-i", str(inventory), "-d", "--container", "--env",
+                         "FAKE_SLEEP=300", "train.py", cwd=str(project))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    running = gpucluster("run", "-i", str(inventory), "podman ps --format '{{.Names}}'")
+    assert running.stdout.count(f"gpucluster-{job}") >= 1, running.stdout
+    stopped = gpucluster("stop", "-i", str(inventory), job, "--grace", "5")
+    assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+    left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
+    assert f"gpucluster-{job}" not in left.stdout
+    assert job_processes(cluster) == {}
