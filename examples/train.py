@@ -42,18 +42,21 @@ def main() -> None:
     inputs = torch.randn(512, 16)
     targets = inputs @ torch.randn(16, 1) + 0.1 * torch.randn(512, 1)
     model = torch.nn.Linear(16, 1).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-
+    # Only rank 0 reads the checkpoint (the nodes need not share a filesystem): it
+    # broadcasts where to resume, and DDP copies rank 0's weights to every rank.
     checkpoint = Path(args.checkpoint)
-    start_epoch = 0
-    if checkpoint.exists():
+    state = None
+    if rank == 0 and checkpoint.exists():
         state = torch.load(checkpoint, map_location=device)
         model.load_state_dict(state["model"])
+        print(f"resumed from {checkpoint} at epoch {state['epoch'] + 1}", flush=True)
+    start = torch.tensor([state["epoch"] + 1 if state else 0], device=device)
+    dist.broadcast(start, src=0)
+    start_epoch = int(start.item())
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-        start_epoch = state["epoch"] + 1
-        if rank == 0:
-            print(f"resumed from {checkpoint} at epoch {start_epoch}", flush=True)
 
     shard = torch.arange(rank, len(inputs), world)  # each rank its own slice of the data
     x, y = inputs[shard].to(device), targets[shard].to(device)

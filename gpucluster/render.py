@@ -10,10 +10,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from rich import filesize
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from gpucluster import hostrange
 from gpucluster.inventory import Inventory
@@ -39,16 +49,28 @@ def host_progress(console: Console, total: int, what: str) -> Iterator[Callable[
         yield lambda: progress.advance(task)
 
 
+class AverageRateColumn(ProgressColumn):
+    """Bytes per second since the node's first byte; it stays shown once the node is
+    done (rich's own speed column shows "?" for a transfer too short to sample)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        if not elapsed or not task.completed:
+            return Text("?", style="progress.data.speed")
+        rate = filesize.decimal(int(task.completed / elapsed))
+        return Text(f"{rate}/s", style="progress.data.speed")
+
+
 @contextmanager
 def byte_progress(console: Console) -> Iterator[Callable[[str, int, bool], None]]:
     """Per-node bars of bytes received and rate, for image pushes; silent when piped."""
     if not console.is_terminal:
         yield lambda _node, _bytes, _done: None
         return
-    from rich.progress import DownloadColumn, TransferSpeedColumn
+    from rich.progress import DownloadColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), console=console, transient=False) as progress:
+                  AverageRateColumn(), console=console, transient=False) as progress:
         tasks: dict[str, Any] = {}
 
         def update(node: str, received: int, done: bool) -> None:

@@ -140,21 +140,25 @@ def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
     return {**inventory.cluster.env, **extra}
 
 
-def check_request(request: LaunchRequest) -> dict[str, workdir.LocalFile]:
-    """The work dir and script exist, and the script is among the files sent."""
+def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile], str]:
+    """The files to send, and the script's path inside the work dir (it must be one of
+    those files)."""
     if not request.workdir.is_dir():
         raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
     files = workdir.local_files(request.workdir)
     script = Path(request.script)
-    relative = (script.resolve().relative_to(request.workdir.resolve()).as_posix()
-                if script.is_absolute() or (request.workdir / script).exists() else None)
-    if relative is None or not (request.workdir / relative).is_file():
+    candidate = (script if script.is_absolute() else request.workdir / script).resolve()
+    try:
+        relative = candidate.relative_to(request.workdir.resolve()).as_posix()
+    except ValueError:
+        relative = None
+    if relative is None or not candidate.is_file():
         raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
                               f"(fix: give the script's path inside the work directory)")
     if relative not in files:
         raise GpuclusterError(f"{relative} is excluded from the sync (by {workdir.IGNORE_FILE} "
                               f"or a virtualenv/VCS rule) (fix: move it or change the rule)")
-    return files
+    return files, relative
 
 
 def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
@@ -180,7 +184,7 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
            on_phase: Callable[[str], None] | None = None) -> JobRecord:
     """Check, sync and start the job on every node; nothing starts unless all can."""
     phase = on_phase or (lambda _: None)
-    files = check_request(request)
+    files, script = check_request(request)
     phase("checking nodes (running jobs, GPU processes, rendezvous port)")
     findings = preflight(session, inventory)
     if findings:
@@ -193,11 +197,8 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
         raise GpuclusterError("sync failed on " + "; ".join(
             f"{n}: {f.message}" for n, f in synced.failures.items()))
     phase(sync_summary(synced.values))
-    script = Path(request.script)
-    if script.is_absolute():
-        script = script.resolve().relative_to(request.workdir.resolve())
     record = JobRecord(
-        id=new_job_id(), script=script.as_posix(), args=list(request.args),
+        id=new_job_id(), script=script, args=list(request.args),
         hosts=[h.name for h in inventory.hosts], code_dir=code_dir,
         jobs_dir=f"{shell_path(inventory.cluster.work_dir)}/jobs", started_at=time.time(),
         nproc_per_node={h.name: nproc_for(h, request.nproc_per_node)

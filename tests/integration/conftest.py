@@ -6,8 +6,10 @@ everything via .ci/run).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,3 +66,25 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     finally:
         down = gpucluster("sandbox", "down", "--name", NAME, timeout=120)
         assert down.code == 0, down.stderr
+
+
+@contextmanager
+def busybox_image(root: Path, reference: str,
+                  files: dict[str, bytes] | None = None) -> Iterator[str]:
+    """A real podman image in the controller's storage, made from a static busybox (with
+    sh, sleep and hostname) plus `files` (executable); removed afterwards."""
+    (root / "bin").mkdir()
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "sleep", "hostname"):
+        (root / "bin" / applet).symlink_to("busybox")
+    for name, data in (files or {}).items():
+        (root / name).write_bytes(data)
+        (root / name).chmod(0o755)
+    archive = root.parent / f"{root.name}.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
+    subprocess.run(["podman", "import", "-q", str(archive), reference], check=True,
+                   capture_output=True)
+    try:
+        yield reference
+    finally:
+        subprocess.run(["podman", "rmi", "-f", reference], check=False, capture_output=True)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.cli import gpucluster
-from tests.integration.conftest import Sandbox
+from tests.integration.conftest import Sandbox, busybox_image
 
 pytestmark = pytest.mark.sandbox
 
@@ -103,7 +103,8 @@ def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, str, str,
 
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
-                      "train.py", "--", "--epochs", "3", cwd=str(project), timeout=180)
+                      "train.py", "--", "--epochs", "3", "--checkpoint", "first.pt",
+                      cwd=str(project), timeout=180)
     assert done.code == 0, done.stdout + done.stderr
     ready = re.findall(r"^\[(node\d)/(\d)\] rank (\d)/6 on (node\d) ready$", done.stdout,
                        re.MULTILINE)
@@ -123,6 +124,17 @@ def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) 
     jobs = gpucluster("jobs", "-i", str(cluster.inventory))
     assert re.search(rf"{job.group(1)}.*exited 0: node\[1-3\]", jobs.stdout), jobs.stdout
     assert job_processes(cluster) == {}
+
+    # Run it again for more epochs: it resumes from the checkpoint rank 0 wrote on node1
+    # (the nodes share no filesystem: rank 0 broadcasts where to resume)
+    again = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
+                       "train.py", "--", "--epochs", "5", "--checkpoint", "first.pt",
+                       cwd=str(project), timeout=180)
+    assert again.code == 0, again.stdout + again.stderr
+    assert "[node1/0] resumed from first.pt at epoch 3" in again.stdout
+    resumed = re.findall(r"^\[node1/0\] epoch (\d) loss ([0-9.]+)$", again.stdout, re.MULTILINE)
+    assert [epoch for epoch, _ in resumed] == ["3", "4"]
+    assert float(resumed[-1][1]) <= losses[-1] * 1.5  # it went on from where it was
 
 
 def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
@@ -257,21 +269,10 @@ sleep "${FAKE_SLEEP:-0}"
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real podman image in the controller's storage: busybox and a torchrun stand-in."""
-    root = tmp_path_factory.mktemp("rootfs")
-    (root / "bin").mkdir()
-    shutil.copy("/bin/busybox", root / "bin" / "busybox")
-    for applet in ("sh", "sleep", "hostname"):
-        (root / "bin" / applet).symlink_to("busybox")
-    (root / "bin" / "torchrun").write_text(FAKE_TORCHRUN)
-    (root / "bin" / "torchrun").chmod(0o755)
-    archive = root.parent / "rootfs.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
-    reference = "localhost/gpclnch-fake-torchrun:1"
-    subprocess.run(["podman", "import", "-q", str(archive), reference], check=True,
-                   capture_output=True)
-    yield reference
-    subprocess.run(["podman", "rmi", "-f", reference], check=False, capture_output=True)
+    """A real podman image: busybox, and a stand-in torchrun."""
+    with busybox_image(tmp_path_factory.mktemp("rootfs"), "localhost/gpclnch-fake:1",
+                       {"bin/torchrun": FAKE_TORCHRUN.encode()}) as reference:
+        yield reference
 
 
 def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, project: Path,

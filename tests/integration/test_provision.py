@@ -5,6 +5,9 @@ dies in the middle of a run."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -15,7 +18,7 @@ import pytest
 import yaml
 
 from tests.cli import gpucluster
-from tests.integration.conftest import Sandbox
+from tests.integration.conftest import Sandbox, busybox_image
 
 pytestmark = pytest.mark.sandbox
 
@@ -244,17 +247,10 @@ def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real podman image in the controller's storage: busybox and 8 MB of noise."""
-    root = tmp_path_factory.mktemp("rootfs")
-    (root / "bin").mkdir()
-    subprocess.run(["cp", "/bin/busybox", str(root / "bin" / "busybox")], check=True)
-    (root / "noise").write_bytes(__import__("os").urandom(8 * 1024 * 1024))
-    archive = root.parent / "rootfs.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
-    reference = "localhost/gpcprov-test:1"
-    subprocess.run(["podman", "import", "-q", str(archive), reference], check=True,
-                   capture_output=True)
-    yield reference
-    subprocess.run(["podman", "rmi", "-f", reference], check=False, capture_output=True)
+    noise = {"noise": os.urandom(8 * 1024 * 1024)}
+    with busybox_image(tmp_path_factory.mktemp("rootfs"), "localhost/gpcprov-test:1",
+                       noise) as reference:
+        yield reference
 
 
 def test_image_reaches_every_nodes_own_storage_then_skips(cluster: Sandbox, image: str
@@ -299,6 +295,27 @@ def test_image_too_big_for_a_node_is_refused_before_sending(cluster: Sandbox, im
         assert results["node1"]["outcome"] == "already ok"
     finally:
         cluster.node_exec("node3", "umount -R /var/lib/containers")  # podman mounts inside
+
+
+def test_image_push_shows_bytes_per_node_on_a_terminal(cluster: Sandbox, image: str
+                                                      ) -> None:
+    cluster.node_exec("node2", f"podman rmi -f {image} >/dev/null")
+    inventory = cluster.write_inventory(cluster.inventory.parent / "image.yaml",
+                                        cluster={**cluster.data["cluster"], "image": image})
+    command = shlex.join([sys.executable, "-m", "gpucluster", "provision", "-i",
+                          str(inventory), "--only", "image"])
+    # `script` gives the CLI a terminal, as a user's shell would: the bars only show there
+    shown = subprocess.run(["script", "-qefc", command, "/dev/null"], capture_output=True,
+                           text=True, timeout=300, check=False,
+                           env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    assert shown.returncode == 0, shown.stdout
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.stdout)  # no colours or cursor moves
+    bars = [line for line in re.split(r"[\r\n]", plain) if "node2" in line and "MB" in line]
+    assert bars, shown.stdout
+    final = re.search(r"node2\s.*?(\d+\.\d+)/(\d+\.\d+) MB\s+(\d+\.\d+) MB/s", bars[-1])
+    assert final, bars[-1]
+    assert final.group(1) == final.group(2) and float(final.group(1)) > 8.0  # all 8+ MB
+    assert not any("node1" in line and "MB/s" in line for line in re.split(r"[\r\n]", plain))
 
 
 def test_smoke_through_the_provisioned_cluster(cluster: Sandbox) -> None:

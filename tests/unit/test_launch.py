@@ -18,7 +18,9 @@ from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.runner import (
     FirstFailure,
+    LaunchRequest,
     NodeState,
+    check_request,
     failure_of,
     parse_state,
     split_rank,
@@ -224,3 +226,20 @@ def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
     assert container.code == 2 and "needs cluster.image" in container.stderr
     no_jobs = gpucluster("logs", "-i", str(inventory))
     assert no_jobs.code == 2 and "no jobs recorded" in no_jobs.stderr
+
+
+def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: Path) -> None:
+    _tree(tmp_path, {"proj/src/train.py": "x", "proj/skip/t.py": "y", "elsewhere.py": "z",
+                     "proj/.gpuclusterignore": "skip/\n"})
+    project = tmp_path / "proj"
+
+    def request(script: str) -> LaunchRequest:
+        return LaunchRequest(script, (), project)
+
+    assert check_request(request("src/train.py"))[1] == "src/train.py"  # cwd is not proj
+    assert check_request(request(str(project / "src" / "train.py")))[1] == "src/train.py"
+    for outside in (str(tmp_path / "elsewhere.py"), "../elsewhere.py", "src/none.py"):
+        with pytest.raises(GpuclusterError, match="no such file in"):
+            check_request(request(outside))
+    with pytest.raises(GpuclusterError, match=r"skip/t\.py is excluded from the sync"):
+        check_request(request("skip/t.py"))
