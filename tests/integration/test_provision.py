@@ -368,6 +368,78 @@ def test_ufw_rules_are_added_once_and_undone_exactly(cluster: Sandbox) -> None:
                                    f">/dev/null; iptables -F INPUT; {FIREWALL}")
 
 
+def _reaches(cluster: Sandbox, source: str, target: str, port: int) -> bool:
+    """Whether `source` can open a TCP connection to a fresh listener on `target`."""
+    cluster.node_exec(target, f"setsid timeout 15 python3 -c 'import socket; s = "
+                              f"socket.socket(); s.setsockopt(1, 2, 1); s.bind((\"\", {port})); "
+                              f"s.listen(); s.accept()' >/dev/null 2>&1 < /dev/null &")
+    time.sleep(0.5)
+    dial = cluster.node_exec(source, f"python3 -c 'import socket; socket.create_connection("
+                                     f"(\"{cluster.addresses[target]}\", {port}), timeout=3)'",
+                             check=False)
+    _kill_in_node(cluster, target, b"s.listen()")
+    return dial.returncode == 0
+
+
+def _kill_in_node(cluster: Sandbox, node: str, marker: bytes) -> None:
+    """Kill the node's processes whose command line holds `marker` (by its namespace:
+    a pattern given to pkill would also match processes of the host and other nodes)."""
+    pids = subprocess.run(["ip", "netns", "pids", f"{cluster.name}-{node}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    for pid in pids:
+        try:
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), 15)
+        except (OSError, ValueError):
+            pass  # gone meanwhile
+
+
+def test_firewalld_rules_open_the_port_to_peers_and_are_undone(cluster: Sandbox) -> None:
+    # node3 swaps its iptables firewall for firewalld (its own system D-Bus, its own
+    # /run), as RHEL-family hosts have: the public zone admits SSH only.
+    mount_point = Path("/run/firewalld")  # /run is shared: the node's tmpfs mounts on it
+    made_mount_point = not mount_point.exists()
+    cluster.node_exec("node3", "iptables -P INPUT ACCEPT; iptables -F INPUT; "
+                               "mkdir -p /run/firewalld; mount -t tmpfs tmpfs /run/dbus; "
+                               "mount -t tmpfs tmpfs /run/firewalld; "
+                               "dbus-daemon --system --fork --nopidfile; "
+                               "setsid firewalld --nofork --nopid >/dev/null 2>&1 < /dev/null &")
+    try:
+        for _ in range(60):
+            state = cluster.node_exec("node3", "firewall-cmd --state", check=False)
+            if state.stdout.strip() == "running":
+                break
+            time.sleep(0.5)
+        assert state.stdout.strip() == "running", state.stdout + state.stderr
+        before = cluster.node_exec("node3", "firewall-cmd --list-all").stdout
+        assert not _reaches(cluster, "node1", "node3", 29500)  # the zone rejects it
+
+        code, payload = _provision(cluster, "--only", "firewall")
+        assert code == 0, payload
+        assert _outcomes(payload)[("firewall", "node3")] == "changed"
+        rules = cluster.node_exec("node3", "firewall-cmd --list-rich-rules").stdout
+        for peer in ("node1", "node2"):
+            assert f'source address="{cluster.addresses[peer]}" port port="29500"' in rules
+        assert cluster.addresses["node3"] not in rules  # peers only, not itself
+        assert _reaches(cluster, "node1", "node3", 29500)
+        code, again = _provision(cluster, "--only", "firewall")
+        assert _outcomes(again)[("firewall", "node3")] == "already ok"
+
+        done = gpucluster("provision", "-i", str(cluster.inventory), "--undo", "firewall")
+        assert done.code == 0, done.stderr
+        assert cluster.node_exec("node3", "firewall-cmd --list-all").stdout == before
+        assert not _reaches(cluster, "node1", "node3", 29500)
+    finally:
+        _kill_in_node(cluster, "node3", b"firewalld")
+        _kill_in_node(cluster, "node3", b"dbus-daemon")
+        time.sleep(1)
+        cluster.node_exec("node3", "nft delete table inet firewalld 2>/dev/null; umount "
+                                   f"/run/dbus /run/firewalld; iptables -F INPUT; {FIREWALL}",
+                          check=False)
+        if made_mount_point:
+            mount_point.rmdir()
+
+
 def test_firewall_detection_docker_forward_drop_and_native_nftables(sandbox: Sandbox) -> None:
     """A FORWARD drop policy (as Docker sets) is no input firewall: nothing to open. A
     native nftables input chain that drops is reported with the rule to add."""
