@@ -83,9 +83,13 @@ class JobStore:
                 raise GpuclusterError(f"job {job_id!r} {what} (fix: gpucluster jobs lists "
                                       f"them)")
             chosen = matches[0]
-        data: dict[str, Any] = json.loads(
-            (self.directory(chosen) / "job.json").read_text(encoding="utf-8"))
-        return JobRecord(**data)
+        path = self.directory(chosen) / "job.json"
+        try:
+            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return JobRecord(**data)
+        except (OSError, ValueError, TypeError) as error:
+            raise GpuclusterError(f"{path}: not a readable job record ({error}) (fix: "
+                                  f"remove that job's directory)") from None
 
     def node_log(self, job_id: str, node: str) -> Path:
         return self.directory(job_id) / f"{node}.log"

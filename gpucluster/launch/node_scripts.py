@@ -26,12 +26,18 @@ class Container:
     env_names: Sequence[str]
 
 
+def ere_escape(text: str) -> str:
+    """`text` as a literal in a POSIX extended regex (grep -E). Python's re.escape also
+    escapes '-', which grep 3.8+ warns about."""
+    return re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", text)
+
+
 def _marker_pattern(record: JobRecord, node: str) -> str:
-    return re.escape(f"{JOB_VARIABLE}={record.marker(node)}")
+    return ere_escape(f"{JOB_VARIABLE}={record.marker(node)}")
 
 
 def any_job_pattern(node: str) -> str:
-    return f"{JOB_VARIABLE}=[^@]+@{re.escape(node)}"
+    return f"{JOB_VARIABLE}=[^@]+@{ere_escape(node)}"
 
 
 def container_command(container: Container, torchrun: str) -> str:

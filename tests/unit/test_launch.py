@@ -243,3 +243,24 @@ def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: 
             check_request(request(outside))
     with pytest.raises(GpuclusterError, match=r"skip/t\.py is excluded from the sync"):
         check_request(request("skip/t.py"))
+
+
+def test_markers_are_matched_literally_by_grep() -> None:
+    record = JobRecord("20261129-120000-abcd", "t.py", [], ["a.b"], "/c", "/j", 0.0, {})
+    pattern = node_scripts.ere_escape(f"GPUCLUSTER_JOB={record.marker('a.b')}")
+    lines = f"GPUCLUSTER_JOB={record.marker('a.b')}\nGPUCLUSTER_JOB={record.id}@aXb\n"
+    found = subprocess.run(["grep", "-x", "-E", "-e", pattern], input=lines,
+                           capture_output=True, text=True, check=False)
+    assert found.stdout == f"GPUCLUSTER_JOB={record.id}@a.b\n"
+    assert found.stderr == ""  # no "stray \\" warnings
+    anyjob = subprocess.run(["grep", "-x", "-E", "-e", node_scripts.any_job_pattern("a.b")],
+                            input=lines, capture_output=True, text=True, check=False)
+    assert anyjob.stdout == found.stdout
+
+
+def test_a_broken_job_record_is_a_one_line_error(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    (store.directory("20261129-120000-abcd")).mkdir(parents=True)
+    (store.directory("20261129-120000-abcd") / "job.json").write_text("{not json")
+    with pytest.raises(GpuclusterError, match=r"job\.json: not a readable job record"):
+        store.load(None)
