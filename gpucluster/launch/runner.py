@@ -16,7 +16,7 @@ from pathlib import Path
 from gpucluster import hostrange
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
-from gpucluster.errors import GpuclusterError
+from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
@@ -207,8 +207,13 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
     env = job_env(inventory, request.env)
-    started = session.map(inventory.hosts, lambda c: _start_on(
-        c, inventory, record, request, env))
+    try:
+        started = session.map(inventory.hosts, lambda c: _start_on(
+            c, inventory, record, request, env))
+    except Interrupted:
+        stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
+        raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
+                          f"every node") from None
     problems = _start_problems(started.values, started.failures)
     if problems:
         stop(session, inventory, record, grace_s=2.0)
