@@ -95,5 +95,8 @@ def demo(
         else:
             step("take it all down again", "sandbox", "down", "--name", DEMO_NAME,
                  may_fail=True)
-            shutil.rmtree(workspace, ignore_errors=True)
+            if code == 0:
+                shutil.rmtree(workspace, ignore_errors=True)
+            else:  # what went wrong stays readable
+                console.print(f"logs kept: {workspace / '.gpucluster'}")
     console.print(f"\n[bold green]demo: done[/] (the job exited {code})")

@@ -257,6 +257,10 @@ def _print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
         where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
             else failure.node
         err.print(f"[bold red]first failure: {where}, {escape(_failure_cause(failure))}[/]")
+        if failure.rank_tail:
+            err.print(f"last lines of rank {failure.rank}:")
+            for line in failure.rank_tail:
+                err.print(f"  {escape(line)}", style="dim")
         err.print(f"last lines of {failure.node}'s log "
                   f"({store.node_log(record.id, failure.node)}):")
         for line in failure.tail:

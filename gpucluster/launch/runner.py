@@ -98,6 +98,7 @@ class FirstFailure:
     tail: tuple[str, ...]
     worker_exit: int | None = None  # negative: killed by that signal
     failed_at: str = ""  # torchrun's root-cause time (second resolution)
+    rank_tail: tuple[str, ...] = ()  # the failing rank's own last lines
 
     def order(self) -> tuple[str, int, float]:
         """Earliest root cause first; within the same second a worker killed by a signal
@@ -385,9 +386,12 @@ def failure_of(node: str, state: NodeState, log: Path) -> FirstFailure:
             fields.setdefault(name.strip(), value.strip())
     rank = re.match(r"\d+", fields.get("rank", ""))
     worker = re.match(r"-?\d+", fields.get("exitcode", ""))
+    prefix = f"[{rank.group()}]:" if rank else None
+    rank_lines = [line[len(prefix):] for line in lines if prefix and line.startswith(prefix)]
     return FirstFailure(node, state, int(rank.group()) if rank else None, state.exit_code,
                         tuple(lines[-FAILURE_TAIL_LINES:]),
-                        int(worker.group()) if worker else None, fields.get("time", ""))
+                        int(worker.group()) if worker else None, fields.get("time", ""),
+                        tuple(rank_lines[-FAILURE_TAIL_LINES:]))
 
 
 class _Follower:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.sandbox
 
 def test_demo_runs_the_main_job_and_leaves_nothing() -> None:
     done = gpucluster("demo", timeout=400)
-    assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:] + _kept_logs(done.stderr)
     # doctor first finds the bare nodes' problems, provision fixes them, doctor agrees
     assert "FAIL rendezvous-port node2: cannot reach node1" in done.stdout
     assert re.search(r"doctor: [1-9]\d* FAIL", done.stdout)
@@ -29,3 +30,12 @@ def test_demo_runs_the_main_job_and_leaves_nothing() -> None:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                 check=True).stdout
     assert "demo-node" not in namespaces
+
+
+def _kept_logs(stderr: str) -> str:
+    """The job logs a failed demo keeps, to see why in the test report."""
+    kept = re.search(r"^logs kept: (\S+)$", stderr, re.MULTILINE)
+    if not kept:
+        return ""
+    return "".join(f"\n== {log}\n" + "\n".join(log.read_text().splitlines()[-60:])
+                   for log in sorted(Path(kept.group(1)).glob("jobs/*/*.log")))

@@ -119,6 +119,8 @@ def test_node_states_from_the_scripts_lines() -> None:
 
 
 ROOT_CAUSE = """\
+[{rank}]:step 10
+[{rank}]:terminate called without an active exception
 [1]:RuntimeError: Connection closed by peer
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
@@ -155,6 +157,7 @@ def test_first_failure_is_the_root_cause_not_the_first_to_report(tmp_path: Path)
     earlier = failure("node3", 4, 1, "2026-11-29_23:28:34", 100.9)
     assert min([peer, killed, earlier], key=FirstFailure.order) is earlier
     assert killed.tail[-1].startswith("=====")
+    assert killed.rank_tail == ("step 10", "terminate called without an active exception")
 
 
 def _record() -> JobRecord:
