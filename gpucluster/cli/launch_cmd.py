@@ -42,13 +42,13 @@ GraceOption = Annotated[float, typer.Option(
     "--grace", min=0, metavar="SECONDS",
     help="After TERM, how long processes get to exit before KILL.")]
 JobArgument = Annotated[str | None, typer.Argument(
-    metavar="[JOB]", help="Job id, or a unique part of it (default: the newest job).")]
+    metavar="JOB", help="Job id, or a unique part of it (default: the newest job).")]
 
 
 def launch(
     script: Annotated[str, typer.Argument(help="The training script, inside the work dir.")],
     script_args: Annotated[list[str] | None, typer.Argument(
-        metavar="[-- ARGS...]", help="Arguments for the script, after --.")] = None,
+        metavar="ARGS", help="Arguments for the script, after --.")] = None,
     inventory: InventoryOption = None,
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", "-C", help="Directory synced to every node (default: the current one).")
