@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster.launch.jobs import JobRecord
+from gpucluster.provision.image_source import is_image_file
 from gpucluster.templating import render
 
 HEARTBEAT_S = 2
@@ -40,8 +41,15 @@ def any_job_pattern(node: str) -> str:
     return f"{JOB_VARIABLE}=[^@]+@{ere_escape(node)}"
 
 
-def container_command(container: Container, torchrun: str) -> str:
-    """The image's torchrun under podman or docker (whichever the node has: $GPC_RT)."""
+def container_command(container: Container, torchrun: str, images_dir: str) -> str:
+    """The image's torchrun: a .sif under apptainer (or singularity), from the node's
+    images directory; anything else under podman or docker. Whichever the node has
+    is $GPC_RT."""
+    if container.image.endswith(".sif"):
+        # Apptainer passes the host's environment in: the job's variables and marker.
+        path = f"{images_dir}/{shlex.quote(container.image.rsplit('/', 1)[-1])}"
+        return (f'"$GPC_RT" exec{" --nv" if container.gpus else ""} --bind "$PWD" '
+                f'--bind "$GPC_JOB_DIR" --pwd "$PWD" {path} {torchrun}')
     env_flags = " ".join(f"-e {name}" for name in container.env_names)
     gpus = ' $(case "$GPC_RT" in *docker) echo --gpus all;; ' \
            '*) echo --device nvidia.com/gpu=all;; esac)' if container.gpus else ""
@@ -53,8 +61,10 @@ def container_command(container: Container, torchrun: str) -> str:
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None) -> str:
     """`rendezvous_port` on the head only: wait for it to be free, else refuse."""
+    runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
+                else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
-                  rendezvous_port=rendezvous_port,
+                  rendezvous_port=rendezvous_port, runtimes=runtimes,
                   jobs_dir=record.jobs_dir, code_dir=record.code_dir, command=command,
                   interface_exports=interface_exports, marker=record.marker(node),
                   any_job_pattern=any_job_pattern(node), container=container)
@@ -68,8 +78,10 @@ def follow_script(record: JobRecord, node: str, follow: bool) -> str:
 
 def stop_script(record: JobRecord, node: str, grace_s: float,
                 runtime: str | None = None) -> str:
+    # podman/docker containers are stopped by name; apptainer's processes are the
+    # job's own, found by their marker like any other.
     container = ({"runtime": shlex.quote(runtime), "name": record.container_name()}
-                 if record.image and runtime else None)
+                 if record.image and runtime and not is_image_file(record.image) else None)
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,
                   marker_pattern=_marker_pattern(record, node))

@@ -27,6 +27,7 @@ from gpucluster.launch.torchrun import (
     nproc_for,
     torchrun_argv,
 )
+from gpucluster.provision.image_source import node_images_dir
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import HostFailure, RemoteError
 from gpucluster.remote.session import Session
@@ -186,6 +187,10 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
     """Check, sync and start the job on every node; nothing starts unless all can."""
     phase = on_phase or (lambda _: None)
     files, script = check_request(request)
+    if request.image and request.image.endswith(".sqsh"):
+        raise GpuclusterError(f"{request.image}: provision distributes enroot images, but "
+                              f"launch does not run them yet (fix: use an OCI image or an "
+                              f"Apptainer .sif)")
     phase("checking nodes (running jobs, GPU processes, rendezvous port)")
     findings = preflight(session, inventory)
     if findings:
@@ -253,7 +258,8 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
     command = " ".join(TORCHRUN_LOG_DIR_SHELL if word == TORCHRUN_LOG_DIR else
                        shlex.quote(word) for word in argv)
     if container is not None:
-        command = node_scripts.container_command(container, command)
+        command = node_scripts.container_command(
+            container, command, node_images_dir(inventory.cluster.work_dir))
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
     script = node_scripts.start_script(record, host.name, command,
                                        interface_exports(host, env), container is not None,

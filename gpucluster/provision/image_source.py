@@ -1,9 +1,11 @@
-"""Where the image comes from on the controller: a local podman/docker image, or an
-archive file (docker-archive or OCI tar). Gives its ID, its size, and the command that
-streams it (never an extra copy on disk)."""
+"""Where the image comes from on the controller: a local podman/docker image, an archive
+file (docker-archive or OCI tar) that nodes load into podman/docker, or an Apptainer
+(.sif) or enroot (.sqsh) image file that nodes keep as a file. Gives its ID (for a file:
+its sha256), its size, and the command that streams it (never an extra copy on disk)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -12,6 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
+from gpucluster.remote.connection import shell_path
+
+FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
+
+
+def is_image_file(name: str) -> bool:
+    """An Apptainer (.sif) or enroot (.sqsh) image, which nodes keep as a file."""
+    return name.endswith(FILE_IMAGE_SUFFIXES)
+
+
+def node_images_dir(work_dir: str) -> str:
+    """Where nodes keep image files: <work_dir>/images, shell-quoted."""
+    return shell_path(f"{work_dir}/images")
 
 
 @dataclass(frozen=True)
@@ -20,6 +35,11 @@ class ImageSource:
     image_id: str  # hex, without "sha256:"
     size_bytes: int
     stream_argv: tuple[str, ...]  # prints the archive on stdout
+    kind: str = "container"  # container: loaded by podman/docker; file: kept as a file
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
 
 
 def locate(spec: str, base: Path) -> ImageSource:
@@ -43,9 +63,11 @@ def locate(spec: str, base: Path) -> ImageSource:
 
 
 def _archive(path: Path) -> ImageSource:
-    if path.suffix in (".sif", ".sqsh"):
-        raise GpuclusterError(f"{path}: Apptainer/enroot images are not distributed yet; "
-                              f"use a docker or OCI archive, or a local image name")
+    if is_image_file(path.name):
+        with path.open("rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        return ImageSource(path.name, digest, path.stat().st_size, ("cat", str(path)),
+                           kind="file")
     try:
         with tarfile.open(path) as archive:
             names = archive.getnames()

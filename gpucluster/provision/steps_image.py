@@ -20,7 +20,7 @@ from typing import BinaryIO, cast
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
-from gpucluster.provision.image_source import ImageSource, locate
+from gpucluster.provision.image_source import ImageSource, locate, node_images_dir
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, StepSkipped
 from gpucluster.remote.connection import shell_path
@@ -48,6 +48,31 @@ print("progress", node, total, "done", file=sys.stderr, flush=True)
 Progress = Callable[[str, int, bool], None]  # node, bytes received, finished
 
 
+def images_dir(context: ProvisionContext) -> str:
+    return node_images_dir(context.inventory.cluster.work_dir)
+
+
+def file_destination(context: ProvisionContext, image: ImageSource) -> str:
+    return f"{images_dir(context)}/{shlex.quote(image.reference)}"
+
+
+def _sink_and_report(context: ProvisionContext, image: ImageSource, runtime: str,
+                     sudo: bool) -> tuple[str, str]:
+    """What a hop does with the stream, and the command that prints the ID it now has."""
+    if image.is_file:
+        # Written under a temporary name, then renamed; the checksum is taken of what
+        # arrived and recorded beside it for the next run's check.
+        destination = file_destination(context, image)
+        return (f"{{ mkdir -p {images_dir(context)} && cat > {destination}.part && "
+                f"mv -f {destination}.part {destination}; }}",
+                f"sha256sum {destination} | cut -d' ' -f1 | tee {destination}.sha256")
+    engine = shlex.quote(runtime)
+    engine = f"sudo -n {engine}" if sudo else engine
+    return (f"{engine} load >&2",
+            f"{engine} image inspect --format '{{{{.Id}}}}' {shlex.quote(image.reference)} "
+            f"2>/dev/null")
+
+
 class ImageStep:
     name = "image"
     summary = "the inventory's container image on every node (pipelined relay, verified)"
@@ -69,16 +94,28 @@ class ImageStep:
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
         image = self.source(context)
-        probe = connection.run(
-            "rt=$(command -v podman || command -v docker) || { echo none; exit 0; }; "
-            "echo \"$rt\"; \"$rt\" image inspect --format '{{.Id}}' "
-            f"{shlex.quote(image.reference)} 2>/dev/null || echo absent; "
-            "command -v zstd >/dev/null && echo zstd || echo no-zstd; "
-            # `podman info` would name the storage root, but costs a second podman start
-            # per node: the default roots are where images go unless reconfigured.
-            "case $rt in *docker) d=/var/lib/docker;; *) d=/var/lib/containers;; esac; "
-            "while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
-            "df -Pk \"$d\" | tail -n 1", timeout=60, sudo=True)
+        if image.is_file:
+            # An image file is current when the checksum recorded beside it (written
+            # after it arrived, so not older than it) names the same content.
+            destination = file_destination(context, image)
+            where = images_dir(context)
+            probe = connection.run(
+                f"echo file; f={destination}; if [ -f \"$f\" ] && [ -f \"$f.sha256\" ] && "
+                f"[ ! \"$f\" -nt \"$f.sha256\" ]; then cat \"$f.sha256\"; else echo absent; "
+                f"fi; command -v zstd >/dev/null && echo zstd || echo no-zstd; d={where}; "
+                f"while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
+                f"df -Pk \"$d\" | tail -n 1", timeout=60)
+        else:
+            probe = connection.run(
+                "rt=$(command -v podman || command -v docker) || { echo none; exit 0; }; "
+                "echo \"$rt\"; \"$rt\" image inspect --format '{{.Id}}' "
+                f"{shlex.quote(image.reference)} 2>/dev/null || echo absent; "
+                "command -v zstd >/dev/null && echo zstd || echo no-zstd; "
+                # `podman info` would name the storage root, but costs a second podman
+                # start per node: the default roots are where images go unless changed.
+                "case $rt in *docker) d=/var/lib/docker;; *) d=/var/lib/containers;; esac; "
+                "while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
+                "df -Pk \"$d\" | tail -n 1", timeout=60, sudo=True)
         lines = probe.stdout.split("\n")
         if not lines or lines[0].strip() == "none":
             raise GpuclusterError("no container runtime (podman or docker) on this node")
@@ -89,12 +126,14 @@ class ImageStep:
             return []
         fields = df_line.split()
         free = int(fields[3]) * 1024 if len(fields) > 3 and fields[3].isdigit() else None
-        needed = int(image.size_bytes * HEADROOM)
+        needed = int(image.size_bytes * (1.0 if image.is_file else HEADROOM))
         if free is not None and free < needed:
             raise GpuclusterError(
                 f"not enough disk for {image.reference}: needs {needed / GIB:.2f} GiB, "
                 f"{free / GIB:.2f} GiB free under {fields[-1]}: free space first")
-        return [Change(f"load {image.reference} (id {image.image_id[:12]}, "
+        how = (f"copy {image.reference} to {file_destination(context, image)}" if image.is_file
+               else f"load {image.reference}")
+        return [Change(f"{how} (id {image.image_id[:12]}, "
                        f"{image.size_bytes / 1e6:.0f} MB) via the relay")]
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
@@ -115,12 +154,12 @@ class ImageStep:
         following = dict(itertools.pairwise([h.name for h in targets]))
         scripts = {}
         for host in targets:
-            runtime = shlex.quote(str(runtimes[host.name]))
+            sink, report = _sink_and_report(context, image, str(runtimes[host.name]),
+                                            sudo=host.user != "root")
             scripts[host.name] = render(
                 "provision/image_relay.sh.j2", node=host.name, dir=relay_dir,
                 next=following.get(host.name), python=context.inventory.cluster.python,
-                counter=COUNTER, reference=image.reference, id_format="{{.Id}}",
-                runtime=runtime if host.user == "root" else f"sudo -n {runtime}",
+                counter=COUNTER, sink=sink, report=report,
                 decompress="zstd -dc" if zstd_everywhere else "cat")
 
         def prepare_hop(host: Host, connection: LoggedConnection) -> str:

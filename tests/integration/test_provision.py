@@ -4,6 +4,7 @@ dies in the middle of a run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -275,6 +276,35 @@ def test_image_reaches_every_nodes_own_storage_then_skips(cluster: Sandbox, imag
 
     again = gpucluster("provision", "-i", str(inventory), "--json", "--only", "image")
     assert set(_outcomes(json.loads(again.stdout)).values()) == {"already ok"}
+
+
+def test_an_apptainer_image_file_reaches_every_node_then_skips(cluster: Sandbox) -> None:
+    # A .sif is not loaded into a runtime: nodes keep the file, checked by its sha256.
+    image = cluster.inventory.parent / "train.sif"
+    image.write_bytes(os.urandom(3 * 1024 * 1024))
+    inventory = cluster.write_inventory(cluster.inventory.parent / "sif.yaml",
+                                        cluster={**cluster.data["cluster"], "image": "train.sif"})
+
+    def push() -> dict[tuple[str, str], str]:
+        result = gpucluster("provision", "-i", str(inventory), "--json", "--only",
+                            "ssh-mesh,image", timeout=300)
+        assert result.code == 0, result.stdout + result.stderr
+        return {node: o for (step, node), o in _outcomes(json.loads(result.stdout)).items()
+                if step == "image"}
+
+    def held() -> set[str]:
+        return {cluster.node_exec(node, "sha256sum /srv/gpucluster/images/train.sif; ls "
+                                        "/srv/gpucluster/images").stdout for node in cluster.nodes}
+
+    assert set(push().values()) == {"changed"}
+    digest = hashlib.sha256(image.read_bytes()).hexdigest()
+    assert held() == {f"{digest}  /srv/gpucluster/images/train.sif\ntrain.sif\n"
+                      f"train.sif.sha256\n"}  # no partial file left behind
+    assert set(push().values()) == {"already ok"}
+    image.write_bytes(os.urandom(1024 * 1024))  # a new version goes out again
+    assert set(push().values()) == {"changed"}
+    assert held() == {f"{hashlib.sha256(image.read_bytes()).hexdigest()}  "
+                      f"/srv/gpucluster/images/train.sif\ntrain.sif\ntrain.sif.sha256\n"}
 
 
 def test_image_too_big_for_a_node_is_refused_before_sending(cluster: Sandbox, image: str

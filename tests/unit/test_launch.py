@@ -198,10 +198,14 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     assert "--log-dir /l --tee 3" in joined
     container = node_scripts.Container("reg/img:1", "gpucluster-job1", True,
                                        ["GPUCLUSTER_JOB", "NCCL_SOCKET_IFNAME"])
-    command = node_scripts.container_command(container, "torchrun --nnodes 2")
+    command = node_scripts.container_command(container, "torchrun --nnodes 2", "/srv/images")
     assert re.search(r'"\$GPC_RT" run --rm --name gpucluster-job1 --network host --ipc host '
                      r"\$\(case .* nvidia.com/gpu=all", command)
     assert "-e GPUCLUSTER_JOB -e NCCL_SOCKET_IFNAME reg/img:1 torchrun --nnodes 2" in command
+    sif = node_scripts.Container("/home/me/train.sif", "gpucluster-job1", False, [])
+    assert node_scripts.container_command(sif, "torchrun x", "/srv/images") == (
+        '"$GPC_RT" exec --bind "$PWD" --bind "$GPC_JOB_DIR" --pwd "$PWD" '
+        "/srv/images/train.sif torchrun x")
 
 
 def test_sync_summary_folds_identical_nodes() -> None:
