@@ -2,7 +2,8 @@
 to the cluster's own addresses only, in whatever firewall the node runs.
 
 Detected in this order: ufw (active), firewalld (running), iptables (an INPUT chain that
-drops or rejects), nftables (a ruleset with no iptables tables). No active firewall:
+drops or rejects), nftables (an input-hook chain of its own that drops or rejects: our
+rules go at its top). No active firewall:
 nothing to open, no change. Rules carry the tag `gpucluster` so they are found again:
 a re-run adds no duplicates and `--undo firewall` removes exactly ours. SSH is never
 touched: only ACCEPT rules are added.
@@ -10,6 +11,7 @@ touched: only ACCEPT rules are added.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -85,7 +87,32 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
         commands += [f"firewall-cmd --permanent --add-rich-rule={shlex.quote(r)}"
                      for r in sorted(desired - present)]
         return [*commands, "firewall-cmd --reload"] if commands else []
+    if firewall.kind == "nftables":
+        return nftables_commands(firewall, wanted, port)
     return []
+
+
+def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
+    """Rules in the node's own input chain (the one that drops), inserted at its top and
+    tagged by a comment; found again by that comment, removed by handle."""
+    chain_line, *rules = firewall.ours
+    chain = chain_line.removeprefix("chain").split()
+    if len(chain) != 3:
+        raise GpuclusterError("nftables: no input chain that drops was found to add to")
+    family, table, name = (shlex.quote(part) for part in chain)
+    ephemeral = firewall.ephemeral.replace(":", "-")
+    present: dict[str, str] = {}  # peer address -> rule handle
+    for rule in rules:
+        address = re.search(r"ip saddr (\S+) ", rule)
+        handle = re.search(r"# handle (\d+)", rule)
+        if address and handle and f"tcp dport {{ {port}, {ephemeral} }} accept" in rule:
+            present[address.group(1)] = handle.group(1)
+    drop = [f"nft delete rule {family} {table} {name} handle {present[a]}"
+            for a in sorted(set(present) - set(wanted))]
+    add = [f"nft insert rule {family} {table} {name} ip saddr {a} tcp dport "
+           f"'{{ {port}, {ephemeral} }}' accept comment {TAG}"
+           for a in wanted if a not in present]
+    return drop + add
 
 
 class FirewallStep:
@@ -98,13 +125,6 @@ class FirewallStep:
     def _commands(self, context: ProvisionContext, host: Host,
                   connection: LoggedConnection, undo: bool) -> list[str]:
         firewall = detect(connection)
-        if firewall.kind == "nftables":
-            raise GpuclusterError(
-                "native nftables ruleset: gpucluster manages ufw, firewalld and iptables "
-                f"(iptables-nft included); add to your input chain: ip saddr "
-                f"{{ {', '.join(peers_of(context, host))} }} tcp dport "
-                f"{{ {context.inventory.cluster.rendezvous_port}, "
-                f"{firewall.ephemeral.replace(':', '-')} }} accept")
         wanted = [] if undo else peers_of(context, host)
         return plan_commands(firewall, wanted, context.inventory.cluster.rendezvous_port)
 

@@ -470,9 +470,10 @@ def test_firewalld_rules_open_the_port_to_peers_and_are_undone(cluster: Sandbox)
             mount_point.rmdir()
 
 
-def test_firewall_detection_docker_forward_drop_and_native_nftables(sandbox: Sandbox) -> None:
+def test_docker_forward_drop_is_no_firewall_and_native_nftables_is_opened(sandbox: Sandbox) -> None:
     """A FORWARD drop policy (as Docker sets) is no input firewall: nothing to open. A
-    native nftables input chain that drops is reported with the rule to add."""
+    native nftables input chain that drops gets our rules at its top, and loses them on
+    undo."""
     node = "node2"
     sandbox.node_exec(node, "iptables -P FORWARD DROP; iptables -N DOCKER; "
                             "iptables -A FORWARD -j DOCKER")
@@ -485,13 +486,25 @@ def test_firewall_detection_docker_forward_drop_and_native_nftables(sandbox: San
                                 "iptables -X DOCKER")
     sandbox.node_exec(node, "nft add table inet fw && nft add chain inet fw input "
                             "'{ type filter hook input priority 0; policy drop; }' && "
-                            "nft add rule inet fw input tcp dport 22 accept")
+                            "nft add rule inet fw input ct state established,related accept "
+                            "&& nft add rule inet fw input tcp dport 22 accept")
     try:
+        before = sandbox.node_exec(node, "nft list ruleset").stdout
+        assert not _reaches(sandbox, "node1", node, 29500)
         code, payload = _provision(sandbox, "--only", "firewall")
-        results = {r["host"]: r for r in payload["results"]}
-        assert code == 1 and results[node]["outcome"] == "failed"
-        assert "native nftables" in results[node]["message"]
-        assert "tcp dport { 29500, 32768-60999 } accept" in results[node]["message"]
-        assert results["node1"]["outcome"] == "already ok"
+        assert code == 0, payload
+        assert _outcomes(payload)[("firewall", node)] == "changed"
+        assert _outcomes(payload)[("firewall", "node1")] == "already ok"
+        chain = sandbox.node_exec(node, "nft list chain inet fw input").stdout
+        for peer in ("node1", "node3", "node4"):
+            assert (f"ip saddr {sandbox.addresses[peer]} tcp dport {{ 29500, 32768-60999 }} "
+                    f'accept comment "gpucluster"') in chain
+        assert chain.index("gpucluster") < chain.index("tcp dport 22")  # before the drop
+        assert _reaches(sandbox, "node1", node, 29500)
+        code, again = _provision(sandbox, "--only", "firewall")
+        assert _outcomes(again)[("firewall", node)] == "already ok"
+        done = gpucluster("provision", "-i", str(sandbox.inventory), "--undo", "firewall")
+        assert done.code == 0, done.stderr
+        assert sandbox.node_exec(node, "nft list ruleset").stdout == before
     finally:
         sandbox.node_exec(node, "nft delete table inet fw")
