@@ -14,7 +14,7 @@ from gpucluster.cli.options import (
     InventoryOption,
     JsonOption,
     load_inventory,
-    ssh_options,
+    open_session,
     stderr_console,
     stdout_console,
 )
@@ -44,16 +44,14 @@ def doctor(
     """Check every node in parallel; exit 0 when nothing failed, 1 when a check failed."""
     from gpucluster.doctor.report import payload, print_check_list, print_report
     from gpucluster.doctor.runner import run_doctor, select_checks
-    from gpucluster.remote.session import Session
 
     if list_checks:
         print_check_list(stdout_console())
         return
     selected = select_checks(comma_list(checks), comma_list(skip))
     loaded = load_inventory(inventory)
-    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
-    with Session(loaded, options) as session, render.host_progress(
-            stderr_console(), len(loaded.hosts), "nodes probed") as advance:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+            render.host_progress(stderr_console(), len(loaded.hosts), "nodes probed") as advance:
         report = run_doctor(session, loaded, selected, probe_timeout=timeout,
                             on_node=lambda _host: advance())
     from gpucluster.doctor.model import Status

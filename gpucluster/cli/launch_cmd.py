@@ -20,7 +20,7 @@ from gpucluster.cli.options import (
     ConnectTimeoutOption,
     InventoryOption,
     load_inventory,
-    ssh_options,
+    open_session,
     stderr_console,
     stdout_console,
 )
@@ -91,7 +91,7 @@ def launch(
                             nproc_per_node, max_restarts, _parse_env(env or []), chosen_image)
     err = stderr_console()
     store = _store(loaded)
-    with _session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         try:
             record = start_job(session, loaded, store, request,
                                on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
@@ -130,7 +130,7 @@ def jobs(
     if not records:
         stderr_console().print(f"no jobs recorded in {store.root}")
         return
-    with _session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         table = states(session, loaded, records)
     rows = []
     for record in records:
@@ -167,7 +167,7 @@ def logs(
     if nodes is not None and (unknown := [n for n in nodes if n not in record.hosts]):
         raise GpuclusterError(f"job {record.id} did not run on {', '.join(unknown)} "
                               f"(fix: --node with one of {hostrange.fold(record.hosts)})")
-    with _session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         _attach(session, loaded, store, record, stderr_console(), live=follow_live,
                 fail_fast=False, grace=0, nodes=nodes)
 
@@ -186,7 +186,7 @@ def stop(
 
     loaded = load_inventory(inventory)
     record = _store(loaded).load(job)
-    with _session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         results = stop_job(session, loaded, record, grace)
     if not _print_stopped(stdout_console(), record, results):
         raise typer.Exit(EXIT_FAILED)
@@ -200,13 +200,6 @@ def _store(inventory: Inventory) -> JobStore:
     from gpucluster.state import state_dir_for
 
     return JobStore(state_dir_for(inventory))
-
-
-def _session(inventory: Inventory, accept_new: bool, ask_pass: bool,
-             connect_timeout: float | None) -> Session:
-    from gpucluster.remote.session import Session
-
-    return Session(inventory, ssh_options(inventory, accept_new, ask_pass, connect_timeout))
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:

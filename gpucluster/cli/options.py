@@ -14,6 +14,7 @@ from gpucluster import inventory as inventory_module
 from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
+    from gpucluster.remote.session import Session
     from gpucluster.remote.ssh import SshOptions
 
 InventoryOption = Annotated[
@@ -74,3 +75,12 @@ def ssh_options(inventory: Inventory, accept_new_host_keys: bool, ask_pass: bool
         connect_timeout=connect_timeout or inventory.cluster.connect_timeout,
         password=ask_password(ask_pass),
     )
+
+
+def open_session(inventory: Inventory, accept_new_host_keys: bool, ask_pass: bool,
+                 connect_timeout: float | None) -> Session:
+    """One connection per host for this invocation, with its SSH settings."""
+    from gpucluster.remote.session import Session
+
+    return Session(inventory, ssh_options(inventory, accept_new_host_keys, ask_pass,
+                                          connect_timeout))

@@ -14,7 +14,7 @@ from gpucluster.cli.options import (
     InventoryOption,
     JsonOption,
     load_inventory,
-    ssh_options,
+    open_session,
     stderr_console,
     stdout_console,
 )
@@ -45,12 +45,10 @@ def provision(
     """Make every node right: SSH mesh, /etc/hosts, firewall; a re-run changes nothing."""
     from gpucluster.provision import runner
     from gpucluster.provision.report import print_report
-    from gpucluster.remote.session import Session
 
     loaded = load_inventory(inventory)
-    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
     console = stdout_console()
-    with Session(loaded, options) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         if undo is not None:
             results = runner.undo(session, loaded, undo)
             for result in results:

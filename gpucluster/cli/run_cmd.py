@@ -15,12 +15,11 @@ from gpucluster.cli.options import (
     InventoryOption,
     JsonOption,
     load_inventory,
-    ssh_options,
+    open_session,
     stderr_console,
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
-from gpucluster.remote.session import Session
 
 
 def run(
@@ -52,8 +51,7 @@ def run(
 
         loaded = replace(loaded, cluster=replace(loaded.cluster, fanout=fanout))
     selected = loaded.select(hosts, group)
-    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
-    with Session(loaded, options) as session, \
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
             render.host_progress(stderr_console(), len(selected), "hosts done") as advance:
         result = session.run(selected, command, timeout=timeout, sudo=sudo,
                              env=loaded.cluster.env, on_done=lambda _host, _outcome: advance())

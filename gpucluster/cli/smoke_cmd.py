@@ -17,7 +17,7 @@ from gpucluster.cli.options import (
     InventoryOption,
     JsonOption,
     load_inventory,
-    ssh_options,
+    open_session,
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
@@ -44,12 +44,10 @@ def smoke(
 ) -> None:
     """All-reduce across every node through torchrun: busbw per size, correctness, and
     the slow node named; exit 1 when it fails."""
-    from gpucluster.remote.session import Session
     from gpucluster.smoke.runner import run_smoke
 
     loaded = load_inventory(inventory)
-    options = ssh_options(loaded, accept_new_host_keys, ask_pass, connect_timeout)
-    with Session(loaded, options) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         threshold = min_busbw if min_busbw is not None else loaded.smoke.min_busbw_gbps
         report = run_smoke(session, loaded, nproc_per_node, sizes, iterations, timeout,
                            threshold)
