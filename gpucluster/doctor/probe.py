@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +186,52 @@ def _name_value_lines(text: str | None) -> dict[str, str]:
         if name:
             found[name] = rest.strip()
     return found
+
+
+# What each probe step runs that can be slow, for the message when time runs out.
+SLOW_STEPS = {
+    "torch": "importing torch with cluster.python (a node's first import can take many "
+             "seconds; its versions are cached after it)",
+    "nvidia_version": "nvidia-smi --version (a wedged GPU or driver hangs nvidia-smi)",
+    "gpus": "nvidia-smi --query-gpu (a wedged GPU or driver hangs nvidia-smi)",
+    "apps": "nvidia-smi --query-compute-apps (a wedged GPU or driver hangs nvidia-smi)",
+    "nvcc": "nvcc --version",
+    "runtimes": "the container runtimes' --version",
+    "container_toolkit": "the NVIDIA container toolkit's --version",
+    "xid": "reading dmesg",
+    "port": "connecting to the head's rendezvous port",
+    "sudo": "sudo -n true",
+}
+
+
+class ProbeSteps:
+    """Follows the probe's output as it streams, so that a probe cut off by its time
+    limit can say which step it was in and how long that step had run."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.started = 0.0
+        self.done: list[str] = []
+
+    def see(self, stream: str, line: str) -> None:
+        if stream != "stdout":
+            return
+        start, end = _SECTION.match(line), _END.match(line)
+        if start:
+            self.current, self.started = start.group(1), time.monotonic()
+        elif end and self.current is not None:
+            self.done.append(self.current)
+            self.current = None
+
+    def timeout_message(self, limit_s: float) -> str:
+        if self.current is None:
+            where = (f"after its {self.done[-1]!r} step" if self.done else
+                     "before it printed anything (a slow login or shell start)")
+            return f"the probe did not finish within --timeout {limit_s:g}s: stalled {where}"
+        what = SLOW_STEPS.get(self.current, "")
+        return (f"the probe did not finish within --timeout {limit_s:g}s: its "
+                f"{self.current!r} step had run {time.monotonic() - self.started:.1f}s"
+                + (f": {what}" if what else ""))
 
 
 def render_probe(inventory: Inventory) -> str:

@@ -12,11 +12,11 @@ from typing import Any
 from gpucluster import hostrange
 from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills REGISTRY
 from gpucluster.doctor.model import REGISTRY, CheckResult, CheckSpec, Context, Status
-from gpucluster.doctor.probe import NodeFacts, parse_facts, render_probe
+from gpucluster.doctor.probe import NodeFacts, ProbeSteps, parse_facts, render_probe
 from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import Connection
-from gpucluster.remote.result import CommandResult
+from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.selection import select
 
@@ -61,14 +61,22 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
         connect = test_port and connection.host != head
         clock_seen: list[float] = []
 
-        def note_clock(_stream: str, line: str) -> None:
+        steps = ProbeSteps()
+
+        def on_line(stream: str, line: str) -> None:
             if not clock_seen and line.strip()[:1].isdigit():  # the clock is printed first
                 clock_seen.append(time.time())
+            steps.see(stream, line)
 
         sent_at = time.time()
-        result: CommandResult = connection.run(
-            ("export GPC_CONNECT=1; " if connect else "") + script, timeout=probe_timeout,
-            on_line=note_clock)
+        try:
+            result: CommandResult = connection.run(
+                ("export GPC_CONNECT=1; " if connect else "") + script, timeout=probe_timeout,
+                on_line=on_line)
+        except RemoteError as error:
+            if error.kind is FailureKind.TIMED_OUT:
+                raise RemoteError(error.kind, steps.timeout_message(probe_timeout)) from None
+            raise
         return parse_facts(result.stdout, sent_at, clock_seen[0] if clock_seen else None)
 
     listening = head_listener(session, inventory) if test_port else nullcontext(None)
@@ -115,8 +123,9 @@ def _run_check(spec: CheckSpec, context: Context) -> list[CheckResult]:
                             "report this as a gpucluster bug", {"error": repr(error)})
                 for h in context.answering()]
     if spec.name != "ssh":  # unreachable hosts are reported once, by the ssh check
-        results += [CheckResult(spec.name, name, Status.SKIP, "host unreachable")
-                    for name in context.unreachable]
+        results += [CheckResult(spec.name, name, Status.SKIP,
+                                f"not checked: {failure.kind.value} (see the ssh check)")
+                    for name, failure in context.unreachable.items()]
     return results
 
 

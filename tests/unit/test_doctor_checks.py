@@ -201,3 +201,19 @@ def test_strict_turns_warnings_into_failure() -> None:
     clean = DoctorReport(("a",), ("shm",), (CheckResult("shm", "a", Status.OK, "fine"),
                                             CheckResult("xid", "a", Status.SKIP, "n/a")))
     assert clean.worst(strict=True) is Status.OK
+
+
+def test_a_timed_out_probe_names_the_step_it_was_in() -> None:
+    from gpucluster.doctor.probe import ProbeSteps
+
+    steps = ProbeSteps()
+    assert "before it printed anything" in steps.timeout_message(4)
+    for line in ["@@gpc clock", "1.0", "@@gpc-rc 0", "@@gpc torch"]:
+        steps.see("stdout", line)
+    steps.see("stderr", "@@gpc-rc 0")  # only stdout frames the steps
+    message = steps.timeout_message(4)
+    assert message.startswith("the probe did not finish within --timeout 4s: its 'torch' "
+                              "step had run ")
+    assert "importing torch" in message and "cached" in message
+    steps.see("stdout", "@@gpc-rc 0")
+    assert steps.timeout_message(4).endswith("stalled after its 'torch' step")

@@ -31,9 +31,10 @@ def _ssh_remedy(kind: str) -> str:
         "host key unknown": "verify the fingerprint, then rerun with --accept-new-host-keys",
         "host key changed": "find out why the key changed; if legitimate, remove the old key "
                             "with the ssh-keygen -R command shown",
-        "timed out": "the probe did not finish within --timeout: a hung tool (typically "
-                     "nvidia-smi on a wedged GPU: try `timeout 10 nvidia-smi` there) or an "
-                     "overloaded node; fix it, or rerun with a larger --timeout",
+        "timed out": "the message names the probe step that ran out of time: a hung tool "
+                     "(typically nvidia-smi on a wedged GPU: try `timeout 10 nvidia-smi` "
+                     "there) needs fixing; a slow one (a node's first torch import, an "
+                     "overloaded node) needs a larger --timeout: rerun with one",
     }.get(kind, "rerun with -v for details")
 
 
