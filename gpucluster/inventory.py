@@ -50,11 +50,17 @@ class Host:
     gpu_model: str | None = None
     groups: tuple[str, ...] = ()
     connection: str = "ssh"  # "ssh" or "local"
+    torch_device: str = "cuda"  # "cpu": jobs here run torch on the CPU, GPUs or not
     line: int | None = None
 
     @property
     def is_local(self) -> bool:
         return self.connection == "local"
+
+    @property
+    def jobs_use_gpus(self) -> bool:
+        """Jobs get this host's GPUs: one process per GPU, GPUs passed into containers."""
+        return bool(self.gpus) and self.torch_device == "cuda"
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,12 @@ def _connection(value: Any) -> str:
     return str(value)
 
 
+def _torch_device(value: Any) -> str:
+    if value not in ("cuda", "cpu"):
+        raise ValueError("use cuda or cpu")
+    return str(value)
+
+
 def _labels(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ValueError("use a mapping of label: value")
@@ -288,6 +300,7 @@ HOST_KEYS: dict[str, tuple[str, Converter]] = {
     "gpu_model": ("string", _text),
     "groups": ("list", _group_names),
     "connection": ("string", _connection),
+    "torch_device": ("string", _torch_device),
 }
 DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "address")}
 # Keys a host may set to null to drop what `defaults` gave it.
@@ -553,6 +566,7 @@ def _resolve_host(name: str, address: str | None, fields: dict[str, Any],
         gpu_model=fields.get("gpu_model", defaults.get("gpu_model")),
         groups=tuple(fields.get("groups", defaults.get("groups", ()))),
         connection=connection,
+        torch_device=fields.get("torch_device", defaults.get("torch_device", "cuda")),
         line=line,
     )
 

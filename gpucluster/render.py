@@ -103,6 +103,7 @@ def hosts_payload(inventory: Inventory) -> dict[str, Any]:
                 "name": h.name, "address": h.address, "user": h.user, "port": h.port,
                 "identity_file": h.identity_file, "jump_host": h.jump_host,
                 "connection": h.connection, "gpus": h.gpus, "gpu_model": h.gpu_model,
+                "torch_device": h.torch_device,
                 "labels": dict(h.labels), "groups": list(h.groups),
             }
             for h in inventory.hosts

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster.launch.jobs import JobRecord
-from gpucluster.provision.image_source import is_image_file
 from gpucluster.templating import render
+from gpucluster.torchrun import is_image_file
 
 HEARTBEAT_S = 2
 JOB_VARIABLE = "GPUCLUSTER_JOB"

@@ -20,17 +20,17 @@ from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
-from gpucluster.launch.torchrun import (
-    SOCKET_IFNAME_VARIABLES,
-    TorchrunSpec,
-    interface_exports,
-    nproc_for,
-    torchrun_argv,
-)
-from gpucluster.provision.image_source import node_images_dir
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import HostFailure, RemoteError
 from gpucluster.remote.session import Session
+from gpucluster.torchrun import (
+    SOCKET_IFNAME_VARIABLES,
+    TorchrunSpec,
+    interface_exports,
+    node_images_dir,
+    nproc_for,
+    torchrun_argv,
+)
 
 # Doctor's checks that decide whether a job can start: no job of ours still running,
 # no process holding a GPU, and the rendezvous port free on the head and reachable.
@@ -252,7 +252,7 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
         argv[0] = "torchrun"  # the image's own, not the host's
         names = sorted({*env, *node_scripts.JOB_ENV_NAMES, *SOCKET_IFNAME_VARIABLES})
         container = node_scripts.Container(request.image, record.container_name(),
-                                           bool(host.gpus) and "sandbox" not in host.labels,
+                                           host.jobs_use_gpus,
                                            names)
     # Every word quoted, except the log dir, which the node's shell expands.
     command = " ".join(TORCHRUN_LOG_DIR_SHELL if word == TORCHRUN_LOG_DIR else

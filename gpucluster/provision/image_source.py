@@ -14,19 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
-from gpucluster.remote.connection import shell_path
-
-FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
-
-
-def is_image_file(name: str) -> bool:
-    """An Apptainer (.sif) or enroot (.sqsh) image, which nodes keep as a file."""
-    return name.endswith(FILE_IMAGE_SUFFIXES)
-
-
-def node_images_dir(work_dir: str) -> str:
-    """Where nodes keep image files: <work_dir>/images, shell-quoted."""
-    return shell_path(f"{work_dir}/images")
+from gpucluster.torchrun import is_image_file
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,13 @@ from typing import BinaryIO, cast
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
-from gpucluster.provision.image_source import ImageSource, locate, node_images_dir
+from gpucluster.provision.image_source import ImageSource, locate
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, StepSkipped
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import RemoteError
 from gpucluster.templating import render
+from gpucluster.torchrun import node_images_dir
 
 GIB = 1024**3
 # AES-GCM first: with AES-NI it costs about half of chacha20 per byte, and every hop

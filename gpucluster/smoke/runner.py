@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster.inventory import Host, Inventory
-from gpucluster.launch.torchrun import (
+from gpucluster.remote.connection import Connection, shell_path
+from gpucluster.remote.result import CommandResult
+from gpucluster.remote.session import Session
+from gpucluster.torchrun import (
     TorchrunSpec,
     interface_exports,
     nproc_for,
     torchrun_argv,
 )
-from gpucluster.remote.connection import Connection, shell_path
-from gpucluster.remote.result import CommandResult
-from gpucluster.remote.session import Session
 
 JOB = Path(__file__).with_name("allreduce_job.py")
 MARKER = "GPUCLUSTER_SMOKE "

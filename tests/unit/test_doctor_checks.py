@@ -69,7 +69,7 @@ def test_cpu_torch_on_a_gpu_node_fails_except_in_the_sandbox(tmp_path: Path) -> 
     cpu = '{"torch": "2.5.1", "cuda": null, "nccl": null}'
     ctx = context(tmp_path, {"a": facts(torch=cpu)})
     assert statuses("torch-cuda", ctx) == {"a": Status.FAIL}
-    sandbox = context(tmp_path, {"a": facts(torch=cpu)}, "  labels: {sandbox: x}\n")
+    sandbox = context(tmp_path, {"a": facts(torch=cpu)}, "  torch_device: cpu\n")
     assert statuses("torch-cuda", sandbox) == {"a": Status.SKIP}
 
 
@@ -185,7 +185,7 @@ def test_container_toolkit_needed_with_an_image_except_on_simulated_gpus(tmp_pat
     assert statuses("container-toolkit", with_image) == {"a": Status.FAIL}
     assert statuses("container-runtime", with_image) == {"a": Status.OK}
     path.write_text("cluster:\n  image: localhost/x:1\ndefaults:\n  gpus: 1\n"
-                    "  labels: {sandbox: x}\nhosts: [a]\n")
+                    "  torch_device: cpu\nhosts: [a]\n")
     sandbox = Context(inventory_module.load(path), {"a": podman}, {}, {})
     assert statuses("container-toolkit", sandbox) == {"a": Status.SKIP}
     assert ctx.cluster.image is None

@@ -240,3 +240,17 @@ def test_arbitrary_bytes(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "fuzz.yaml"
     path.write_bytes(data)
     _load_or_our_error(path)
+
+
+def test_torch_device_cpu_means_jobs_leave_the_gpus_alone(tmp_path: Path) -> None:
+    from gpucluster.torchrun import nproc_for
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("defaults: {gpus: 8}\nhosts:\n  - a\n  - name: b\n    torch_device: cpu\n")
+    loaded = inventory.load(path)
+    assert loaded.host("a").jobs_use_gpus and nproc_for(loaded.host("a"), None) == 8
+    assert not loaded.host("b").jobs_use_gpus and nproc_for(loaded.host("b"), None) == 1
+    path.write_text("hosts:\n  - name: a\n    torch_device: rocm\n")
+    with pytest.raises(InventoryError) as error:
+        inventory.load(path)
+    assert "torch_device" in str(error.value) and "use cuda or cpu" in str(error.value)

@@ -26,7 +26,7 @@ from gpucluster.launch.runner import (
     split_rank,
     sync_summary,
 )
-from gpucluster.launch.torchrun import TorchrunSpec, torchrun_argv
+from gpucluster.torchrun import TorchrunSpec, torchrun_argv
 from tests.cli import gpucluster
 
 

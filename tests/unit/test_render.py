@@ -64,6 +64,6 @@ def test_inventory_json_schema_is_pinned() -> None:
     assert set(payload) == {"schema", "inventory", "cluster", "groups", "hosts"}
     assert set(payload["hosts"][0]) == {"name", "address", "user", "port", "identity_file",
                                         "jump_host", "connection", "gpus", "gpu_model",
-                                        "labels", "groups"}
+                                        "torch_device", "labels", "groups"}
     assert payload["hosts"][0]["name"] == "gpu01"
     assert payload["groups"]["train"] == ["gpu01", "gpu02", "gpu03", "gpu04"]

@@ -6,8 +6,8 @@ import shlex
 from pathlib import Path
 
 from gpucluster import inventory as inventory_module
-from gpucluster.launch.torchrun import nproc_for
 from gpucluster.smoke.runner import command_for, judge, slow_nodes
+from gpucluster.torchrun import nproc_for
 
 
 def _found(correct: bool = True, busbw: float = 5.0) -> dict:

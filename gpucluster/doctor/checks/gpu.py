@@ -24,9 +24,10 @@ def gpu_hosts(context: Context) -> list[tuple[Host, NodeFacts]]:
             if context.facts[h.name].gpus]
 
 
-def simulated(host: Host) -> bool:
-    """Sandbox nodes replay nvidia-smi captures; torch there is a CPU build by design."""
-    return "sandbox" in host.labels
+def runs_on_cpu(host: Host) -> bool:
+    """torch_device: cpu: jobs here run torch on the CPU (the sandbox's nodes, whose GPUs
+    are simulated, say so), so a CPU build of torch is expected."""
+    return host.torch_device == "cpu"
 
 
 @check("nvidia-smi", "gpu", "nvidia-smi is installed and can talk to the driver")
@@ -174,10 +175,10 @@ def torch_cuda(context: Context) -> list[CheckResult]:
         if info is None or info.version is None:
             continue
         if info.cuda is None:
-            if simulated(host):
+            if runs_on_cpu(host):
                 results.append(CheckResult(
                     "torch-cuda", host.name, Status.SKIP,
-                    "sandbox node: GPUs are simulated, torch is a CPU build (gloo)"))
+                    "torch_device: cpu: jobs here run on the CPU, torch is a CPU build"))
             else:
                 results.append(CheckResult(
                     "torch-cuda", host.name, Status.FAIL,
@@ -209,10 +210,10 @@ def nccl(context: Context) -> list[CheckResult]:
         if info is None or info.version is None:
             continue
         if info.nccl is None:
-            status = Status.SKIP if simulated(host) else Status.WARN
+            status = Status.SKIP if runs_on_cpu(host) else Status.WARN
             results.append(CheckResult("nccl", host.name, status,
                                        "torch reports no NCCL (CPU build?)",
-                                       "" if simulated(host) else
+                                       "" if runs_on_cpu(host) else
                                        "install a CUDA build of torch, which bundles NCCL"))
         else:
             versions[host.name] = info.nccl

@@ -3,7 +3,7 @@ clock, container runtime and NVIDIA's container toolkit."""
 
 from __future__ import annotations
 
-from gpucluster.doctor.checks.gpu import gpu_hosts, simulated
+from gpucluster.doctor.checks.gpu import gpu_hosts, runs_on_cpu
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 
 GIB = 1024**3
@@ -129,10 +129,10 @@ def container_toolkit(context: Context) -> list[CheckResult]:
         if host.name not in gpu_nodes or not engines:
             results.append(CheckResult("container-toolkit", host.name, Status.SKIP,
                                        "no GPUs or no docker/podman here"))
-        elif simulated(host):
+        elif runs_on_cpu(host):
             results.append(CheckResult("container-toolkit", host.name, Status.SKIP,
-                                       "sandbox node: its GPUs are simulated, no toolkit "
-                                       "can hand them to containers"))
+                                       "torch_device: cpu: jobs here get no GPUs, in "
+                                       "containers or not"))
         elif facts.container_toolkit:
             tool, version = next(iter(sorted(facts.container_toolkit.items())))
             results.append(CheckResult("container-toolkit", host.name, Status.OK,

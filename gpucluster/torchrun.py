@@ -1,5 +1,8 @@
-"""The torchrun command line every node runs, shared by launch and the smoke test, so
-the smoke test proves the exact rendezvous path jobs use."""
+"""The torchrun command line every node runs, and where nodes keep image files.
+
+Shared by launch, the smoke test and provision's image step (and so kept outside all
+three packages, which import it and never each other for it): the smoke test proves the
+exact rendezvous path jobs use."""
 
 from __future__ import annotations
 
@@ -8,8 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpucluster.inventory import Host, Inventory
+from gpucluster.remote.connection import shell_path
 
 SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
 
 
 @dataclass(frozen=True)
@@ -27,12 +32,10 @@ class TorchrunSpec:
 
 
 def nproc_for(host: Host, override: int | None) -> int:
-    """One process per GPU; on CPU nodes (and the sandbox's simulated GPUs) 1."""
+    """One process per GPU; 1 where jobs run on the CPU (torch_device: cpu, or no GPUs)."""
     if override is not None:
         return override
-    if host.gpus and "sandbox" not in host.labels:
-        return host.gpus
-    return 1
+    return host.gpus if host.gpus and host.jobs_use_gpus else 1
 
 
 def torchrun_argv(inventory: Inventory, spec: TorchrunSpec) -> list[str]:
@@ -59,3 +62,13 @@ def interface_exports(host: Host, env: Mapping[str, str]) -> str:
     return (f"iface=$(ip -o -4 addr show | awk -v a={shlex.quote(host.address + '/')} "
             f"'index($4, a) == 1 {{print $2; exit}}'); "
             f'[ -n "$iface" ] && export {exports}; ')
+
+
+def is_image_file(name: str) -> bool:
+    """An Apptainer (.sif) or enroot (.sqsh) image, which nodes keep as a file."""
+    return name.endswith(FILE_IMAGE_SUFFIXES)
+
+
+def node_images_dir(work_dir: str) -> str:
+    """Where nodes keep image files: <work_dir>/images, shell-quoted."""
+    return shell_path(f"{work_dir}/images")

@@ -1,0 +1,68 @@
+"""The layering docs/architecture.md describes, checked on the source itself."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent.parent / "gpucluster"
+
+
+def _unit(module: Path) -> str:
+    """The package a module belongs to (doctor, launch...) or its own name at the top."""
+    parts = module.relative_to(PACKAGE).with_suffix("").parts
+    return parts[0]
+
+
+def _imports(module: Path) -> set[str]:
+    """gpucluster units a module imports, lazily inside functions too."""
+    found = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "gpucluster" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module in PACKAGE.rglob("*.py"):
+        unit = _unit(module)
+        graph.setdefault(unit, set()).update(_imports(module) - {unit})
+    return graph
+
+
+def _cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    stack = [(start, [start])]
+    seen = set()
+    while stack:
+        unit, path = stack.pop()
+        for after in graph.get(unit, set()):
+            if after == start:
+                return [*path, start]
+            if after not in seen:
+                seen.add(after)
+                stack.append((after, [*path, after]))
+    return None
+
+
+def test_no_import_cycle_between_packages() -> None:
+    graph = import_graph()
+    cycles = [c for unit in graph if (c := _cycle_through(graph, unit))]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    graph = import_graph()
+    users = [u for u, imported in graph.items() if "cli" in imported]
+    assert sorted(set(users) - {"cli", "__main__"}) == []
+
+
+def test_core_never_asks_whether_a_host_is_a_sandbox_node() -> None:
+    core = [m for m in PACKAGE.rglob("*.py") if _unit(m) not in ("sandbox", "cli")]
+    leaks = [str(m.relative_to(PACKAGE)) for m in core if '"sandbox"' in m.read_text()]
+    assert leaks == []
+
