@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gpucluster import hostrange
+from gpucluster.env_names import is_env_name
 from gpucluster.errors import GpuclusterError, HostRangeError, InventoryError, Problem
 from gpucluster.ssh_config import DEFAULT_SSH_CONFIG, SshConfig
 from gpucluster.yaml_lines import LineDict, LineList, load_with_lines
@@ -30,7 +31,6 @@ from gpucluster.yaml_lines import LineDict, LineList, load_with_lines
 INVENTORY_ENV_VAR = "GPUCLUSTER_INVENTORY"
 DEFAULT_INVENTORY = "inventory.yaml"
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIMPLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MAX_FILE_BYTES = 10 * 1024 * 1024
 
@@ -256,7 +256,7 @@ def _env(value: Any) -> dict[str, str]:
         raise ValueError("use a mapping of NAME: value")
     env: dict[str, str] = {}
     for key, item in value.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
+        if not is_env_name(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
         if isinstance(item, bool):
             env[key] = "1" if item else "0"

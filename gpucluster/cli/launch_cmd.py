@@ -24,12 +24,13 @@ from gpucluster.cli.options import (
     stderr_console,
     stdout_console,
 )
+from gpucluster.env_names import is_env_name
 from gpucluster.errors import EXIT_FAILED, GpuclusterError, Interrupted
 from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
     from gpucluster.launch.jobs import JobRecord, JobStore
-    from gpucluster.launch.runner import (
+    from gpucluster.launch.model import (
         FirstFailure,
         JobOutcome,
         NodeState,
@@ -79,8 +80,8 @@ def launch(
 
     The first node to fail stops the job everywhere; Ctrl-C does too. The exit code is
     the job's."""
-    from gpucluster.launch.runner import LaunchRefused, LaunchRequest
-    from gpucluster.launch.runner import launch as start_job
+    from gpucluster.launch.attempt import Attempt
+    from gpucluster.launch.model import LaunchRefused, LaunchRequest
 
     loaded = load_inventory(inventory)
     chosen_image = image or (loaded.cluster.image if container else None)
@@ -93,8 +94,8 @@ def launch(
     store = _store(loaded)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         try:
-            record = start_job(session, loaded, store, request,
-                               on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
+            record = Attempt(session, loaded, store, request).start(
+                on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
         except LaunchRefused as refused:
             from gpucluster.doctor.report import print_findings
 
@@ -122,7 +123,7 @@ def jobs(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """List jobs started from beside this inventory, with their state on each node."""
-    from gpucluster.launch.runner import states
+    from gpucluster.launch.control import states
 
     loaded = load_inventory(inventory)
     store = _store(loaded)
@@ -182,7 +183,7 @@ def stop(
 ) -> None:
     """End a job on every node: TERM, then KILL after the grace period; confirms that
     nothing of it is left."""
-    from gpucluster.launch.runner import stop as stop_job
+    from gpucluster.launch.control import stop as stop_job
 
     loaded = load_inventory(inventory)
     record = _store(loaded).load(job)
@@ -206,7 +207,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         name, equals, value = pair.partition("=")
-        if not equals or not name.isidentifier():
+        if not equals or not is_env_name(name):
             raise GpuclusterError(f"--env {pair!r}: expected NAME=VALUE (fix: e.g. --env "
                                   f"NCCL_DEBUG=INFO)")
         env[name] = value
@@ -228,15 +229,16 @@ def _printer() -> OutputCallback:
 def _attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
             err: Console, live: bool, fail_fast: bool, grace: float,
             nodes: list[str] | None = None) -> None:
-    from gpucluster.launch.runner import follow
+    from gpucluster.launch.follow import follow
 
-    outcome = follow(session, inventory, record, store, _printer(), live=live,
-                     fail_fast=fail_fast, stop_on_interrupt=fail_fast, grace_s=grace,
-                     nodes=nodes,
-                     on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: {why}[/]"))
+    try:
+        outcome = follow(session, inventory, record, store, _printer(), live=live,
+                         fail_fast=fail_fast, stop_on_interrupt=fail_fast, grace_s=grace,
+                         nodes=nodes,
+                         on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: {why}[/]"))
+    except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
+        raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
     _print_outcome(err, outcome, store)
-    if outcome.interrupted and not fail_fast:
-        raise Interrupted("detached from the logs; the job goes on")
     if live:
         raise typer.Exit(outcome.exit_code)  # followed to the end: the job's exit code
     if any(s.state in ("unreachable", "missing") for s in outcome.states.values()):

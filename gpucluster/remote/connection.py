@@ -6,11 +6,11 @@ or is the local machine, which keeps it testable against both.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO, Protocol
 
+from gpucluster.env_names import is_env_name
 from gpucluster.remote.result import CommandResult
 
 LineCallback = Callable[[str, str], None]
@@ -20,7 +20,6 @@ Stdin = bytes | BinaryIO | None
 """Bytes for small input; an open binary file is streamed in chunks, never read whole."""
 
 STDIN_CHUNK = 256 * 1024
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Connection(Protocol):
@@ -54,7 +53,7 @@ def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
     """Prefix exported variables (values quoted) and wrap in non-interactive sudo."""
     if env:
         for name in env:
-            if not _ENV_NAME.match(name):
+            if not is_env_name(name):
                 raise ValueError(f"not a valid environment variable name: {name!r}")
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         command = f"export {exports}; {command}"

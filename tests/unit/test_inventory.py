@@ -254,3 +254,23 @@ def test_torch_device_cpu_means_jobs_leave_the_gpus_alone(tmp_path: Path) -> Non
     with pytest.raises(InventoryError) as error:
         inventory.load(path)
     assert "torch_device" in str(error.value) and "use cuda or cpu" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["é", "FOO\n", "1A", "A-B", "", "A B"])
+def test_environment_names_follow_one_rule_everywhere(name: str, tmp_path: Path) -> None:
+    from gpucluster.env_names import is_env_name
+    from gpucluster.remote.connection import build_command
+
+    assert not is_env_name(name)
+    with pytest.raises(ValueError, match="not a valid environment variable name"):
+        build_command("true", {name: "v"}, sudo=False, is_root=True)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster:\n  env: {{{name!r}: v}}\nhosts: [a]\n".replace("'", '"'))
+    with pytest.raises(InventoryError, match="not a valid environment variable name"):
+        inventory.load(path)
+
+
+def test_a_plain_environment_name_is_accepted() -> None:
+    from gpucluster.env_names import is_env_name
+
+    assert is_env_name("_NCCL_DEBUG2") and is_env_name("a")

@@ -15,17 +15,10 @@ import pytest
 from gpucluster import inventory as inventory_module
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch import node_scripts, workdir
+from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
-from gpucluster.launch.runner import (
-    FirstFailure,
-    LaunchRequest,
-    NodeState,
-    check_request,
-    failure_of,
-    parse_state,
-    split_rank,
-    sync_summary,
-)
+from gpucluster.launch.model import FirstFailure, LaunchRequest, NodeState, parse_state
+from gpucluster.launch.start import check_request, sync_summary
 from gpucluster.torchrun import TorchrunSpec, torchrun_argv
 from tests.cli import gpucluster
 

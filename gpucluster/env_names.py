@@ -1,0 +1,14 @@
+"""The one rule for environment variable names, wherever a user can give one (inventory
+env, --env, anything exported on a node): what every POSIX shell accepts."""
+
+from __future__ import annotations
+
+import re
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_env_name(name: object) -> bool:
+    """ASCII letters, digits and _, not starting with a digit; the whole text (so neither
+    'é' nor a trailing newline passes, as they would with isidentifier() or a '$')."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None

@@ -1,0 +1,83 @@
+"""A started job from outside: its state on every node, and stopping it (TERM, then
+KILL) with confirmation that nothing of it is left."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Host, Inventory
+from gpucluster.launch import node_scripts
+from gpucluster.launch.jobs import JobRecord
+from gpucluster.launch.model import DEFAULT_GRACE_S, NodeState, StopResult, parse_state
+from gpucluster.remote.connection import Connection
+from gpucluster.remote.session import Session
+
+
+def stop(session: Session, inventory: Inventory, record: JobRecord,
+         grace_s: float = DEFAULT_GRACE_S,
+         nodes: Sequence[str] | None = None) -> dict[str, StopResult]:
+    """TERM every process of the job on every node, KILL what is left after `grace_s`,
+    and report what was found and whether anything survived."""
+    hosts = hosts_of(inventory, record, nodes)
+
+    def stop_on(connection: Connection) -> StopResult:
+        script = node_scripts.stop_script(record, connection.host, grace_s,
+                                          record.container_runtime.get(connection.host))
+        result = connection.run(script, timeout=grace_s + 30)
+        how, found, left = ([*node_scripts.parse_markers(result.stdout).get(
+            "stop", [""])[0].split(), "", "", ""])[:3]
+        if not how:
+            return StopResult(connection.host, 0, "error", (),
+                              (result.stderr or result.stdout).strip()[-200:])
+        pids = tuple(int(p) for p in left.split(",") if p.isdigit())
+        return StopResult(connection.host, int(found) if found.isdigit() else 0, how, pids)
+
+    done = session.map(hosts, stop_on)
+    results = dict(done.values)
+    for node, failure in done.failures.items():
+        results[node] = StopResult(node, 0, "unreachable", (), failure.message)
+    return results
+
+
+def hosts_of(inventory: Inventory, record: JobRecord,
+              nodes: Sequence[str] | None = None) -> list[Host]:
+    """The job's hosts as the inventory knows them now (a host since removed is an error)."""
+    wanted = list(nodes) if nodes is not None else record.hosts
+    missing = [n for n in wanted if n not in {h.name for h in inventory.hosts}]
+    if missing:
+        raise GpuclusterError(f"job {record.id} ran on {', '.join(missing)}, which the "
+                              f"inventory {inventory.path} no longer lists (fix: use the "
+                              f"inventory the job was started with)")
+    return [inventory.host(n) for n in wanted]
+
+
+def states(session: Session, inventory: Inventory,
+           records: Sequence[JobRecord]) -> dict[str, dict[str, NodeState]]:
+    """job id -> node -> state, one round trip per node for all jobs."""
+    table: dict[str, dict[str, NodeState]] = {r.id: {} for r in records}
+    names = sorted({n for r in records for n in r.hosts} & {h.name for h in inventory.hosts})
+    by_node = {n: [r for r in records if n in r.hosts] for n in names}
+    jobs_dirs = {r.jobs_dir for r in records}
+
+    def ask(connection: Connection) -> list[str]:
+        lines = []
+        for jobs_dir in sorted(jobs_dirs):
+            mine = [r for r in by_node[connection.host] if r.jobs_dir == jobs_dir]
+            if mine:
+                output = connection.run(node_scripts.state_script(mine, connection.host,
+                                                                  jobs_dir), timeout=30)
+                lines += node_scripts.parse_markers(output.stdout).get("job", [])
+        return lines
+
+    answers = session.map([inventory.host(n) for n in names], ask)
+    for node, lines in answers.values.items():
+        for line in lines:
+            job_id, _, rest = line.partition(" ")
+            if job_id in table:
+                table[job_id][node] = parse_state(node, rest)
+    for node, failure in answers.failures.items():
+        for record in records:
+            if node in record.hosts:
+                table[record.id][node] = NodeState(node, "unreachable", None, failure.message)
+    return table

@@ -1,0 +1,151 @@
+"""Following a job: every node's log streamed into the controller's copy and to the
+caller, with fail-fast (the first failed node gets the job stopped everywhere) and
+Ctrl-C handling."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from gpucluster.inventory import Host, Inventory
+from gpucluster.launch import node_scripts
+from gpucluster.launch.control import hosts_of, stop
+from gpucluster.launch.failure import failure_of, split_rank
+from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.model import (
+    DEFAULT_GRACE_S,
+    FirstFailure,
+    JobOutcome,
+    NodeState,
+    OutputCallback,
+    parse_state,
+)
+from gpucluster.remote.result import RemoteError
+from gpucluster.remote.session import Session
+
+SILENT_NODE_S = 30.0  # no output and no heartbeat this long: the node is taken for lost
+FOLLOW_LIMIT_S = 30 * 24 * 3600.0  # a job may run for weeks; heartbeats catch dead nodes
+
+
+class _Follower:
+    """One node's log, streamed into the controller's copy and to the caller."""
+
+    def __init__(self, session: Session, host: Host, record: JobRecord, log: Path,
+                 follow: bool, on_output: OutputCallback | None,
+                 done: queue.Queue[tuple[str, NodeState]]) -> None:
+        self.session, self.host, self.record = session, host, record
+        self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
+        self.last_heard = time.monotonic()
+        self.state: NodeState | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            with self.log.open("w", encoding="utf-8") as copy:
+                def on_line(stream: str, line: str) -> None:
+                    self.last_heard = time.monotonic()
+                    if stream == "stderr" and line == "@@gpc-alive":
+                        return
+                    if line.startswith("@@gpc-state "):
+                        self.state = parse_state(self.host.name, line[len("@@gpc-state "):])
+                        return
+                    copy.write(line + "\n")
+                    copy.flush()
+                    if self.on_output is not None:
+                        rank, text = split_rank(line)
+                        self.on_output(self.host.name, rank, text)
+
+                connection = self.session.connection(self.host)
+                connection.run(node_scripts.follow_script(self.record, self.host.name,
+                                                          self.follow),
+                               timeout=FOLLOW_LIMIT_S if self.follow else 120,
+                               on_line=on_line)
+            state = self.state or NodeState(self.host.name, "lost", None,
+                                            "the log ended without a state")
+        except RemoteError as error:
+            state = NodeState(self.host.name, "unreachable", None, error.message)
+        self.done.put((self.host.name, state))
+
+
+def follow(session: Session, inventory: Inventory, record: JobRecord, store: JobStore,
+           on_output: OutputCallback | None = None, live: bool = True,
+           fail_fast: bool = True, stop_on_interrupt: bool = True,
+           grace_s: float = DEFAULT_GRACE_S, nodes: Sequence[str] | None = None,
+           on_stopping: Callable[[str], None] | None = None) -> JobOutcome:
+    """Stream every node's log (live, or what is there when not) until each node's part
+    of the job has ended. With fail_fast, the first node that fails gets the job stopped
+    everywhere; Ctrl-C stops it too when stop_on_interrupt."""
+    hosts = hosts_of(inventory, record, nodes)
+    done: queue.Queue[tuple[str, NodeState]] = queue.Queue()
+    followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
+                                   live, on_output, done) for h in hosts}
+    store.directory(record.id).mkdir(parents=True, exist_ok=True)
+    for follower in followers.values():
+        follower.start()
+    outcome = JobOutcome(record)
+    stopper: threading.Thread | None = None
+
+    def stop_all(why: str) -> threading.Thread:
+        if on_stopping is not None:
+            on_stopping(why)
+
+        def run() -> None:
+            outcome.stopped.update(stop(session, inventory, record, grace_s))
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    try:
+        while len(outcome.states) < len(hosts):
+            try:
+                node, state = done.get(timeout=0.5)
+            except queue.Empty:
+                _drop_silent(session, followers, outcome.states)
+                continue
+            outcome.states[node] = state
+            if fail_fast and live and state.failed and stopper is None:
+                stopper = stop_all(f"{node} failed ({_describe(state)}): stopping the job "
+                                   f"on every node")
+        if stopper is not None:
+            stopper.join(grace_s + 35)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        if not stop_on_interrupt:
+            raise
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
+            if stopper is None:
+                stopper = stop_all("interrupted: stopping the job on every node")
+            stopper.join(grace_s + 35)
+            # The followers end once the job has: take their final states too.
+            deadline = time.monotonic() + node_scripts.HEARTBEAT_S + 3
+            while len(outcome.states) < len(hosts) and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    node, state = done.get(timeout=0.2)
+                    outcome.states[node] = state
+    failures = [failure_of(n, s, followers[n].log) for n, s in outcome.states.items()
+                if s.failed]
+    outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
+    return outcome
+
+
+def _drop_silent(session: Session, followers: Mapping[str, _Follower],
+                 finished: Mapping[str, NodeState]) -> None:
+    """A node that sent neither output nor heartbeat for SILENT_NODE_S is gone: close its
+    connection so that its follower ends as unreachable."""
+    now = time.monotonic()
+    for name, follower in followers.items():
+        if name not in finished and now - follower.last_heard > SILENT_NODE_S:
+            follower.last_heard = now
+            session.connection(follower.host).close()
+
+
+def _describe(state: NodeState) -> str:
+    if state.state == "exited":
+        return f"torchrun exited {state.exit_code}"
+    return state.state + (f": {state.detail}" if state.detail else "")

@@ -1,0 +1,110 @@
+"""The values of a job's life: what to launch, each node's state, what stop found,
+the first failure and the outcome of following a job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpucluster.doctor.model import CheckResult
+from gpucluster.errors import GpuclusterError
+from gpucluster.launch.jobs import JobRecord
+
+DEFAULT_GRACE_S = 10.0
+
+OutputCallback = Callable[[str, str | None, str], None]  # node, rank, text
+
+
+class LaunchRefused(GpuclusterError):
+    """A check found the cluster not ready; `findings` say where and how to fix it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, findings: Sequence[CheckResult] = ()) -> None:
+        super().__init__(message)
+        self.findings = tuple(findings)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    script: str
+    args: tuple[str, ...]
+    workdir: Path
+    nproc_per_node: int | None = None
+    max_restarts: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: str
+    state: str  # running, exited, stopped, lost, missing, unreachable
+    exit_code: int | None = None
+    detail: str = ""
+    exited_at: float | None = None  # node clock, when torchrun exited
+
+    @property
+    def failed(self) -> bool:
+        return self.state in ("lost", "unreachable") or (
+            self.state == "exited" and self.exit_code != 0)
+
+
+@dataclass(frozen=True)
+class StopResult:
+    node: str
+    found: int  # processes of the job found
+    how: str  # none, term, kill, unreachable
+    left: tuple[int, ...] = ()  # pids still there afterwards (should be none)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    node: str
+    state: NodeState
+    rank: int | None
+    exit_code: int | None  # torchrun's; the failing worker's is in `worker_exit`
+    tail: tuple[str, ...]
+    worker_exit: int | None = None  # negative: killed by that signal
+    failed_at: str = ""  # torchrun's root-cause time (second resolution)
+    rank_tail: tuple[str, ...] = ()  # the failing rank's own last lines
+
+    def order(self) -> tuple[str, int, float]:
+        """Earliest root cause first; within the same second a worker killed by a signal
+        (the OOM killer, a segfault) before peers that errored because it vanished; then
+        the time torchrun exited."""
+        return (self.failed_at or "~", 0 if (self.worker_exit or 0) < 0 else 1,
+                self.state.exited_at or float("inf"))
+
+
+@dataclass
+class JobOutcome:
+    record: JobRecord
+    states: dict[str, NodeState] = field(default_factory=dict)
+    first_failure: FirstFailure | None = None
+    stopped: dict[str, StopResult] = field(default_factory=dict)
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        if self.first_failure is not None:
+            code = self.first_failure.exit_code
+            return code if code is not None and 0 < code < 128 else 1
+        if any(s.state != "exited" or s.exit_code != 0 for s in self.states.values()):
+            return 1
+        return 0
+
+
+def parse_state(node: str, rest: str) -> NodeState:
+    """"STATE CODE [EXIT_TIME]" as the node scripts print it; CODE is - when unknown."""
+    state, code, when = [*rest.split(), "", "", ""][:3]
+    exit_code = int(code) if code.lstrip("-").isdigit() else None
+    try:
+        exited_at = float(when) if when else None
+    except ValueError:
+        exited_at = None
+    return NodeState(node, state or "lost", exit_code, exited_at=exited_at)

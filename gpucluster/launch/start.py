@@ -1,0 +1,193 @@
+"""Starting a job: doctor's readiness checks, the work dir sync, then torchrun on every
+node at once; nothing starts unless every node can."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucluster import hostrange
+from gpucluster.doctor.model import REGISTRY, CheckResult, Status
+from gpucluster.doctor.runner import run_doctor
+from gpucluster.errors import GpuclusterError, Interrupted
+from gpucluster.inventory import Inventory
+from gpucluster.launch import node_scripts, workdir
+from gpucluster.launch.control import stop
+from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
+from gpucluster.launch.model import LaunchRefused, LaunchRequest
+from gpucluster.remote.connection import Connection, shell_path
+from gpucluster.remote.result import HostFailure
+from gpucluster.remote.session import Session
+from gpucluster.torchrun import (
+    SOCKET_IFNAME_VARIABLES,
+    TorchrunSpec,
+    interface_exports,
+    node_images_dir,
+    nproc_for,
+    torchrun_argv,
+)
+
+# Doctor's checks that decide whether a job can start: no job of ours still running,
+# no process holding a GPU, and the rendezvous port free on the head and reachable.
+PREFLIGHT_CHECKS = ("jobs", "gpu-processes", "rendezvous-port")
+TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"  # per-rank logs, inside the node's job dir
+TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
+
+
+def preflight(session: Session, inventory: Inventory) -> list[CheckResult]:
+    """Doctor's job-readiness checks; everything not OK or SKIP refuses the launch."""
+    report = run_doctor(session, inventory, [REGISTRY[name] for name in PREFLIGHT_CHECKS])
+    return [r for r in report.results if r.status not in (Status.OK, Status.SKIP)]
+
+
+def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
+    return {**inventory.cluster.env, **extra}
+
+
+def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile], str]:
+    """The files to send, and the script's path inside the work dir (it must be one of
+    those files)."""
+    if not request.workdir.is_dir():
+        raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
+    files = workdir.local_files(request.workdir)
+    script = Path(request.script)
+    candidate = (script if script.is_absolute() else request.workdir / script).resolve()
+    try:
+        relative = candidate.relative_to(request.workdir.resolve()).as_posix()
+    except ValueError:
+        relative = None
+    if relative is None or not candidate.is_file():
+        raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
+                              f"(fix: give the script's path inside the work directory)")
+    if relative not in files:
+        raise GpuclusterError(f"{relative} is excluded from the sync (by {workdir.IGNORE_FILE} "
+                              f"or a virtualenv/VCS rule) (fix: move it or change the rule)")
+    return files, relative
+
+
+def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
+    """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded."""
+    groups: dict[workdir.SyncResult, list[str]] = {}
+    for node, result in results.items():
+        groups.setdefault(result, []).append(node)
+    return "synced: " + "; ".join(
+        f"{r.sent} sent ({r.bytes_sent / 1024:.1f} KiB), {r.deleted} deleted, "
+        f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
+
+
+def code_dir_for(inventory: Inventory, local_dir: Path) -> str:
+    """The node's copy of the work dir: <work_dir>/<directory name>, shell-quoted."""
+    return f"{shell_path(inventory.cluster.work_dir)}/{shlex.quote(local_dir.resolve().name)}"
+
+
+# -- start
+
+
+def launch(session: Session, inventory: Inventory, store: JobStore,
+           request: LaunchRequest,
+           on_phase: Callable[[str], None] | None = None) -> JobRecord:
+    """Check, sync and start the job on every node; nothing starts unless all can."""
+    phase = on_phase or (lambda _: None)
+    files, script = check_request(request)
+    if request.image and request.image.endswith(".sqsh"):
+        raise GpuclusterError(f"{request.image}: provision distributes enroot images, but "
+                              f"launch does not run them yet (fix: use an OCI image or an "
+                              f"Apptainer .sif)")
+    phase("checking nodes (running jobs, GPU processes, rendezvous port)")
+    findings = preflight(session, inventory)
+    if findings:
+        raise LaunchRefused("the cluster is not ready for a new job", findings)
+    code_dir = code_dir_for(inventory, request.workdir)
+    phase(f"syncing {request.workdir} ({len(files)} files) to {len(inventory.hosts)} nodes")
+    synced = session.map(inventory.hosts, lambda c: workdir.sync(c, request.workdir, files,
+                                                                 code_dir))
+    if synced.failures:
+        raise GpuclusterError("sync failed on " + "; ".join(
+            f"{n}: {f.message}" for n, f in synced.failures.items()))
+    phase(sync_summary(synced.values))
+    record = JobRecord(
+        id=new_job_id(), script=script, args=list(request.args),
+        hosts=[h.name for h in inventory.hosts], code_dir=code_dir,
+        jobs_dir=f"{shell_path(inventory.cluster.work_dir)}/jobs", started_at=time.time(),
+        nproc_per_node={h.name: nproc_for(h, request.nproc_per_node)
+                        for h in inventory.hosts},
+        image=request.image)
+    store.save(record)
+    phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
+    env = job_env(inventory, request.env)
+    try:
+        started = session.map(inventory.hosts, lambda c: _start_on(
+            c, inventory, record, request, env))
+    except Interrupted:
+        stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
+        raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
+                          f"every node") from None
+    problems = _start_problems(started.values, started.failures)
+    if problems:
+        stop(session, inventory, record, grace_s=2.0)
+        raise GpuclusterError(f"job {record.id} did not start everywhere, so it was stopped "
+                              f"on every node: " + "; ".join(problems))
+    runtimes = {n: v.runtime for n, v in started.values.items() if v.runtime}
+    if runtimes:
+        record = dataclasses.replace(record, container_runtime=runtimes)
+        store.save(record)
+    return record
+
+
+@dataclass(frozen=True)
+class _Started:
+    pid: int | None
+    busy: tuple[str, ...]
+    error: str
+    runtime: str | None
+
+
+def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
+              request: LaunchRequest, env: Mapping[str, str]) -> _Started:
+    host = inventory.host(connection.host)
+    spec = TorchrunSpec(record.id, record.nproc_per_node[host.name], record.script,
+                        tuple(record.args), max_restarts=request.max_restarts,
+                        log_dir=TORCHRUN_LOG_DIR)
+    argv = torchrun_argv(inventory, spec)
+    container = None
+    if request.image:
+        argv[0] = "torchrun"  # the image's own, not the host's
+        names = sorted({*env, *node_scripts.JOB_ENV_NAMES, *SOCKET_IFNAME_VARIABLES})
+        container = node_scripts.Container(request.image, record.container_name(),
+                                           host.jobs_use_gpus,
+                                           names)
+    # Every word quoted, except the log dir, which the node's shell expands.
+    command = " ".join(TORCHRUN_LOG_DIR_SHELL if word == TORCHRUN_LOG_DIR else
+                       shlex.quote(word) for word in argv)
+    if container is not None:
+        command = node_scripts.container_command(
+            container, command, node_images_dir(inventory.cluster.work_dir))
+    head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
+    script = node_scripts.start_script(record, host.name, command,
+                                       interface_exports(host, env), container is not None,
+                                       head_port)
+    result = connection.run(script, timeout=60, env=dict(env))
+    markers = node_scripts.parse_markers(result.stdout)
+    pid = markers.get("started", [""])[0]
+    errors = markers.get("error", []) + [
+        f"port {port} is in use (fix: find it with ss -ltnp 'sport = :{port}' and end it, "
+        f"or set cluster.rendezvous_port)" for port in markers.get("port-busy", [])]
+    return _Started(int(pid) if pid.isdigit() else None, tuple(markers.get("busy", [])),
+                    "; ".join(errors) or result.stderr.strip()[-200:],
+                    next(iter(markers.get("runtime", [])), None))
+
+
+def _start_problems(values: Mapping[str, _Started],
+                    failures: Mapping[str, HostFailure]) -> list[str]:
+    problems = [f"{n}: {f.message}" for n, f in failures.items()]
+    for node, started in values.items():
+        if started.busy:
+            problems.append(f"{node}: job {', '.join(started.busy)} is still running there "
+                            f"(fix: gpucluster stop {started.busy[0]})")
+        elif started.pid is None:
+            problems.append(f"{node}: {started.error or 'torchrun did not start'}")
+    return problems
