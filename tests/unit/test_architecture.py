@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent.parent / "gpucluster"
+SIZE_LIMIT_LINES = 350
 
 
 def _unit(module: Path) -> str:
@@ -66,3 +67,12 @@ def test_core_never_asks_whether_a_host_is_a_sandbox_node() -> None:
     leaks = [str(m.relative_to(PACKAGE)) for m in core if '"sandbox"' in m.read_text()]
     assert leaks == []
 
+
+
+def test_modules_stay_small_or_say_why() -> None:
+    big = []
+    for module in PACKAGE.rglob("*.py"):
+        text = module.read_text()
+        if text.count("\n") > SIZE_LIMIT_LINES and "Longer than" not in text[:1200]:
+            big.append(f"{module.relative_to(PACKAGE)} ({text.count(chr(10))} lines)")
+    assert big == [], "split these, or say at the top why they are long (Longer than ...)"

@@ -1,0 +1,78 @@
+"""Finding the inventory file and reading it: size, encoding and YAML errors become
+`file:line` problems; the document then goes to the validator."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from gpucluster.errors import GpuclusterError, InventoryError, Problem
+from gpucluster.inventory.model import Inventory
+from gpucluster.inventory.validate import Validator
+from gpucluster.yaml_lines import load_with_lines
+
+INVENTORY_ENV_VAR = "GPUCLUSTER_INVENTORY"
+DEFAULT_INVENTORY = "inventory.yaml"
+_MAX_FILE_BYTES = 10 * 1024 * 1024
+
+
+def find_inventory(explicit: str | None) -> Path:
+    """-i/--inventory, then $GPUCLUSTER_INVENTORY, then ./inventory.yaml."""
+    if explicit:
+        return Path(explicit)
+    from_env = os.environ.get(INVENTORY_ENV_VAR)
+    if from_env:
+        return Path(from_env)
+    if Path(DEFAULT_INVENTORY).is_file():
+        return Path(DEFAULT_INVENTORY)
+    raise GpuclusterError(
+        f"no inventory: pass -i/--inventory PATH, set ${INVENTORY_ENV_VAR}, "
+        f"or create ./{DEFAULT_INVENTORY} (see inventory.example.yaml)"
+    )
+
+
+def load(path: str | Path) -> Inventory:
+    """Read and validate an inventory file; raises InventoryError listing every problem."""
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        document = load_with_lines(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        reason = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise InventoryError(
+            [Problem(str(path), line, f"not valid YAML: {reason}", "fix the YAML syntax")]
+        ) from None
+    except (ValueError, TypeError, RecursionError) as error:
+        # PyYAML raises ValueError for impossible dates such as 2024-13-45.
+        raise InventoryError(
+            [Problem(str(path), None, f"not valid YAML: {error}", "quote the value")]
+        ) from None
+    return Validator(path).inventory(document)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if size > _MAX_FILE_BYTES:
+            raise InventoryError([Problem(str(path), None, f"file is {size} bytes",
+                                          "an inventory is a small YAML file")])
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError([Problem(str(path), None, "inventory file not found",
+                                      "check the path given to -i/--inventory")]) from None
+    except IsADirectoryError:
+        raise InventoryError([Problem(str(path), None, "is a directory",
+                                      "pass the inventory YAML file itself")]) from None
+    except OSError as error:
+        raise InventoryError([Problem(str(path), None, f"cannot read: {error.strerror}",
+                                      "check the file's permissions")]) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise InventoryError([Problem(str(path), line, "not UTF-8 text",
+                                      "save the inventory as UTF-8")]) from None

@@ -1,0 +1,117 @@
+"""The inventory as values: frozen, validated hosts and cluster settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpucluster import hostrange
+from gpucluster.errors import GpuclusterError
+from gpucluster.ssh_config import DEFAULT_SSH_CONFIG
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node, fully resolved: inventory, defaults and ~/.ssh/config merged."""
+
+    name: str
+    address: str
+    user: str
+    port: int = 22
+    identity_file: str | None = None
+    jump_host: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpus: int | None = None
+    gpu_model: str | None = None
+    groups: tuple[str, ...] = ()
+    connection: str = "ssh"  # "ssh" or "local"
+    torch_device: str = "cuda"  # "cpu": jobs here run torch on the CPU, GPUs or not
+    line: int | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+    @property
+    def jobs_use_gpus(self) -> bool:
+        """Jobs get this host's GPUs: one process per GPU, GPUs passed into containers."""
+        return bool(self.gpus) and self.torch_device == "cuda"
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Settings that apply to the cluster as a whole."""
+
+    rendezvous_port: int = 29500
+    python: str = "python3"
+    torchrun: str = "torchrun"
+    env: Mapping[str, str] = field(default_factory=dict)
+    image: str | None = None
+    work_dir: str = "~/gpucluster"
+    known_hosts: str = "~/.ssh/known_hosts"
+    ssh_config: str = DEFAULT_SSH_CONFIG
+    connect_timeout: float = 10.0
+    command_timeout: float = 120.0
+    fanout: int = 64
+
+
+@dataclass(frozen=True)
+class SmokeSettings:
+    """Pass/fail thresholds for the all-reduce smoke test."""
+
+    min_busbw_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A validated inventory; hosts keep the order of the file."""
+
+    path: Path
+    cluster: ClusterSettings
+    hosts: tuple[Host, ...]
+    groups: Mapping[str, tuple[str, ...]]
+    smoke: SmokeSettings = SmokeSettings()
+
+    @property
+    def head(self) -> Host:
+        """The rendezvous host: the first host of the file."""
+        return self.hosts[0]
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise GpuclusterError(f"{self.path}: no host named {name!r} in the inventory")
+
+    def select(self, patterns: str | None = None, group: str | None = None) -> list[Host]:
+        """Hosts named by a range list (`gpu[01-04],login1`) and/or in a group."""
+        selected = list(self.hosts)
+        if group is not None:
+            if group not in self.groups:
+                known = ", ".join(sorted(self.groups)) or "none defined"
+                raise GpuclusterError(f"{self.path}: no group {group!r} (groups: {known})")
+            members = set(self.groups[group])
+            selected = [h for h in selected if h.name in members]
+        if patterns is not None:
+            wanted = hostrange.expand_list(patterns)
+            names = {h.name for h in self.hosts}
+            unknown = [n for n in wanted if n not in names]
+            if unknown:
+                raise GpuclusterError(
+                    f"{self.path}: --hosts names unknown hosts: {hostrange.fold(unknown)}"
+                )
+            chosen = set(wanted)
+            selected = [h for h in selected if h.name in chosen]
+        return selected
+
+
+def is_ip(text: str) -> bool:
+    """True for an IPv4 or IPv6 address (not a DNS name)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,54 @@
+"""One host's final settings: its own keys, then what ~/.ssh/config says for it, then
+the inventory's defaults, then the built-in defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucluster.inventory.model import Host
+from gpucluster.ssh_config import SshConfig
+
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def resolve_host(name: str, address: str | None, fields: dict[str, Any],
+                  defaults: dict[str, Any], ssh_config: SshConfig, line: int) -> Host:
+    """Explicit host values win, then ~/.ssh/config, then inventory defaults."""
+    alias = address or name
+    from_config = ssh_config.lookup(alias)
+
+    def pick(key: str, configured: Any, fallback: Any = None) -> Any:
+        if key in fields:
+            return fields[key]
+        if configured is not None:
+            return configured
+        return defaults.get(key, fallback)
+
+    resolved_address = from_config.hostname or alias
+    connection = fields.get("connection", defaults.get("connection", "auto"))
+    if connection == "auto":
+        connection = "local" if resolved_address in LOCAL_ADDRESSES else "ssh"
+    return Host(
+        name=name,
+        address=resolved_address,
+        user=pick("user", from_config.user, _current_user()),
+        port=pick("port", from_config.port, 22),
+        identity_file=pick("identity_file", from_config.identity_file),
+        jump_host=pick("jump_host", from_config.proxy_jump),
+        labels={**defaults.get("labels", {}), **fields.get("labels", {})},
+        gpus=fields.get("gpus", defaults.get("gpus")),
+        gpu_model=fields.get("gpu_model", defaults.get("gpu_model")),
+        groups=tuple(fields.get("groups", defaults.get("groups", ()))),
+        connection=connection,
+        torch_device=fields.get("torch_device", defaults.get("torch_device", "cuda")),
+        line=line,
+    )
+
+
+def _current_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "root"

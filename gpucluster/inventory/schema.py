@@ -1,0 +1,128 @@
+"""Every inventory key: its expected type and the converter that checks it. A converter
+returns the value or raises ValueError whose text is the fix to show."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpucluster.env_names import is_env_name
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError("use a port number from 1 to 65535")
+    return value
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("use a whole number, 0 or more")
+    return value
+
+
+def _fanout(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise ValueError("use a whole number from 1 to 1024")
+    return value
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("use a number of seconds above 0")
+    return float(value)
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("use a number above 0")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("use a plain string")
+    text = str(value)
+    if not text.strip():
+        raise ValueError("use a non-empty string")
+    return text
+
+
+def _connection(value: Any) -> str:
+    if value not in ("auto", "ssh", "local"):
+        raise ValueError("use one of: auto, ssh, local")
+    return str(value)
+
+
+def _torch_device(value: Any) -> str:
+    if value not in ("cuda", "cpu"):
+        raise ValueError("use cuda or cpu")
+    return str(value)
+
+
+def _labels(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError("use a mapping of label: value")
+    return {str(k): _text(v) for k, v in value.items()}
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError("use a mapping of NAME: value")
+    env: dict[str, str] = {}
+    for key, item in value.items():
+        if not is_env_name(key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        if isinstance(item, bool):
+            env[key] = "1" if item else "0"
+        else:
+            env[key] = _text(item) if item != "" else ""
+    return env
+
+
+def _group_names(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ValueError("use a group name or a list of group names")
+    return tuple(items)
+
+
+Converter = Callable[[Any], Any]
+
+CLUSTER_KEYS: dict[str, tuple[str, Converter]] = {
+    "rendezvous_port": ("port", _port),
+    "python": ("string", _text),
+    "torchrun": ("string", _text),
+    "env": ("mapping", _env),
+    "image": ("string", _text),
+    "work_dir": ("string", _text),
+    "known_hosts": ("string", _text),
+    "ssh_config": ("string", _text),
+    "connect_timeout": ("seconds", _seconds),
+    "command_timeout": ("seconds", _seconds),
+    "fanout": ("integer", _fanout),
+}
+
+HOST_KEYS: dict[str, tuple[str, Converter]] = {
+    "name": ("string", _text),
+    "address": ("string", _text),
+    "user": ("string", _text),
+    "port": ("port", _port),
+    "identity_file": ("string", _text),
+    "jump_host": ("string", _text),
+    "labels": ("mapping", _labels),
+    "gpus": ("integer", _positive_int),
+    "gpu_model": ("string", _text),
+    "groups": ("list", _group_names),
+    "connection": ("string", _connection),
+    "torch_device": ("string", _torch_device),
+}
+DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "address")}
+# Keys a host may set to null to drop what `defaults` gave it.
+NULLABLE_KEYS = frozenset({"jump_host", "identity_file", "gpus", "gpu_model"})
+# Paths on the controller; paths on nodes (python, work_dir) are left as written.
+PATH_KEYS = frozenset({"known_hosts", "ssh_config", "identity_file"})
+SMOKE_KEYS: dict[str, tuple[str, Converter]] = {
+    "min_busbw_gbps": ("number", _positive_number),
+}
+TOP_KEYS = ("cluster", "defaults", "groups", "hosts", "smoke")
