@@ -44,15 +44,20 @@ class NodeResult:
     message: str = ""
 
 
+Progress = Callable[[str, int, bool], None]  # node, bytes received, finished
+
+
 @dataclass
 class ProvisionContext:
-    """What steps share during one run: the inventory, the state directory, and what
-    `prepare` gathered across nodes (host keys, hostnames...)."""
+    """What steps share during one run: the inventory, the state directory, what
+    `prepare` gathered across nodes (host keys, hostnames...), and where long transfers
+    report their progress."""
 
     inventory: Inventory
     state_dir: Path
     dry_run: bool
     gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    on_progress: Progress | None = None
 
 
 T = TypeVar("T")
@@ -74,20 +79,37 @@ def hostnames(context: ProvisionContext, each: Each) -> dict[str, str]:
     return context.gathered["hostnames"]
 
 
-class Step(Protocol):
-    """check -> plan -> apply -> re-check, per node; `prepare` once for the cluster."""
+class Step:
+    """check -> plan -> apply -> re-check, per node; `prepare` once for the cluster.
+
+    Capabilities a step declares rather than the runner guessing from its type:
+    `cluster_wide` steps are checked per node, then applied once to every node that
+    needs it (`apply_all`: the image relay); a step may `verify` the whole cluster after
+    applying (the SSH mesh tries every pair) and report what it found."""
 
     name: str
     summary: str
+    cluster_wide = False
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         """Gather what the step needs from every node at once (`each(task)` fans out)."""
-        ...
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
         """What would change on this node; empty when it is already right."""
-        ...
+        raise NotImplementedError
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
-              changes: list[Change]) -> None: ...
+              changes: list[Change]) -> None:
+        """Make this node right (steps that are not cluster-wide)."""
+        raise NotImplementedError
+
+    def apply_all(self, context: ProvisionContext, each: Each, targets: list[Host],
+                  connections: dict[str, LoggedConnection]) -> dict[str, str | None]:
+        """Cluster-wide steps: make every target right at once; per node None when it
+        verified, else what went wrong."""
+        raise NotImplementedError
+
+    def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
+        """After applying: a cluster-wide verification to report (empty: none)."""
+        return {}

@@ -18,13 +18,14 @@ from gpucluster.provision.model import (
     Change,
     NodeResult,
     Outcome,
+    Progress,
     ProvisionContext,
     Step,
     StepSkipped,
 )
 from gpucluster.provision.steps_firewall import FirewallStep
 from gpucluster.provision.steps_hosts import HostsStep
-from gpucluster.provision.steps_image import ImageStep, Progress
+from gpucluster.provision.steps_image import ImageStep
 from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import FanoutResult
@@ -35,8 +36,8 @@ from gpucluster.state import state_dir_for
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
                  "nccl")
-STEPS: tuple[Step, ...] = (SshMeshStep(), HostsStep(), FirewallStep(), ImageStep())
-STEP_NAMES = ("parity", *(s.name for s in STEPS), "smoke")
+STEP_TYPES: tuple[type[Step], ...] = (SshMeshStep, HostsStep, FirewallStep, ImageStep)
+STEP_NAMES = ("parity", *(s.name for s in STEP_TYPES), "smoke")
 UNDOABLE = ("firewall",)
 
 
@@ -47,9 +48,14 @@ class ProvisionReport:
     results: tuple[NodeResult, ...]
     gate: tuple[CheckResult, ...] = ()
     gate_blocked: bool = False
-    mesh: dict[str, dict[str, str]] = field(default_factory=dict)
+    verified: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # by step
     log: Path | None = None
     duration_s: float = 0.0
+
+    @property
+    def mesh(self) -> dict[str, dict[str, str]]:
+        """The SSH mesh's pair matrix: source -> target -> ok or why not."""
+        return self.verified.get(SshMeshStep.name, {})
 
     @property
     def failed(self) -> bool:
@@ -89,7 +95,7 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
     state_dir = state_dir_for(inventory)
     log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")
     run = _Run(session, inventory, log)
-    context = ProvisionContext(inventory, state_dir, dry_run)
+    context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress)
     gate: list[CheckResult] = []
     if "parity" in steps:
         if on_step:
@@ -101,17 +107,13 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
                                    tuple(gate), True, log=log.path,
                                    duration_s=time.monotonic() - started)
     results: list[NodeResult] = []
-    mesh: dict[str, dict[str, str]] = {}
-    for step in STEPS:
-        if step.name not in steps:
-            continue
+    verified: dict[str, dict[str, dict[str, str]]] = {}
+    for step in (kind() for kind in STEP_TYPES if kind.name in steps):  # fresh per run
         if on_step:
             on_step(step.name)
-        if isinstance(step, ImageStep):
-            step.on_progress = on_image_progress
         results.extend(_run_step(step, run, context))
-        if isinstance(step, SshMeshStep) and not dry_run:
-            mesh = step.verify(context, run.each)
+        if not dry_run and (found := step.verify(context, run.each)):
+            verified[step.name] = found
     if "smoke" in steps:
         if on_step:
             on_step("smoke")
@@ -123,7 +125,7 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
         else:
             results.extend(_smoke(session, inventory, dry_run))
     return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps),
-                           tuple(results), tuple(gate), False, mesh, log.path,
+                           tuple(results), tuple(gate), False, verified, log.path,
                            time.monotonic() - started)
 
 
@@ -159,7 +161,7 @@ def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResu
         return [NodeResult(step.name, h.name, Outcome.FAILED, message=str(error))
                 for h in context.inventory.hosts]
 
-    cluster_wide = isinstance(step, ImageStep)  # applied to all nodes at once (the relay)
+    cluster_wide = step.cluster_wide
 
     def converge(host: Host, connection: LoggedConnection) -> NodeResult:
         try:
@@ -186,7 +188,6 @@ def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResu
         planned = {r.host: r for r in outcomes.values() if r.outcome is Outcome.PLANNED}
         targets = [h for h in context.inventory.hosts if h.name in planned]
         if targets:
-            assert isinstance(step, ImageStep)
             verified = step.apply_all(context, run.each, targets,
                                       {h.name: run.logged[h.name] for h in targets})
             for host in targets:

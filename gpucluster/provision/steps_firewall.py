@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, is_ip
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext
+from gpucluster.provision.model import Change, Each, ProvisionContext, Step
 from gpucluster.templating import render
 
 TAG = "gpucluster"
@@ -115,7 +115,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
     return drop + add
 
 
-class FirewallStep:
+class FirewallStep(Step):
     name = "firewall"
     summary = "open the rendezvous port and NCCL/gloo ports to cluster addresses only"
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from gpucluster.inventory import Host, is_ip
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext, hostnames
+from gpucluster.provision.model import Change, Each, ProvisionContext, Step, hostnames
 from gpucluster.templating import render
 
 HOSTS_FILE = "/etc/hosts"
 
 
-class HostsStep:
+class HostsStep(Step):
     name = "hosts"
     summary = "/etc/hosts block: every node's name -> its cluster address"
 

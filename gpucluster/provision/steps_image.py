@@ -15,14 +15,20 @@ import shlex
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
 from gpucluster.provision.image_source import ImageSource, locate
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext, StepSkipped
+from gpucluster.provision.model import (
+    Change,
+    Each,
+    Progress,
+    ProvisionContext,
+    Step,
+    StepSkipped,
+)
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import RemoteError
 from gpucluster.templating import render
@@ -46,7 +52,6 @@ while chunk := read(1 << 20):
 sys.stdout.flush()
 print("progress", node, total, "done", file=sys.stderr, flush=True)
 """
-Progress = Callable[[str, int, bool], None]  # node, bytes received, finished
 
 
 def images_dir(context: ProvisionContext) -> str:
@@ -74,12 +79,10 @@ def _sink_and_report(context: ProvisionContext, image: ImageSource, runtime: str
             f"2>/dev/null")
 
 
-class ImageStep:
+class ImageStep(Step):
     name = "image"
     summary = "the inventory's container image on every node (pipelined relay, verified)"
-
-    def __init__(self) -> None:
-        self.on_progress: Progress | None = None
+    cluster_wide = True  # one relay chain through every node that needs the image
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         spec = context.inventory.cluster.image
@@ -137,10 +140,6 @@ class ImageStep:
         return [Change(f"{how} (id {image.image_id[:12]}, "
                        f"{image.size_bytes / 1e6:.0f} MB) via the relay")]
 
-    def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
-              changes: list[Change]) -> None:
-        raise GpuclusterError("the image step is applied to all nodes at once")
-
     def apply_all(self, context: ProvisionContext, each: Each, targets: list[Host],
                   connections: dict[str, LoggedConnection]) -> dict[str, str | None]:
         """Push to `targets` in one relay chain. Returns per node None when the image ID
@@ -188,7 +187,7 @@ class ImageStep:
         else:
             try:
                 self._stream(image, connections[targets[0].name], relay_dir,
-                             zstd_everywhere, loaded)
+                             zstd_everywhere, loaded, context.on_progress)
             except (GpuclusterError, RemoteError) as error:
                 failure = error.message if isinstance(error, RemoteError) else str(error)
         if failure is not None:  # remove what the relay scripts did not remove themselves
@@ -200,7 +199,8 @@ class ImageStep:
                 f"not {image.image_id[:12]}" for h in targets}
 
     def _stream(self, image: ImageSource, connection: LoggedConnection, relay_dir: str,
-                compress: bool, loaded: dict[str, str]) -> None:
+                compress: bool, loaded: dict[str, str], on_progress: Progress | None
+                ) -> None:
         saver = subprocess.Popen(image.stream_argv, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL)
         source = cast("BinaryIO | None", saver.stdout)
@@ -216,8 +216,8 @@ class ImageStep:
             if len(parts) >= 3 and parts[0] == "loaded":
                 loaded[parts[1]] = parts[2].removeprefix("sha256:")
             elif len(parts) >= 3 and parts[0] == "progress" and parts[2].isdigit() and \
-                    self.on_progress is not None:
-                self.on_progress(parts[1], int(parts[2]), parts[-1] == "done")
+                    on_progress is not None:
+                on_progress(parts[1], int(parts[2]), parts[-1] == "done")
 
         try:
             result = connection.run(f"sh {relay_dir}/relay.sh", timeout=24 * 3600,

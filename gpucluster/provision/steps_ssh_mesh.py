@@ -17,7 +17,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext, hostnames
+from gpucluster.provision.model import Change, Each, ProvisionContext, Step, hostnames
 from gpucluster.remote.hostkeys import known_hosts_name
 from gpucluster.templating import render
 
@@ -41,7 +41,7 @@ def cluster_key(state_dir: Path, create: bool) -> tuple[str, str]:
     return private.read_text(), Path(f"{private}.pub").read_text().strip()
 
 
-class SshMeshStep:
+class SshMeshStep(Step):
     name = "ssh-mesh"
     summary = "cluster key pair, authorized_keys, known_hosts and ssh config on every node"
 

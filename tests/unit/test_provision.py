@@ -1,0 +1,128 @@
+"""Provision's pure parts: managed blocks, firewall plans, the hosts block, step shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpucluster import inventory
+from gpucluster.errors import GpuclusterError
+from gpucluster.provision import files
+from gpucluster.provision.model import ProvisionContext
+from gpucluster.provision.runner import STEP_NAMES, STEP_TYPES
+from gpucluster.provision.steps_firewall import (
+    Firewall,
+    iptables_rule,
+    nftables_commands,
+    peers_of,
+    plan_commands,
+)
+from gpucluster.provision.steps_hosts import HostsStep
+
+ORIGINAL = "127.0.0.1 localhost\n# admin's own line\n10.9.9.9 nas\n"
+
+
+def test_a_managed_block_is_added_replaced_and_removed_leaving_the_rest() -> None:
+    added = files.with_block(ORIGINAL, ["10.0.0.1 a"], at_top=True)
+    assert added.splitlines()[0] == files.BEGIN
+    assert added.endswith(ORIGINAL)
+    replaced = files.with_block(added, ["10.0.0.2 b"], at_top=True)
+    assert "10.0.0.1 a" not in replaced and "10.0.0.2 b" in replaced
+    assert replaced.count(files.BEGIN) == 1
+    assert files.with_block(replaced, ["10.0.0.2 b"], at_top=True) == replaced  # idempotent
+    assert files.without_block(replaced) == ORIGINAL
+    at_end = files.with_block(ORIGINAL, ["x"])
+    assert at_end.startswith(ORIGINAL) and at_end.rstrip().endswith(files.END)
+    assert files.with_block(None, ["x"]) == f"{files.BEGIN}\nx\n{files.END}\n"
+
+
+def test_a_diff_names_the_file_before_and_after() -> None:
+    text = files.diff("/etc/hosts", ORIGINAL, ORIGINAL + "1.2.3.4 c\n")
+    assert "/etc/hosts (now)" in text and "/etc/hosts (after provision)" in text
+    assert "+1.2.3.4 c" in text
+    assert files.diff("/etc/hosts", ORIGINAL, ORIGINAL) == ""
+
+
+def test_iptables_plan_adds_what_is_missing_and_drops_what_is_stale() -> None:
+    stale = iptables_rule("10.0.0.9", 29500, "32768:60999")
+    kept = iptables_rule("10.0.0.2", 29500, "32768:60999")
+    firewall = Firewall("iptables", "32768:60999", (stale, kept))
+    commands = plan_commands(firewall, ["10.0.0.2", "10.0.0.3"], 29500)
+    assert commands == [
+        f"iptables -D INPUT {stale.removeprefix('-A INPUT ')}",
+        f"iptables -I INPUT {iptables_rule('10.0.0.3', 29500, '32768:60999')[9:]}",
+    ]
+    exact = Firewall("iptables", "32768:60999", (kept,))
+    assert plan_commands(exact, ["10.0.0.2"], 29500) == []
+
+
+def test_ufw_plan() -> None:
+    firewall = Firewall("ufw", "32768:60999", ("10.0.0.9 ALLOW ...",))
+    assert plan_commands(firewall, ["10.0.0.2"], 29500) == [
+        "ufw delete allow from 10.0.0.9 to any port 29500,32768:60999 proto tcp",
+        "ufw allow from 10.0.0.2 to any port 29500,32768:60999 proto tcp comment gpucluster",
+    ]
+
+
+def test_firewalld_plan_reloads_only_when_something_changes() -> None:
+    def rule(address: str, ports: str) -> str:
+        return (f'rule family="ipv4" source address="{address}" port port="{ports}" '
+                f'protocol="tcp" accept')
+    admin = rule("10.0.0.5", "8080")
+    ours = (rule("10.0.0.2", "29500"), rule("10.0.0.2", "32768-60999"))
+    firewall = Firewall("firewalld", "32768:60999", (admin, *ours))
+    assert plan_commands(firewall, ["10.0.0.2"], 29500) == []
+    commands = plan_commands(firewall, ["10.0.0.3"], 29500)
+    assert commands[-1] == "firewall-cmd --reload"
+    assert sum("--remove-rich-rule" in c for c in commands) == 2
+    assert sum("--add-rich-rule" in c for c in commands) == 2
+    assert not any("8080" in c for c in commands)  # the admin's rule is not ours
+
+
+def test_nftables_rules_go_into_the_nodes_own_chain_and_leave_by_handle() -> None:
+    firewall = Firewall("nftables", "32768:60999", (
+        "chain inet fw input",
+        'ip saddr 10.0.0.9 tcp dport { 29500, 32768-60999 } accept comment "gpucluster" '
+        "# handle 7",
+        "tcp dport 22 accept # handle 3",
+    ))
+    assert nftables_commands(firewall, ["10.0.0.2"], 29500) == [
+        "nft delete rule inet fw input handle 7",
+        "nft insert rule inet fw input ip saddr 10.0.0.2 tcp dport '{ 29500, 32768-60999 }' "
+        "accept comment gpucluster",
+    ]
+    with pytest.raises(GpuclusterError, match="no input chain"):
+        nftables_commands(Firewall("nftables", "1:2", ("nothing",)), [], 29500)
+    assert plan_commands(Firewall("none", "1:2", ()), ["10.0.0.2"], 29500) == []
+
+
+def _context(tmp_path: Path, hosts: str) -> ProvisionContext:
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"hosts:\n{hosts}")
+    return ProvisionContext(inventory.load(path), tmp_path, dry_run=True)
+
+
+def test_peers_are_the_other_nodes_ip_addresses(tmp_path: Path) -> None:
+    context = _context(tmp_path, "  - {name: a, address: 10.0.0.1}\n"
+                                 "  - {name: b, address: 10.0.0.2}\n"
+                                 "  - {name: c, address: c.example.com}\n")
+    assert peers_of(context, context.inventory.host("a")) == ["10.0.0.2"]
+
+
+def test_the_hosts_block_lists_addresses_with_inventory_and_real_names(tmp_path: Path) -> None:
+    context = _context(tmp_path, "  - {name: a, address: 10.0.0.1}\n"
+                                 "  - {name: b, address: 10.0.0.2}\n"
+                                 "  - {name: c, address: c.example.com}\n")
+    context.gathered["hostnames"] = {"a": "gpu-a.internal", "b": "b"}
+    block = HostsStep().block(context)
+    assert any(line.split() == ["10.0.0.1", "a", "gpu-a.internal"] for line in block)
+    assert any(line.split() == ["10.0.0.2", "b"] for line in block)
+    assert not any("c.example.com" in line for line in block)  # DNS resolves it
+
+
+def test_steps_declare_what_the_runner_does_with_them() -> None:
+    assert STEP_NAMES == ("parity", "ssh-mesh", "hosts", "firewall", "image", "smoke")
+    wide = {kind.name for kind in STEP_TYPES if kind.cluster_wide}
+    assert wide == {"image"}  # the relay reaches every node at once
+    assert STEP_TYPES[0]() is not STEP_TYPES[0]()  # fresh per run: no shared state
