@@ -9,11 +9,12 @@ from typing import Any
 
 import jinja2
 
+from gpucluster.packaged import packaged_path
+
 
 def template_dir() -> Path:
     """The wheel puts templates/ inside the package; a source checkout has it beside it."""
-    packaged = Path(__file__).parent / "templates"
-    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "templates"
+    return packaged_path("templates")
 
 
 @cache

@@ -22,6 +22,7 @@ import typer
 
 from gpucluster.cli.options import stderr_console
 from gpucluster.errors import EXIT_FAILED, GpuclusterError, Interrupted
+from gpucluster.packaged import packaged_path
 
 DEMO_NAME = "demo"
 FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT && iptables -A INPUT -m conntrack --ctstate "
@@ -32,13 +33,7 @@ DEMO_SUBNET = "198.18.10.0/24"  # apart from the default sandbox and the benchma
 
 def example_script() -> Path:
     """examples/train.py: inside the wheel, or beside the package in a source checkout."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package / "examples" / "train.py",
-                      package.parent / "examples" / "train.py"):
-        if candidate.is_file():
-            return candidate
-    raise GpuclusterError("examples/train.py is missing from this installation "
-                          "(fix: reinstall gpucluster)")
+    return packaged_path("examples/train.py")
 
 
 def demo(

@@ -1,6 +1,8 @@
-"""`gpucluster inventory show|check`."""
+"""`gpucluster inventory show|check|example`."""
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
@@ -19,6 +21,14 @@ def show(inventory: InventoryOption = None, json_output: JsonOption = False) -> 
         render.print_json(console, render.hosts_payload(loaded))
     else:
         render.print_hosts(console, loaded)
+
+
+@app.command("example")
+def example() -> None:
+    """Print a commented example inventory with every key (a start for your own)."""
+    from gpucluster.packaged import EXAMPLE_INVENTORY, packaged_path
+
+    sys.stdout.write(packaged_path(EXAMPLE_INVENTORY).read_text())
 
 
 @app.command("check")

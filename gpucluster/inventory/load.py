@@ -29,7 +29,8 @@ def find_inventory(explicit: str | None) -> Path:
         return Path(DEFAULT_INVENTORY)
     raise GpuclusterError(
         f"no inventory: pass -i/--inventory PATH, set ${INVENTORY_ENV_VAR}, "
-        f"or create ./{DEFAULT_INVENTORY} (see inventory.example.yaml)"
+        f"or create ./{DEFAULT_INVENTORY} (gpucluster inventory example > "
+        f"{DEFAULT_INVENTORY} writes a commented one to start from)"
     )
 
 

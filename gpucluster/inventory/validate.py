@@ -46,7 +46,7 @@ class Validator:
             raise InventoryError(self.problems)
         if not isinstance(document, LineDict):
             self.problem(getattr(document, "line", 1), "top level must be a mapping",
-                         "start with `hosts:` (see inventory.example.yaml)")
+                         "start with `hosts:` (see: gpucluster inventory example)")
             raise InventoryError(self.problems)
         self._repeated(document)
         self._unknown_keys(document, TOP_KEYS, "top level")

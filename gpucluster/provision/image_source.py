@@ -50,11 +50,19 @@ def locate(spec: str, base: Path) -> ImageSource:
                           f"podman or docker (build or pull it here first)")
 
 
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """The file's sha256, read a chunk at a time (image files are gigabytes; and
+    hashlib.file_digest needs Python 3.11)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _archive(path: Path) -> ImageSource:
     if is_image_file(path.name):
-        with path.open("rb") as handle:
-            digest = hashlib.file_digest(handle, "sha256").hexdigest()
-        return ImageSource(path.name, digest, path.stat().st_size, ("cat", str(path)),
+        return ImageSource(path.name, file_sha256(path), path.stat().st_size, ("cat", str(path)),
                            kind="file")
     try:
         with tarfile.open(path) as archive:

@@ -274,3 +274,13 @@ def test_a_plain_environment_name_is_accepted() -> None:
     from gpucluster.env_names import is_env_name
 
     assert is_env_name("_NCCL_DEBUG2") and is_env_name("a")
+
+
+def test_the_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
+    from gpucluster.state import state_dir_for
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts: [a]\n")
+    state = state_dir_for(inventory.load(path))
+    assert state == tmp_path / ".gpucluster" and state.stat().st_mode & 0o777 == 0o700
+    assert (state / ".gitignore").read_text().splitlines()[-1] == "*"
