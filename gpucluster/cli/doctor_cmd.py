@@ -6,11 +6,12 @@ from typing import Annotated
 
 import typer
 
-from gpucluster import render
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
     ConnectTimeoutOption,
+    GroupOption,
+    HostsOption,
     InventoryOption,
     JsonOption,
     load_inventory,
@@ -18,14 +19,17 @@ from gpucluster.cli.options import (
     stderr_console,
     stdout_console,
 )
+from gpucluster.cli.views import common
 from gpucluster.errors import EXIT_FAILED, EXIT_OK
 from gpucluster.selection import comma_list
 
 
 def doctor(
     inventory: InventoryOption = None,
-    checks: Annotated[str | None, typer.Option(
-        "--checks", metavar="A,B", help="Only these checks (see --list).")] = None,
+    hosts: HostsOption = None,
+    group: GroupOption = None,
+    only: Annotated[str | None, typer.Option(
+        "--only", metavar="A,B", help="Only these checks (see --list).")] = None,
     skip: Annotated[str | None, typer.Option(
         "--skip", metavar="A,B", help="All checks but these.")] = None,
     list_checks: Annotated[bool, typer.Option("--list", help="List the checks and exit.")
@@ -42,23 +46,23 @@ def doctor(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Check every node in parallel; exit 0 when nothing failed, 1 when a check failed."""
-    from gpucluster.doctor.report import payload, print_check_list, print_report
+    from gpucluster.cli.views.doctor import payload, print_check_list, print_report
     from gpucluster.doctor.runner import run_doctor, select_checks
 
     if list_checks:
         print_check_list(stdout_console())
         return
-    selected = select_checks(comma_list(checks), comma_list(skip))
-    loaded = load_inventory(inventory)
+    selected = select_checks(comma_list(only), comma_list(skip))
+    loaded = load_inventory(inventory, hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
-            render.host_progress(stderr_console(), len(loaded.hosts), "nodes probed") as advance:
+            common.host_progress(stderr_console(), len(loaded.hosts), "nodes probed") as advance:
         report = run_doctor(session, loaded, selected, probe_timeout=timeout,
                             on_node=lambda _host: advance())
     from gpucluster.doctor.model import Status
 
     code = EXIT_FAILED if report.worst(strict) is Status.FAIL else EXIT_OK
     if json_output:
-        render.print_json(stdout_console(), payload(report, code))
+        common.print_json(stdout_console(), payload(report, code))
     else:
         print_report(stdout_console(), report, verbose)
     raise typer.Exit(code)

@@ -6,8 +6,10 @@ import sys
 
 import typer
 
-from gpucluster import render
 from gpucluster.cli.options import InventoryOption, JsonOption, load_inventory, stdout_console
+from gpucluster.cli.views import common
+from gpucluster.cli.views import inventory as inventory_view
+from gpucluster.errors import InventoryError
 
 app = typer.Typer(help="Inspect and validate the inventory.", no_args_is_help=True)
 
@@ -18,9 +20,9 @@ def show(inventory: InventoryOption = None, json_output: JsonOption = False) -> 
     loaded = load_inventory(inventory)
     console = stdout_console()
     if json_output:
-        render.print_json(console, render.hosts_payload(loaded))
+        common.print_json(console, inventory_view.hosts_payload(loaded))
     else:
-        render.print_hosts(console, loaded)
+        inventory_view.print_hosts(console, loaded)
 
 
 @app.command("example")
@@ -32,8 +34,16 @@ def example() -> None:
 
 
 @app.command("check")
-def check(inventory: InventoryOption = None) -> None:
+def check(inventory: InventoryOption = None, json_output: JsonOption = False) -> None:
     """Validate the inventory; print every problem with file:line and a fix."""
-    loaded = load_inventory(inventory)
-    stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
-                           f"{len(loaded.groups)} groups")
+    if not json_output:
+        loaded = load_inventory(inventory)
+        stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
+                               f"{len(loaded.groups)} groups")
+        return
+    try:
+        loaded = load_inventory(inventory)
+    except InventoryError as error:
+        common.print_json(stdout_console(), inventory_view.check_payload(None, error.problems))
+        raise typer.Exit(error.exit_code) from None
+    common.print_json(stdout_console(), inventory_view.check_payload(loaded, []))

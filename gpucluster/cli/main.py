@@ -26,6 +26,7 @@ app = typer.Typer(
     help="Turn a handful of GPU servers into a working multi-node PyTorch cluster.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(sandbox_cmd.app, name="sandbox")

@@ -36,6 +36,15 @@ ConnectTimeoutOption = Annotated[
     typer.Option("--connect-timeout", metavar="SECONDS", min=0.1,
                  help="Give up connecting to a host after this long (inventory default: 10)."),
 ]
+HostsOption = Annotated[
+    str | None,
+    typer.Option("--hosts", "-w", metavar="RANGE",
+                 help="Only these hosts, e.g. gpu[01-04],login1."),
+]
+GroupOption = Annotated[
+    str | None,
+    typer.Option("--group", "-g", metavar="NAME", help="Only the hosts of this inventory group."),
+]
 FanoutOption = Annotated[
     int | None,
     typer.Option("--fanout", "-f", min=1, max=1024,
@@ -51,8 +60,14 @@ def stderr_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def load_inventory(path: str | None) -> Inventory:
-    return inventory_module.load(inventory_module.find_inventory(path))
+def load_inventory(path: str | None, hosts: str | None = None,
+                   group: str | None = None) -> Inventory:
+    """The inventory; with -w/--hosts or -g/--group, only the hosts selected (the first
+    of them is then the head)."""
+    loaded = inventory_module.load(inventory_module.find_inventory(path))
+    if hosts is None and group is None:
+        return loaded
+    return loaded.restricted_to(loaded.select(hosts, group))
 
 
 def ask_password(ask: bool) -> str | None:

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from gpucluster import render
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -18,6 +17,7 @@ from gpucluster.cli.options import (
     stderr_console,
     stdout_console,
 )
+from gpucluster.cli.views import common
 from gpucluster.errors import EXIT_FAILED
 from gpucluster.selection import comma_list
 
@@ -43,8 +43,8 @@ def provision(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Make every node right: SSH mesh, /etc/hosts, firewall; a re-run changes nothing."""
+    from gpucluster.cli.views.provision import print_report, summary_payload
     from gpucluster.provision import runner
-    from gpucluster.provision.report import print_report
 
     loaded = load_inventory(inventory)
     console = stdout_console()
@@ -58,11 +58,11 @@ def provision(
                 raise typer.Exit(EXIT_FAILED)
             return
         steps = runner.select_steps(comma_list(only), comma_list(skip))
-        with render.byte_progress(stderr_console()) as on_bytes:
+        with common.byte_progress(stderr_console()) as on_bytes:
             report = runner.provision(session, loaded, steps, dry_run, force,
                                       on_image_progress=on_bytes)
     if json_output:
-        render.print_json(console, runner.summary_payload(report))
+        common.print_json(console, summary_payload(report))
     else:
         print_report(console, report, dry_run)
     if report.failed:

@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
-from gpucluster import render
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
     ConnectTimeoutOption,
     FanoutOption,
+    GroupOption,
+    HostsOption,
     InventoryOption,
     JsonOption,
     load_inventory,
@@ -19,17 +20,17 @@ from gpucluster.cli.options import (
     stderr_console,
     stdout_console,
 )
+from gpucluster.cli.views import common
+from gpucluster.cli.views import run as run_view
 from gpucluster.errors import EXIT_FAILED
 
 
 def run(
-    command: Annotated[str, typer.Argument(help="Shell command, run by /bin/sh on each host.")],
+    command: Annotated[str, typer.Argument(
+        metavar="COMMAND", help="Shell command, run by /bin/sh on each host.")],
     inventory: InventoryOption = None,
-    hosts: Annotated[str | None, typer.Option(
-        "--hosts", "-w", metavar="RANGE", help="Only these hosts, e.g. gpu[01-04],login1.")
-    ] = None,
-    group: Annotated[str | None, typer.Option(
-        "--group", "-g", help="Only the hosts of this inventory group.")] = None,
+    hosts: HostsOption = None,
+    group: GroupOption = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", "-t", min=0.1, metavar="SECONDS",
         help="Per-host command time limit (inventory default: 120).")] = None,
@@ -52,15 +53,15 @@ def run(
         loaded = replace(loaded, cluster=replace(loaded.cluster, fanout=fanout))
     selected = loaded.select(hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
-            render.host_progress(stderr_console(), len(selected), "hosts done") as advance:
+            common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
         result = session.run(selected, command, timeout=timeout, sudo=sudo,
                              env=loaded.cluster.env, on_done=lambda _host, _outcome: advance())
     console = stdout_console()
     if json_output:
-        render.print_json(console, render.run_payload(command, result))
+        common.print_json(console, run_view.run_payload(command, result))
     else:
-        render.print_run(console, result)
-    summary = render.failure_summary(result)
+        run_view.print_run(console, result)
+    summary = run_view.failure_summary(result)
     if summary is not None:
         if not json_output:
             stderr_console().print(f"[bold red]{summary}[/]")

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from gpucluster import render
 from gpucluster.cli.options import JsonOption, stdout_console
+from gpucluster.cli.views import common
 from gpucluster.sandbox import spec as sandbox_spec
 
 app = typer.Typer(help="A local cluster of network-namespace nodes with real sshd "
@@ -72,11 +72,11 @@ def status(name: NameOption = sandbox_spec.DEFAULT_NAME, json_output: JsonOption
     spec, rows = cluster.status(name)
     console = stdout_console()
     if json_output:
-        render.print_json(console, {"sandbox": name, "subnet": spec.subnet,
+        common.print_json(console, {"sandbox": name, "subnet": spec.subnet,
                                     "gpus_simulated": True,
                                     "nodes": [{**asdict(r), "up": r.up} for r in rows]})
     else:
-        render.print_table(
+        common.print_table(
             console, f"sandbox {name} ({spec.subnet}); GPUs are SIMULATED",
             ["node", "address", "state", "sshd pid", "GPUs", "link"],
             [[r.name, r.address, "up" if r.up else "DOWN", str(r.sshd_pid or "-"), r.gpus,

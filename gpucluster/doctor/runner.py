@@ -42,7 +42,7 @@ class DoctorReport:
 
 
 def select_checks(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[CheckSpec]:
-    """--checks / --skip, in the order doctor shows checks."""
+    """--only / --skip, in the order doctor shows checks."""
     return [REGISTRY[n] for n in select(list(REGISTRY), only, skip, "check")]
 
 

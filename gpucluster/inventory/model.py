@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpucluster import hostrange
@@ -83,6 +83,13 @@ class Inventory:
             if host.name == name:
                 return host
         raise GpuclusterError(f"{self.path}: no host named {name!r} in the inventory")
+
+    def restricted_to(self, hosts: list[Host]) -> Inventory:
+        """This inventory with only `hosts` (the first of them becomes the head)."""
+        names = {h.name for h in hosts}
+        return replace(self, hosts=tuple(h for h in self.hosts if h.name in names),
+                       groups={g: tuple(m for m in members if m in names)
+                               for g, members in self.groups.items()})
 
     def select(self, patterns: str | None = None, group: str | None = None) -> list[Host]:
         """Hosts named by a range list (`gpu[01-04],login1`) and/or in a group."""

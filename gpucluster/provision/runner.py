@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
@@ -231,18 +231,3 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
     failed = [NodeResult("firewall", n, Outcome.FAILED, message=f.message)
               for n, f in result.failures.items()]
     return [*result.values.values(), *failed]
-
-
-def summary_payload(report: ProvisionReport) -> dict[str, Any]:
-    return {
-        "hosts": list(report.hosts),
-        "steps": list(report.steps),
-        "gate_blocked": report.gate_blocked,
-        "gate": [{"check": r.name, "host": r.host, "message": r.message} for r in report.gate],
-        "results": [{"step": r.step, "host": r.host, "outcome": r.outcome.value,
-                     "changes": [{"summary": c.summary, "detail": c.detail} for c in r.changes],
-                     "message": r.message} for r in report.results],
-        "ssh_mesh": report.mesh,
-        "log": str(report.log) if report.log else None,
-        "failed": report.failed,
-    }

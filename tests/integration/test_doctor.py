@@ -76,7 +76,7 @@ def test_list_and_selection() -> None:
     listed = gpucluster("doctor", "--list")
     for name in ("driver", "rendezvous-port", "gpu-processes", "clock", "shm"):
         assert name in listed.stdout
-    bad = gpucluster("doctor", "--checks", "drvier", "-i", "/nonexistent.yaml")
+    bad = gpucluster("doctor", "--only", "drvier", "-i", "/nonexistent.yaml")
     assert bad.code == 2 and "unknown check drvier" in bad.stderr
 
 

@@ -66,3 +66,81 @@ def test_sandbox_without_root_says_what_is_needed() -> None:
     else:
         result = gpucluster("sandbox", "up", "--name", "gpcnone")
         assert result.code == 2 and "must run as root" in result.stderr
+
+
+def _commands() -> dict[str, object]:
+    """Every command's click object by its path, e.g. 'inventory check'."""
+    from typer.main import get_command
+
+    from gpucluster.cli.main import app
+
+    found: dict[str, object] = {}
+
+    def walk(group: object, prefix: str) -> None:
+        for name, command in group.commands.items():  # type: ignore[attr-defined]
+            path = f"{prefix} {name}".strip()
+            if hasattr(command, "commands"):  # a group of sub-commands
+                walk(command, path)
+            else:
+                found[path] = command
+    walk(get_command(app), "")
+    return found
+
+
+def _help(path: str) -> str:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+
+    result = CliRunner().invoke(app, [*path.split(), "-h"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, (path, result.output)
+    return result.output
+
+
+def test_every_command_takes_h_and_names_its_placeholders_plainly() -> None:
+    for path in _commands():
+        text = _help(path)
+        usage = next(line for line in text.splitlines() if "Usage:" in line)
+        assert "{" not in usage and "<bool>" not in text, (path, usage)
+    assert "SCRIPT [ARGS]" in _help("launch") and "COMMAND" in _help("run")
+    assert "[node/rank]" in _help("logs")  # not swallowed as rich markup
+
+
+def test_reporting_commands_have_json_and_node_commands_select_hosts() -> None:
+    commands = _commands()
+
+    def options(path: str) -> set[str]:
+        return {o for p in commands[path].params for o in p.opts}  # type: ignore[attr-defined]
+
+    for path in ("run", "doctor", "provision", "smoke", "launch", "jobs", "stop",
+                 "inventory show", "inventory check", "sandbox status"):
+        assert "--json" in options(path), path
+    for path in ("run", "doctor", "smoke", "launch"):
+        assert {"-w", "--hosts", "-g", "--group"} <= options(path), path
+    assert {"-w", "--hosts"} <= options("logs")
+    assert {"--only", "--skip"} <= options("doctor") and {"--only", "--skip"} <= options(
+        "provision")
+
+
+def test_inventory_check_json_lists_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - name: a\n    prot: 22\n")
+    result = gpucluster("inventory", "check", "-i", str(path), "--json")
+    assert result.code == 2
+    payload = result.json()
+    assert payload["schema"] == 1 and payload["ok"] is False
+    assert payload["problems"] == [{"file": str(path), "line": 3, "message":
+                                    "unknown key 'prot' in host entry",
+                                    "fix": "did you mean 'port'?"}]
+    path.write_text("hosts: [a, b]\n")
+    good = gpucluster("inventory", "check", "-i", str(path), "--json").json()
+    assert good["ok"] is True and good["hosts"] == 2 and good["problems"] == []
+
+
+def test_doctor_and_smoke_on_a_selection(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts: [localhost]\ngroups: {g: localhost}\n")
+    unknown = gpucluster("doctor", "-i", str(path), "-w", "nosuch")
+    assert unknown.code == 2 and "--hosts names unknown hosts: nosuch" in unknown.stderr
+    group = gpucluster("smoke", "-i", str(path), "-g", "nope")
+    assert group.code == 2 and "no group 'nope'" in group.stderr

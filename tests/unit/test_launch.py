@@ -212,11 +212,13 @@ def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("hosts: [a, b]\n")
     (tmp_path / "train.py").write_text("")
-    bad_env = gpucluster("launch", "-i", str(inventory), "--env", "1X=2", "train.py",
-                         cwd=str(tmp_path))
-    assert bad_env.code == 2
-    assert bad_env.stderr == ("gpucluster: error: --env '1X=2': expected NAME=VALUE (fix: "
-                              "e.g. --env NCCL_DEBUG=INFO)\n")
+    for pair in ("1X=2", "é=2"):  # é is a Python identifier but no shell's name
+        bad_env = gpucluster("launch", "-i", str(inventory), "--env", pair, "train.py",
+                             cwd=str(tmp_path))
+        assert bad_env.code == 2
+        assert bad_env.stderr == (f"gpucluster: error: --env {pair!r}: expected NAME=VALUE, "
+                                  f"NAME of ASCII letters, digits and _ (fix: e.g. --env "
+                                  f"NCCL_DEBUG=INFO)\n")
     missing = gpucluster("launch", "-i", str(inventory), "nope.py", cwd=str(tmp_path))
     assert missing.code == 2 and "Traceback" not in missing.stderr
     assert re.fullmatch(r"gpucluster: error: nope\.py: no such file in \S+ \(fix: .*\)\n",

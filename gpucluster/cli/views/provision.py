@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -67,3 +69,18 @@ def _print_mesh(console: Console, report: ProvisionReport) -> None:
             cells.append(f"[{style}]{state}[/]")
         table.add_row(source, *cells)
     console.print(table)
+
+
+def summary_payload(report: ProvisionReport) -> dict[str, Any]:
+    return {
+        "hosts": list(report.hosts),
+        "steps": list(report.steps),
+        "gate_blocked": report.gate_blocked,
+        "gate": [{"check": r.name, "host": r.host, "message": r.message} for r in report.gate],
+        "results": [{"step": r.step, "host": r.host, "outcome": r.outcome.value,
+                     "changes": [{"summary": c.summary, "detail": c.detail} for c in r.changes],
+                     "message": r.message} for r in report.results],
+        "ssh_mesh": report.mesh,
+        "log": str(report.log) if report.log else None,
+        "failed": report.failed,
+    }

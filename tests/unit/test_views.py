@@ -8,7 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpucluster import inventory, render
+from gpucluster import inventory
+from gpucluster.cli.views import common, run
+from gpucluster.cli.views import inventory as inventory_view
 from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult, HostFailure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def _text(draw) -> str:
 
 
 def test_identical_outputs_fold_and_unique_ones_are_prefixed() -> None:
-    text = _text(lambda console: render.print_run(console, _result()))
+    text = _text(lambda console: run.print_run(console, _result()))
     assert "n[1-2] (2)\n---------------\nsame\n" in text
     assert "n3: odd\n" in text
     assert "n4: exited with exit code 2\n" in text
@@ -40,15 +42,15 @@ def test_identical_outputs_fold_and_unique_ones_are_prefixed() -> None:
 
 
 def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
-    assert render.failure_summary(_result()) == \
+    assert run.failure_summary(_result()) == \
         "2 of 5 hosts failed: n4 (exit 2), n5 (unreachable)"
     all_ok = FanoutResult(hosts=("a",), values={"a": CommandResult("a", "c", 0, "", "", 0)})
-    assert render.failure_summary(all_ok) is None
+    assert run.failure_summary(all_ok) is None
 
 
 def test_run_json_schema_is_pinned() -> None:
-    payload = json.loads(_text(lambda c: render.print_json(
-        c, render.run_payload("cmd", _result()))))
+    payload = json.loads(_text(lambda c: common.print_json(
+        c, run.run_payload("cmd", _result()))))
     assert payload["schema"] == 1
     assert set(payload) == {"schema", "command", "hosts", "failed"}
     assert payload["failed"] == ["n4", "n5"]
@@ -60,7 +62,8 @@ def test_run_json_schema_is_pinned() -> None:
 
 def test_inventory_json_schema_is_pinned() -> None:
     loaded = inventory.load(ROOT / "inventory.example.yaml")
-    payload = json.loads(_text(lambda c: render.print_json(c, render.hosts_payload(loaded))))
+    payload = json.loads(_text(
+        lambda c: common.print_json(c, inventory_view.hosts_payload(loaded))))
     assert set(payload) == {"schema", "inventory", "cluster", "groups", "hosts"}
     assert set(payload["hosts"][0]) == {"name", "address", "user", "port", "identity_file",
                                         "jump_host", "connection", "gpus", "gpu_model",

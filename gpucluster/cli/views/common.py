@@ -1,0 +1,84 @@
+"""What every view shares: JSON with its schema number, tables, progress bars."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rich import filesize
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+JSON_SCHEMA_VERSION = 1
+
+
+def print_json(console: Console, payload: dict[str, Any]) -> None:
+    """JSON on stdout, exactly as given (no rich markup or wrapping)."""
+    console.file.write(json.dumps({"schema": JSON_SCHEMA_VERSION, **payload}, indent=2) + "\n")
+
+
+@contextmanager
+def host_progress(console: Console, total: int, what: str) -> Iterator[Callable[[], None]]:
+    """A transient "hosts done" bar on a terminal; nothing when output is piped."""
+    if not console.is_terminal or total < 2:
+        yield lambda: None
+        return
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda: progress.advance(task)
+
+
+class AverageRateColumn(ProgressColumn):
+    """Bytes per second since the node's first byte; it stays shown once the node is
+    done (rich's own speed column shows "?" for a transfer too short to sample)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        if not elapsed or not task.completed:
+            return Text("?", style="progress.data.speed")
+        rate = filesize.decimal(int(task.completed / elapsed))
+        return Text(f"{rate}/s", style="progress.data.speed")
+
+
+@contextmanager
+def byte_progress(console: Console) -> Iterator[Callable[[str, int, bool], None]]:
+    """Per-node bars of bytes received and rate, for image pushes; silent when piped."""
+    if not console.is_terminal:
+        yield lambda _node, _bytes, _done: None
+        return
+    from rich.progress import DownloadColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  AverageRateColumn(), console=console, transient=False) as progress:
+        tasks: dict[str, Any] = {}
+
+        def update(node: str, received: int, done: bool) -> None:
+            if node not in tasks:
+                tasks[node] = progress.add_task(node, total=None)
+            progress.update(tasks[node], completed=received,
+                            total=received if done else None)
+
+        yield update
+
+
+def print_table(console: Console, title: str, columns: Sequence[str],
+                rows: Sequence[Sequence[str]]) -> None:
+    table = Table(title=title)
+    for index, column in enumerate(columns):
+        table.add_column(column, no_wrap=index == 0)  # the key column stays whole
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

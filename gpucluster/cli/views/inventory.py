@@ -1,0 +1,75 @@
+"""`inventory show` and `inventory check`: the resolved hosts, the problems found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpucluster.errors import Problem
+from gpucluster.inventory import Inventory
+
+
+def hosts_payload(inventory: Inventory) -> dict[str, Any]:
+    return {
+        "inventory": str(inventory.path),
+        "cluster": {
+            "rendezvous_port": inventory.cluster.rendezvous_port,
+            "python": inventory.cluster.python,
+            "torchrun": inventory.cluster.torchrun,
+            "env": dict(inventory.cluster.env),
+            "image": inventory.cluster.image,
+            "work_dir": inventory.cluster.work_dir,
+            "known_hosts": inventory.cluster.known_hosts,
+        },
+        "groups": {name: list(members) for name, members in inventory.groups.items()},
+        "hosts": [
+            {
+                "name": h.name, "address": h.address, "user": h.user, "port": h.port,
+                "identity_file": h.identity_file, "jump_host": h.jump_host,
+                "connection": h.connection, "gpus": h.gpus, "gpu_model": h.gpu_model,
+                "torch_device": h.torch_device,
+                "labels": dict(h.labels), "groups": list(h.groups),
+            }
+            for h in inventory.hosts
+        ],
+    }
+
+
+def print_hosts(console: Console, inventory: Inventory) -> None:
+    """The resolved hosts; columns that are empty for every host are left out."""
+    columns: dict[str, list[str]] = {
+        "name": [h.name for h in inventory.hosts],
+        "address": ["local" if h.is_local else h.address for h in inventory.hosts],
+        "user": [h.user for h in inventory.hosts],
+        "port": [str(h.port) for h in inventory.hosts],
+        "via": [h.jump_host or "" for h in inventory.hosts],
+        "gpus": ["" if h.gpus is None else str(h.gpus) for h in inventory.hosts],
+        "model": [h.gpu_model or "" for h in inventory.hosts],
+        "groups": [",".join(h.groups) for h in inventory.hosts],
+        "labels": [",".join(f"{k}={v}" for k, v in h.labels.items()) for h in inventory.hosts],
+    }
+    shown = {name: cells for name, cells in columns.items() if any(cells)}
+    table = Table(title=f"{len(inventory.hosts)} hosts in {inventory.path}")
+    for name in shown:
+        table.add_column(name)
+    for row in zip(*shown.values(), strict=True):
+        table.add_row(*row)
+    console.print(table)
+    cluster = inventory.cluster
+    console.print(f"head (rendezvous): {inventory.head.name}:{cluster.rendezvous_port}  "
+                  f"python: {cluster.python}  work_dir: {cluster.work_dir}")
+
+
+def check_payload(inventory: Inventory | None, problems: list[Problem]) -> dict[str, Any]:
+    """`inventory check --json`: ok, the counts, or every problem with file, line, fix."""
+    return {
+        "ok": not problems,
+        "inventory": str(inventory.path) if inventory else (problems[0].path if problems
+                                                               else None),
+        "hosts": len(inventory.hosts) if inventory else None,
+        "groups": len(inventory.groups) if inventory else None,
+        "problems": [{"file": p.path, "line": p.line, "message": p.message, "fix": p.fix}
+                     for p in problems],
+    }

@@ -1,0 +1,167 @@
+"""`launch`, `jobs`, `logs` and `stop`: streamed [node/rank] lines, the outcome with the
+first failure, the jobs table, what stop found; and each as JSON."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+
+from gpucluster import hostrange
+from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.model import (
+    FirstFailure,
+    JobOutcome,
+    NodeState,
+    OutputCallback,
+    StopResult,
+)
+
+
+def line_printer(stream: TextIO) -> OutputCallback:
+    """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun)."""
+    lock = threading.Lock()
+
+    def write(node: str, rank: str | None, text: str) -> None:
+        prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
+        with lock:
+            stream.write(f"{prefix} {text}\n")
+            stream.flush()
+    return write
+
+
+def state_label(state: NodeState) -> str:
+    """running, stopped, lost...; exited with its code."""
+    if state.state == "exited":
+        return f"exited {state.exit_code}"
+    return state.state
+
+
+def failure_cause(failure: FirstFailure) -> str:
+    worker = failure.worker_exit
+    if worker is not None and worker < 0:
+        try:
+            name = f" ({signal.Signals(-worker).name})"
+        except ValueError:
+            name = ""
+        cause = f"worker killed by signal {-worker}{name}"
+    elif worker is not None:
+        cause = f"worker exit code {worker}"
+    else:
+        cause = failure.state.state + (f" ({failure.state.detail})"
+                                       if failure.state.detail else "")
+    if failure.exit_code is not None:
+        cause += f"; torchrun exit code {failure.exit_code}"
+    return cause
+
+
+def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
+    record = outcome.record
+    failure = outcome.first_failure
+    if failure is not None:
+        where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
+            else failure.node
+        err.print(f"[bold red]first failure: {where}, {escape(failure_cause(failure))}[/]")
+        if failure.rank_tail:
+            err.print(f"last lines of rank {failure.rank}:")
+            for line in failure.rank_tail:
+                err.print(f"  {escape(line)}", style="dim")
+        err.print(f"last lines of {failure.node}'s log "
+                  f"({store.node_log(record.id, failure.node)}):")
+        for line in failure.tail:
+            err.print(f"  {escape(line)}", style="dim")
+    by_state: dict[str, list[str]] = {}
+    for node, state in outcome.states.items():
+        by_state.setdefault(state_label(state), []).append(node)
+    err.print(f"job {record.id}: " + ", ".join(f"{label} on {hostrange.fold(nodes)}"
+                                               for label, nodes in by_state.items())
+              + f"; logs in {store.directory(record.id)}")
+    if outcome.stopped:
+        print_stopped(err, record, outcome.stopped)
+
+
+def stopped_cleanly(results: Mapping[str, StopResult]) -> bool:
+    """True when every node confirmed that nothing of the job is left."""
+    return all(r.how not in ("unreachable", "error") and not r.left for r in results.values())
+
+
+def print_stopped(console: Console, record: JobRecord,
+                  results: Mapping[str, StopResult]) -> None:
+    """A line per node that could not confirm; one summary line when all could."""
+    for node, result in sorted(results.items()):
+        if result.how in ("unreachable", "error") or result.left:
+            left = f" {len(result.left)} processes left: {result.left}" if result.left else ""
+            console.print(f"[bold red]{node}: could not confirm the job ended: "
+                          f"{escape(result.detail)}{left}[/]")
+    if stopped_cleanly(results):
+        found = sum(r.found for r in results.values())
+        killed = [n for n, r in results.items() if r.how == "kill"]
+        console.print(f"job {record.id} stopped: nothing of it is left on "
+                      f"{hostrange.fold(list(results))} ({found} processes ended"
+                      + (f"; KILL needed on {hostrange.fold(killed)}" if killed else "") + ")")
+
+
+def print_jobs(console: Console, records: Sequence[JobRecord],
+               table: Mapping[str, Mapping[str, NodeState]]) -> None:
+    from gpucluster.cli.views.common import print_table
+
+    rows = []
+    for record in records:
+        by_state: dict[str, list[str]] = {}
+        for node in record.hosts:
+            state = table[record.id].get(node)
+            by_state.setdefault("?" if state is None else state_label(state), []).append(node)
+        summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
+                            for label, nodes in by_state.items())
+        rows.append((record.id, " ".join([record.script, *record.args]),
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at)),
+                     summary))
+    print_table(console, "jobs", ("job", "command", "started", "state"), rows)
+
+
+# -- JSON
+
+
+def state_payload(state: NodeState) -> dict[str, Any]:
+    return {"state": state.state, "exit_code": state.exit_code, "detail": state.detail}
+
+
+def stop_payload(record: JobRecord, results: Mapping[str, StopResult]) -> dict[str, Any]:
+    return {
+        "job": record.id,
+        "clean": stopped_cleanly(results),
+        "nodes": {n: {"found": r.found, "how": r.how, "left": list(r.left), "detail": r.detail}
+                  for n, r in sorted(results.items())},
+    }
+
+
+def jobs_payload(records: Sequence[JobRecord],
+                 table: Mapping[str, Mapping[str, NodeState]]) -> dict[str, Any]:
+    return {"jobs": [{
+        "id": r.id, "script": r.script, "args": list(r.args), "hosts": list(r.hosts),
+        "started_at": r.started_at, "image": r.image,
+        "nodes": {n: state_payload(s) for n, s in table[r.id].items()},
+    } for r in records]}
+
+
+def outcome_payload(outcome: JobOutcome, store: JobStore) -> dict[str, Any]:
+    failure = outcome.first_failure
+    return {
+        "job": outcome.record.id,
+        "hosts": list(outcome.record.hosts),
+        "exit_code": outcome.exit_code,
+        "interrupted": outcome.interrupted,
+        "nodes": {n: state_payload(s) for n, s in outcome.states.items()},
+        "first_failure": None if failure is None else {
+            "node": failure.node, "rank": failure.rank, "cause": failure_cause(failure),
+            "exit_code": failure.exit_code, "worker_exit": failure.worker_exit,
+            "rank_tail": list(failure.rank_tail), "tail": list(failure.tail)},
+        "stopped": stop_payload(outcome.record, outcome.stopped)["nodes"]
+        if outcome.stopped else None,
+        "logs": str(store.directory(outcome.record.id)),
+    }

@@ -1,0 +1,76 @@
+"""`gpucluster run`: outputs folded clush-style, a failure summary, JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from gpucluster import hostrange
+from gpucluster.remote.result import CommandResult, FanoutResult
+
+
+def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, Any]:
+    hosts = []
+    for name in result.hosts:
+        value = result.values.get(name)
+        failure = result.failures.get(name)
+        hosts.append({
+            "host": name,
+            "ok": value is not None and value.ok,
+            "exit_code": value.exit_code if value else None,
+            "stdout": value.stdout if value else None,
+            "stderr": value.stderr if value else None,
+            "duration_s": round(value.duration_s, 3) if value else None,
+            "error": {"kind": failure.kind.value, "message": failure.message}
+            if failure else None,
+        })
+    return {"command": command, "hosts": hosts,
+            "failed": [h["host"] for h in hosts if not h["ok"]]}
+
+
+def fold_outputs(result: FanoutResult[CommandResult]) -> list[tuple[list[str], str, int]]:
+    """Hosts grouped by identical output and exit code, in order of first appearance."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name in result.hosts:
+        value = result.values.get(name)
+        if value is not None:
+            groups.setdefault((value.stdout + value.stderr, value.exit_code), []).append(name)
+    return [(hosts, output, code) for (output, code), hosts in groups.items()]
+
+
+def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
+    """clush -b: a shared output under its folded host list, a unique one line-prefixed."""
+    for hosts, output, exit_code in fold_outputs(result):
+        folded = hostrange.fold(hosts)
+        lines = output.rstrip("\n").split("\n") if output else []
+        if len(hosts) > 1 and lines:
+            console.print(f"[bold cyan]{'-' * 15}\n{escape(folded)} ({len(hosts)})"
+                          f"\n{'-' * 15}[/]")
+            for line in lines:
+                console.print(escape(line))
+        else:
+            for line in lines:
+                console.print(f"[cyan]{escape(folded)}:[/] {escape(line)}")
+        if exit_code != 0:
+            console.print(f"[yellow]{escape(folded)}: exited with exit code {exit_code}[/]")
+    for name in result.failed_hosts:
+        failure = result.failures[name]
+        console.print(f"[bold red]{escape(name)}: {failure.kind.value}:[/] "
+                      f"{escape(failure.message)}")
+
+
+def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
+    """One line naming every host that failed and why; None when all succeeded."""
+    reasons: list[str] = []
+    for name in result.hosts:
+        failure = result.failures.get(name)
+        value = result.values.get(name)
+        if failure is not None:
+            reasons.append(f"{name} ({failure.kind.value})")
+        elif value is not None and not value.ok:
+            reasons.append(f"{name} (exit {value.exit_code})")
+    if not reasons:
+        return None
+    return f"{len(reasons)} of {len(result.hosts)} hosts failed: {', '.join(reasons)}"

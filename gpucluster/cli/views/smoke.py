@@ -1,0 +1,40 @@
+"""`gpucluster smoke`: the all-reduce sweep as a table, the slow nodes, the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpucluster.smoke.runner import SmokeReport
+
+
+def smoke_payload(report: SmokeReport) -> dict[str, Any]:
+    return {**asdict(report), "passed": report.passed}
+
+
+def print_smoke(console: Console, report: SmokeReport) -> None:
+    table = Table(title=f"all-reduce, {report.world_size} ranks, backend "
+                        f"{report.backend or '?'}")
+    for column in ("size", "time", "algbw Gbit/s", "busbw Gbit/s", "correct"):
+        table.add_column(column, justify="right")
+    for entry in report.sweep:
+        table.add_row(_size(entry["bytes"]), f"{entry['time_s'] * 1e3:.2f} ms",
+                      f"{entry['algbw_gbps']:.3f}", f"{entry['busbw_gbps']:.3f}",
+                      "yes" if entry["correct"] else "[bold red]NO[/]")
+    console.print(table)
+    for node, why in report.slow.items():
+        console.print(f"[yellow]slow node {node}[/]: {escape(why)}")
+    for problem in report.problems:
+        console.print(f"[bold red]FAIL[/] {escape(problem)}")
+    console.print("smoke: " + ("passed" if report.passed else "FAILED"))
+
+
+def _size(count: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= factor:
+            return f"{count / factor:g} {unit}"
+    return f"{count} B"
