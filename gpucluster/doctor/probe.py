@@ -7,20 +7,19 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucluster import reports
 from gpucluster.doctor import nvidia_smi
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import shell_path
+from gpucluster.reports import Section
 from gpucluster.templating import render
 
 TOOL_TIMEOUT_S = 15
-_SECTION = re.compile(r"^@@gpc (\S+)$")
-_END = re.compile(r"^@@gpc-rc (\d+)$")
 
 # Run by the job's python on the node: torch's versions as JSON; exit 3 when torch
 # cannot be imported (so the probe does not cache a failure).
@@ -39,12 +38,6 @@ except Exception:
     pass
 print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}))
 """
-
-
-@dataclass(frozen=True)
-class Section:
-    output: str
-    exit_code: int
 
 
 @dataclass(frozen=True)
@@ -216,10 +209,10 @@ class ProbeSteps:
     def see(self, stream: str, line: str) -> None:
         if stream != "stdout":
             return
-        start, end = _SECTION.match(line), _END.match(line)
-        if start:
-            self.current, self.started = start.group(1), time.monotonic()
-        elif end and self.current is not None:
+        kind, rest = reports.parse(line) or ("", "")
+        if kind == "section":
+            self.current, self.started = rest, time.monotonic()
+        elif kind == "end" and self.current is not None:
             self.done.append(self.current)
             self.current = None
 
@@ -250,23 +243,6 @@ def render_probe(inventory: Inventory) -> str:
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
 
 
-def parse_sections(output: str) -> dict[str, Section]:
-    sections: dict[str, Section] = {}
-    name: str | None = None
-    lines: list[str] = []
-    for line in output.splitlines():
-        start = _SECTION.match(line)
-        end = _END.match(line)
-        if start:
-            name, lines = start.group(1), []
-        elif end and name is not None:
-            sections[name] = Section("\n".join(lines).strip("\n"), int(end.group(1)))
-            name = None
-        elif name is not None:
-            lines.append(line)
-    return sections
-
-
 def parse_facts(output: str, sent_at: float, clock_seen_at: float | None = None) -> NodeFacts:
     """Facts from the probe's output.
 
@@ -275,7 +251,7 @@ def parse_facts(output: str, sent_at: float, clock_seen_at: float | None = None)
     `sent_at`. A clock inside that window may be exact, so it counts as 0; outside, the
     offset is the distance to the window, a lower bound on the real skew.
     """
-    sections = parse_sections(output)
+    sections = reports.sections(output)
     offset = None
     clock = sections.get("clock")
     if clock is not None:

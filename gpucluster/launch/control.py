@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpucluster import reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts
@@ -25,7 +26,7 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
         script = node_scripts.stop_script(record, connection.host, grace_s,
                                           record.container_runtime.get(connection.host))
         result = connection.run(script, timeout=grace_s + 30)
-        how, found, left = ([*node_scripts.parse_markers(result.stdout).get(
+        how, found, left = ([*reports.by_kind(result.stdout).get(
             "stop", [""])[0].split(), "", "", ""])[:3]
         if not how:
             return StopResult(connection.host, 0, "error", (),
@@ -67,7 +68,7 @@ def states(session: Session, inventory: Inventory,
             if mine:
                 output = connection.run(node_scripts.state_script(mine, connection.host,
                                                                   jobs_dir), timeout=30)
-                lines += node_scripts.parse_markers(output.stdout).get("job", [])
+                lines += reports.by_kind(output.stdout).get("job", [])
         return lines
 
     answers = session.map([inventory.host(n) for n in names], ask)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gpucluster import reports
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of, stop
@@ -50,10 +51,11 @@ class _Follower:
             with self.log.open("w", encoding="utf-8") as copy:
                 def on_line(stream: str, line: str) -> None:
                     self.last_heard = time.monotonic()
-                    if stream == "stderr" and line == "@@gpc-alive":
+                    kind, rest = reports.parse(line) or ("", "")
+                    if kind == "alive" and stream == "stderr":
                         return
-                    if line.startswith("@@gpc-state "):
-                        self.state = parse_state(self.host.name, line[len("@@gpc-state "):])
+                    if kind == "state":
+                        self.state = parse_state(self.host.name, rest)
                         return
                     copy.write(line + "\n")
                     copy.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpucluster.launch.jobs import JobRecord
@@ -90,13 +90,3 @@ def stop_script(record: JobRecord, node: str, grace_s: float,
 def state_script(records: Sequence[JobRecord], node: str, jobs_dir: str) -> str:
     return render("launch/state.sh.j2", job_ids=[r.id for r in records], node=node,
                   jobs_dir=jobs_dir, any_job_pattern=any_job_pattern(node))
-
-
-def parse_markers(output: str) -> Mapping[str, list[str]]:
-    """`@@gpc-WORD rest` lines of a script's output, by word."""
-    found: dict[str, list[str]] = {}
-    for line in output.splitlines():
-        if line.startswith("@@gpc-"):
-            word, _, rest = line[6:].partition(" ")
-            found.setdefault(word, []).append(rest)
-    return found

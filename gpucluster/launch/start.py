@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucluster import hostrange
+from gpucluster import hostrange, reports
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError, Interrupted
@@ -171,7 +171,7 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
                                        interface_exports(host, env), container is not None,
                                        head_port)
     result = connection.run(script, timeout=60, env=dict(env))
-    markers = node_scripts.parse_markers(result.stdout)
+    markers = reports.by_kind(result.stdout)
     pid = markers.get("started", [""])[0]
     errors = markers.get("error", []) + [
         f"port {port} is in use (fix: find it with ss -ltnp 'sport = :{port}' and end it, "

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucluster import reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.remote.connection import Connection
 
@@ -114,18 +115,21 @@ def local_files(root: Path) -> dict[str, LocalFile]:
 
 
 def listing_command(code_dir: str) -> str:
-    """What the node has: the manifest of the last sync, then size, mtime and path of
-    every file (NUL-separated, so any file name survives)."""
+    """What the node has, in two report sections: the manifest of the last sync, then
+    size, mtime and path of every file. Synced names never hold a newline (local_files
+    leaves such files out), so a line per name is enough."""
     return (f"mkdir -p {code_dir} && cd {code_dir} && "
-            f"{{ cat {MANIFEST} 2>/dev/null; printf '\\0@@gpc-files\\0'; "
-            f"find . -type f -printf '%s %T@ %P\\0'; }}")
+            f"{{ echo '@@gpc section manifest'; tr '\\0' '\\n' < {MANIFEST} 2>/dev/null; "
+            f"echo; echo '@@gpc end 0'; echo '@@gpc section files'; "
+            f"find . -type f -printf '%s %T@ %P\\n'; echo '@@gpc end 0'; }}")
 
 
 def parse_listing(output: str) -> tuple[set[str], dict[str, tuple[int, int]]]:
-    manifest_part, _, files_part = output.partition("\0@@gpc-files\0")
-    previous = {p for p in manifest_part.split("\0") if p}
+    found = reports.sections(output)
+    manifest, files = found.get("manifest"), found.get("files")
+    previous = {p for p in (manifest.output if manifest else "").splitlines() if p}
     remote: dict[str, tuple[int, int]] = {}
-    for record in files_part.split("\0"):
+    for record in (files.output if files else "").splitlines():
         size, _, rest = record.partition(" ")
         mtime, _, path = rest.partition(" ")
         if path and size.isdigit():

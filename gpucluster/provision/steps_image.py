@@ -17,6 +17,7 @@ import subprocess
 import uuid
 from typing import BinaryIO, cast
 
+from gpucluster import reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
 from gpucluster.provision.image_source import ImageSource, locate
@@ -48,9 +49,9 @@ while chunk := read(1 << 20):
     total += len(chunk)
     if time.time() - last > 0.5:
         last = time.time()
-        print("progress", node, total, file=sys.stderr, flush=True)
+        print("@@gpc progress", node, total, file=sys.stderr, flush=True)
 sys.stdout.flush()
-print("progress", node, total, "done", file=sys.stderr, flush=True)
+print("@@gpc progress", node, total, "done", file=sys.stderr, flush=True)
 """
 
 
@@ -212,12 +213,13 @@ class ImageStep(Step):
         assert source is not None
 
         def on_line(_stream: str, line: str) -> None:
-            parts = line.split()
-            if len(parts) >= 3 and parts[0] == "loaded":
-                loaded[parts[1]] = parts[2].removeprefix("sha256:")
-            elif len(parts) >= 3 and parts[0] == "progress" and parts[2].isdigit() and \
+            kind, rest = reports.parse(line) or ("", "")
+            parts = rest.split()
+            if kind == "loaded" and len(parts) >= 2:
+                loaded[parts[0]] = parts[1].removeprefix("sha256:")
+            elif kind == "progress" and len(parts) >= 2 and parts[1].isdigit() and \
                     on_progress is not None:
-                on_progress(parts[1], int(parts[2]), parts[-1] == "done")
+                on_progress(parts[0], int(parts[1]), parts[-1] == "done")
 
         try:
             result = connection.run(f"sh {relay_dir}/relay.sh", timeout=24 * 3600,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster import inventory as inventory_module
+from gpucluster import reports
 from gpucluster.doctor import probe
 from gpucluster.doctor.model import REGISTRY, CheckSpec, Context, Status, majority, parity
 from gpucluster.doctor.runner import _run_check
@@ -40,8 +41,9 @@ def facts(gpus: list[str] | None = None, torch: str = '{"torch": "2.5.1", "cuda"
              "nvidia_version": f"DRIVER version : 550.54.15\nCUDA Version : {cuda}",
              "gpus": "\n".join([GPU_HEADER, *(gpus if gpus is not None else [gpu_row()])]),
              "shm": "shm 16777216 0 16777216 0% /dev/shm", **sections}
-    output = "".join(f"@@gpc {name}\n{text}\n@@gpc-rc 0\n" for name, text in parts.items())
-    clock = f"@@gpc clock\n{time.time() + offset}\n@@gpc-rc 0\n"
+    output = "".join(f"@@gpc section {name}\n{text}\n@@gpc end 0\n"
+                     for name, text in parts.items())
+    clock = f"@@gpc section clock\n{time.time() + offset}\n@@gpc end 0\n"
     return probe.parse_facts(output + clock, time.time())
 
 
@@ -152,9 +154,9 @@ def test_a_check_that_raises_becomes_fail_with_the_error(tmp_path: Path) -> None
 
 
 def test_sections_survive_garbage_and_truncation() -> None:
-    output = "noise\n@@gpc a\nline1\n@@gpc-rc 0\n@@gpc b\npartial"  # b never ended
-    sections = probe.parse_sections(output)
-    assert sections == {"a": probe.Section("line1", 0)}
+    output = ("noise\n@@gpc section a\nline1\n@@gpc end 0\n@@gpc end x\n"
+              "@@gpc section b\npartial")  # b never ended
+    assert reports.sections(output) == {"a": reports.Section("line1", 0)}
 
 
 def test_the_real_probe_runs_here_and_quotes_inventory_paths(tmp_path: Path) -> None:
@@ -208,12 +210,12 @@ def test_a_timed_out_probe_names_the_step_it_was_in() -> None:
 
     steps = ProbeSteps()
     assert "before it printed anything" in steps.timeout_message(4)
-    for line in ["@@gpc clock", "1.0", "@@gpc-rc 0", "@@gpc torch"]:
+    for line in ["@@gpc section clock", "1.0", "@@gpc end 0", "@@gpc section torch"]:
         steps.see("stdout", line)
-    steps.see("stderr", "@@gpc-rc 0")  # only stdout frames the steps
+    steps.see("stderr", "@@gpc end 0")  # only stdout frames the steps
     message = steps.timeout_message(4)
     assert message.startswith("the probe did not finish within --timeout 4s: its 'torch' "
                               "step had run ")
     assert "importing torch" in message and "cached" in message
-    steps.see("stdout", "@@gpc-rc 0")
+    steps.see("stdout", "@@gpc end 0")
     assert steps.timeout_message(4).endswith("stalled after its 'torch' step")
