@@ -6,12 +6,12 @@ exact rendezvous path jobs use."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import shell_path
+from gpucluster.templating import render
 
 SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
@@ -58,10 +58,8 @@ def interface_exports(host: Host, env: Mapping[str, str]) -> str:
     missing = [name for name in SOCKET_IFNAME_VARIABLES if name not in env]
     if not missing:
         return ""
-    exports = " ".join(f'{name}="$iface"' for name in missing)
-    return (f"iface=$(ip -o -4 addr show | awk -v a={shlex.quote(host.address + '/')} "
-            f"'index($4, a) == 1 {{print $2; exit}}'); "
-            f'[ -n "$iface" ] && export {exports}; ')
+    return render("launch/interface_exports.sh.j2", address=host.address,
+                  names=missing).strip() + " "
 
 
 def is_image_file(name: str) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import fnmatch
 import io
 import os
-import shlex
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from gpucluster import reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.remote.connection import Connection
+from gpucluster.templating import render
 
 IGNORE_FILE = ".gpuclusterignore"
 MANIFEST = ".gpucluster-sync"
@@ -115,13 +115,8 @@ def local_files(root: Path) -> dict[str, LocalFile]:
 
 
 def listing_command(code_dir: str) -> str:
-    """What the node has, in two report sections: the manifest of the last sync, then
-    size, mtime and path of every file. Synced names never hold a newline (local_files
-    leaves such files out), so a line per name is enough."""
-    return (f"mkdir -p {code_dir} && cd {code_dir} && "
-            f"{{ echo '@@gpc section manifest'; tr '\\0' '\\n' < {MANIFEST} 2>/dev/null; "
-            f"echo; echo '@@gpc end 0'; echo '@@gpc section files'; "
-            f"find . -type f -printf '%s %T@ %P\\n'; echo '@@gpc end 0'; }}")
+    """What the node has: the last sync's manifest and every file, as report sections."""
+    return render("launch/sync_listing.sh.j2", code_dir=code_dir, manifest=MANIFEST)
 
 
 def parse_listing(output: str) -> tuple[set[str], dict[str, tuple[int, int]]]:
@@ -161,9 +156,7 @@ def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]) -> 
 
 
 def apply_command(code_dir: str, delete: tuple[str, ...]) -> str:
-    removals = "".join(f" {shlex.quote(p)}" for p in delete)
-    return (f"cd {code_dir} && tar -x --no-same-owner -f -"
-            + (f" && rm -f --{removals}" if delete else ""))
+    return render("launch/sync_apply.sh.j2", code_dir=code_dir, delete=delete)
 
 
 def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],

@@ -7,6 +7,7 @@ import difflib
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import FailureKind, RemoteError
+from gpucluster.templating import render
 
 BEGIN = "# BEGIN gpucluster managed block: `gpucluster provision` rewrites it, do not edit"
 END = "# END gpucluster managed block"
@@ -14,9 +15,8 @@ END = "# END gpucluster managed block"
 
 def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | None:
     """The file's text, or None when it does not exist."""
-    quoted = shell_path(path)
-    result = connection.run(f"if [ -e {quoted} ]; then cat {quoted}; else echo __absent__ >&2;"
-                            f" fi", timeout=30, sudo=sudo)
+    result = connection.run(render("provision/read_file.sh.j2", path=shell_path(path)),
+                            timeout=30, sudo=sudo)
     if "__absent__" in result.stderr:
         return None
     if not result.ok:
@@ -28,14 +28,7 @@ def write_atomically(connection: LoggedConnection, path: str, text: str, mode: s
                      sudo: bool = False) -> None:
     """Write to a temp file beside `path`, then rename over it: a reader (or a Ctrl-C)
     never sees half a file. An existing file keeps its owner and mode."""
-    quoted = shell_path(path)
-    script = (
-        f"set -e; umask 077; t=$(mktemp {quoted}.gpucluster-XXXXXX); "
-        f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; "
-        f"if [ -e {quoted} ]; then chmod --reference={quoted} \"$t\"; "
-        f"chown --reference={quoted} \"$t\"; else chmod {mode} \"$t\"; fi; "
-        f"mv -f \"$t\" {quoted}; trap - EXIT"
-    )
+    script = render("provision/write_file.sh.j2", path=shell_path(path), mode=mode)
     result = connection.run(script, timeout=30, sudo=sudo, stdin=text.encode())
     if not result.ok:
         raise RemoteError(FailureKind.ERROR, f"cannot write {path}: {result.stderr.strip()}")

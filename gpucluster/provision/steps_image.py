@@ -32,7 +32,7 @@ from gpucluster.provision.model import (
 )
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import RemoteError
-from gpucluster.templating import render
+from gpucluster.templating import render, template_dir
 from gpucluster.torchrun import node_images_dir
 
 GIB = 1024**3
@@ -40,19 +40,6 @@ GIB = 1024**3
 # both decrypts and encrypts the whole image.
 HOP_CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com"
 HEADROOM = 1.2  # unpacked layers plus a margin
-COUNTER = """\
-import sys, time
-node, read, write = sys.argv[1], sys.stdin.buffer.read, sys.stdout.buffer.write
-total, last = 0, 0.0
-while chunk := read(1 << 20):
-    write(chunk)
-    total += len(chunk)
-    if time.time() - last > 0.5:
-        last = time.time()
-        print("@@gpc progress", node, total, file=sys.stderr, flush=True)
-sys.stdout.flush()
-print("@@gpc progress", node, total, "done", file=sys.stderr, flush=True)
-"""
 
 
 def images_dir(context: ProvisionContext) -> str:
@@ -160,18 +147,14 @@ class ImageStep(Step):
             scripts[host.name] = render(
                 "provision/image_relay.sh.j2", node=host.name, dir=relay_dir,
                 next=following.get(host.name), python=context.inventory.cluster.python,
-                counter=COUNTER, sink=sink, report=report,
+                counter=(template_dir() / "provision" / "relay_counter.py").read_text(),
+                sink=sink, report=report,
                 decompress="zstd -dc" if zstd_everywhere else "cat")
 
         def prepare_hop(host: Host, connection: LoggedConnection) -> str:
             """Write this hop's script and connect it to the next hop, before any data."""
-            command = f"mkdir -p -m 700 {relay_dir} && cat > {relay_dir}/relay.sh"
-            if host.name in following:
-                command += (
-                    f" && ssh -o BatchMode=yes -o ControlMaster=yes -o ControlPersist=600"
-                    f" -o ControlPath={relay_dir}/control -o Ciphers={HOP_CIPHERS} -fN "
-                    f"{shlex.quote(following[host.name])} </dev/null >/dev/null 2>&1 && "
-                    f"ssh -o ControlPath={relay_dir}/control -O check x 2>&1")
+            command = render("provision/relay_hop_prepare.sh.j2", dir=relay_dir,
+                             next=following.get(host.name), ciphers=HOP_CIPHERS)
             result = connection.run(command, timeout=60, stdin=scripts[host.name].encode())
             if result.ok:
                 return ""
@@ -192,9 +175,8 @@ class ImageStep(Step):
             except (GpuclusterError, RemoteError) as error:
                 failure = error.message if isinstance(error, RemoteError) else str(error)
         if failure is not None:  # remove what the relay scripts did not remove themselves
-            each(lambda _host, connection: connection.run(
-                f"ssh -o ControlPath={relay_dir}/control -O exit x 2>/dev/null; "
-                f"rm -rf {relay_dir}", timeout=30), targets)
+            cleanup = render("provision/relay_cleanup.sh.j2", dir=relay_dir)
+            each(lambda _host, connection: connection.run(cleanup, timeout=30), targets)
         return {h.name: None if loaded.get(h.name) == image.image_id else failure or
                 f"after loading, the node reports image {loaded.get(h.name) or 'none'}, "
                 f"not {image.image_id[:12]}" for h in targets}

@@ -9,7 +9,6 @@ the cluster key. Afterwards every ordered pair is tried, in parallel."""
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from gpucluster.templating import render
 
 KEY_NAME = "gpucluster_ed25519"
 PAIR_TIMEOUT_S = 10
+PAIR_CONNECT_TIMEOUT_S = 5  # each pair's ssh gives up connecting after this long
 
 
 def cluster_key(state_dir: Path, create: bool) -> tuple[str, str]:
@@ -116,12 +116,9 @@ class SshMeshStep(Step):
         names = [h.name for h in context.inventory.hosts]
 
         def probe(host: Host, connection: LoggedConnection) -> dict[str, str]:
-            peers = [n for n in names if n != host.name]
-            checks = " ".join(
-                f"(ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 "
-                f"{shlex.quote(peer)} true </dev/null >/dev/null 2>&1 && echo "
-                f"{shlex.quote(peer)} ok || echo {shlex.quote(peer)} fail) &" for peer in peers)
-            output = connection.run(f"{checks} wait", timeout=PAIR_TIMEOUT_S * 2).stdout
+            script = render("provision/ssh_pairs.sh.j2", timeout=PAIR_CONNECT_TIMEOUT_S,
+                            peers=[n for n in names if n != host.name])
+            output = connection.run(script, timeout=PAIR_TIMEOUT_S * 2).stdout
             return dict(line.split() for line in output.splitlines() if len(line.split()) == 2)
 
         result = each(probe)

@@ -126,3 +126,75 @@ def test_steps_declare_what_the_runner_does_with_them() -> None:
     wide = {kind.name for kind in STEP_TYPES if kind.cluster_wide}
     assert wide == {"image"}  # the relay reaches every node at once
     assert STEP_TYPES[0]() is not STEP_TYPES[0]()  # fresh per run: no shared state
+
+
+def _relay_script(next_hop: str | None) -> str:
+    from gpucluster.templating import render, template_dir
+
+    return render("provision/image_relay.sh.j2", node="node-1", dir="'/srv/x/.relay-1'",
+                  next=next_hop, python="python3",
+                  counter=(template_dir() / "provision" / "relay_counter.py").read_text(),
+                  sink="podman load >&2", report="podman image inspect x",
+                  decompress="zstd -dc")
+
+
+@pytest.mark.parametrize("script", ["read", "write", "hop", "last-hop", "cleanup", "relay",
+                                    "last-relay", "listing", "apply", "pairs"])
+def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
+    import subprocess
+
+    from gpucluster.launch import workdir
+    from gpucluster.templating import render
+
+    path = "\"$HOME\"/'odd dir/hosts'"
+    text = {
+        "read": lambda: render("provision/read_file.sh.j2", path=path),
+        "write": lambda: render("provision/write_file.sh.j2", path=path, mode="644"),
+        "hop": lambda: render("provision/relay_hop_prepare.sh.j2", dir="'/srv/.relay-1'",
+                              next="node-2", ciphers="aes128-gcm@openssh.com"),
+        "last-hop": lambda: render("provision/relay_hop_prepare.sh.j2", dir="/srv/r",
+                                   next=None, ciphers="x"),
+        "cleanup": lambda: render("provision/relay_cleanup.sh.j2", dir="'/srv/.relay-1'"),
+        "relay": lambda: _relay_script("node-2"),
+        "last-relay": lambda: _relay_script(None),
+        "listing": lambda: workdir.listing_command(path),
+        "apply": lambda: workdir.apply_command(path, ("a b", "it's")),
+        "pairs": lambda: render("provision/ssh_pairs.sh.j2", timeout=5,
+                                peers=["node-2", "it's"]),
+    }[script]()
+    checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True,
+                             check=False)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_the_relay_counter_passes_bytes_through_and_reports_them() -> None:
+    import subprocess
+    import sys
+
+    from gpucluster import reports
+    from gpucluster.templating import template_dir
+
+    counter = (template_dir() / "provision" / "relay_counter.py").read_text()
+    data = bytes(range(256)) * 5000
+    done = subprocess.run([sys.executable, "-c", counter, "node-3"], input=data,
+                          capture_output=True, check=True)
+    assert done.stdout == data
+    last = reports.by_kind(done.stderr.decode())["progress"][-1]
+    assert last == f"node-3 {len(data)} done"
+
+
+def test_files_are_read_and_written_atomically_keeping_mode(tmp_path: Path) -> None:
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+
+    connection = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"))
+    target = tmp_path / "odd dir" / "hosts"
+    target.parent.mkdir()
+    assert files.read(connection, str(target)) is None
+    files.write_atomically(connection, str(target), "one\n", "640")
+    assert target.read_text() == "one\n" and target.stat().st_mode & 0o777 == 0o640
+    target.chmod(0o604)
+    files.write_atomically(connection, str(target), "two\n", "640")
+    assert files.read(connection, str(target)) == "two\n"
+    assert target.stat().st_mode & 0o777 == 0o604  # an existing file keeps its mode
+    assert [p.name for p in target.parent.iterdir()] == ["hosts"]  # no temp file left
