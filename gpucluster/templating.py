@@ -30,6 +30,11 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
+def script_text(name: str) -> str:
+    """A script sent to nodes as it is (templates/<name>, e.g. a Python helper)."""
+    return (template_dir() / name).read_text()
+
+
 def render(template: str, **context: Any) -> str:
     """Render templates/<name>; a missing variable is an error, never an empty string."""
     return _environment().get_template(template).render(**context)

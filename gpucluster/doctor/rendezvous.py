@@ -17,70 +17,17 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from gpucluster import reports
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
+from gpucluster.templating import render, script_text
 
 PROBE_TIMEOUT_S = 3.0
 LISTENER_LIFETIME_S = 20.0  # a safety net: it normally exits, or is killed, well before
 
-LISTENER = """\
-import glob, os, socket, sys, time
-port, lifetime, expected = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-# A gpucluster job on this node owns the port, or is about to bind it: never take it
-# from under a starting torchrun (it would turn client of this listener and hang).
-suffix = ("@" + sys.argv[4]).encode()
-for path in glob.glob("/proc/[0-9]*/environ"):
-    try:
-        entries = open(path, "rb").read().split(b"\\0")
-    except OSError:
-        continue
-    for entry in entries:
-        if entry.startswith(b"GPUCLUSTER_JOB=") and entry.endswith(suffix):
-            print("busy job", entry[15:-len(suffix)].decode(), flush=True)
-            sys.exit(0)
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    server.bind(("0.0.0.0", port))
-    server.listen(128)
-except OSError as error:
-    print("busy", error.errno, flush=True)
-    sys.exit(0)
-print("ready", os.getpid(), flush=True)
-server.settimeout(0.2)
-deadline, seen = time.time() + lifetime, 0
-while time.time() < deadline and seen < expected:
-    try:
-        peer, address = server.accept()
-        seen += 1
-        peer.close()
-    except socket.timeout:
-        pass
-"""
 
-# Connect to the head; "refused" is retried until the deadline, since the listener may
-# still be starting (a REJECT rule is then reported as refused, a DROP as timeout).
-CONNECT = """\
-import socket, sys, time
-host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-deadline = time.time() + limit
-while True:
-    try:
-        socket.create_connection((host, port), timeout=max(0.1, deadline - time.time())).close()
-        print("open")
-    except socket.timeout:
-        print("timeout")
-    except ConnectionRefusedError:
-        if time.time() + 0.2 < deadline:
-            time.sleep(0.2)
-            continue
-        print("refused")
-    except OSError as error:
-        print("error", error.strerror or error)
-    break
-"""
 
 
 @dataclass(frozen=True)
@@ -110,8 +57,8 @@ class Listener:
 
 def connect_script(head: Host, port: int) -> str:
     """Shell arguments for the probe: python -c CONNECT HOST PORT TIMEOUT."""
-    return (f"-c {shlex.quote(CONNECT)} {shlex.quote(head.address)} {port} "
-            f"{PROBE_TIMEOUT_S:g}")
+    return (f"-c {shlex.quote(script_text('doctor/port_connect.py'))} "
+            f"{shlex.quote(head.address)} {port} {PROBE_TIMEOUT_S:g}")
 
 
 @contextlib.contextmanager
@@ -142,7 +89,7 @@ def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
 def _listen(connection: Connection, python: str, port: int, expected: int, head: str,
             listener: Listener) -> None:
     def on_line(_stream: str, line: str) -> None:
-        word, _, rest = line.partition(" ")
+        word, rest = reports.parse(line) or ("", "")
         if word in ("ready", "busy") and not listener.ready.is_set():
             job = rest.removeprefix("job ").strip() if rest.startswith("job ") else None
             listener.state = "ready" if word == "ready" else (
@@ -154,10 +101,9 @@ def _listen(connection: Connection, python: str, port: int, expected: int, head:
     # The job's python if the node has it, else any python3. Chosen first, then exec'd:
     # with `a || b`, killing the listener would start the fallback, which then held
     # the port for its whole lifetime after doctor had gone.
-    arguments = (f"-c {shlex.quote(LISTENER)} {port} {LISTENER_LIFETIME_S:g} {expected} "
-                 f"{shlex.quote(head)}")
-    command = (f"if command -v {shlex.quote(python)} >/dev/null 2>&1; then exec "
-               f"{shlex.quote(python)} {arguments}; else exec python3 {arguments}; fi")
+    command = render("doctor/port_listener.sh.j2", python=python,
+                     script=script_text("doctor/port_listener.py"), port=port,
+                     lifetime=f"{LISTENER_LIFETIME_S:g}", expected=expected, node=head)
     try:
         result = connection.run(command, timeout=LISTENER_LIFETIME_S + 10, on_line=on_line)
         if not listener.ready.is_set():

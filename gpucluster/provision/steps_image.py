@@ -32,7 +32,7 @@ from gpucluster.provision.model import (
 )
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import RemoteError
-from gpucluster.templating import render, template_dir
+from gpucluster.templating import render, script_text
 from gpucluster.torchrun import node_images_dir
 
 GIB = 1024**3
@@ -147,7 +147,7 @@ class ImageStep(Step):
             scripts[host.name] = render(
                 "provision/image_relay.sh.j2", node=host.name, dir=relay_dir,
                 next=following.get(host.name), python=context.inventory.cluster.python,
-                counter=(template_dir() / "provision" / "relay_counter.py").read_text(),
+                counter=script_text("provision/relay_counter.py"),
                 sink=sink, report=report,
                 decompress="zstd -dc" if zstd_everywhere else "cat")
 
