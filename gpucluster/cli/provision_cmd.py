@@ -43,7 +43,7 @@ def provision(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Make every node right: SSH mesh, /etc/hosts, firewall; a re-run changes nothing."""
-    from gpucluster.cli.views.provision import print_report, summary_payload
+    from gpucluster.cli.views.provision import print_report, print_undo, summary_payload
     from gpucluster.provision import runner
 
     loaded = load_inventory(inventory)
@@ -51,9 +51,7 @@ def provision(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         if undo is not None:
             results = runner.undo(session, loaded, undo)
-            for result in results:
-                console.print(f"{result.host} {result.step}: {result.outcome.value} "
-                              f"({result.message})")
+            print_undo(console, results)
             if any(r.outcome.value == "failed" for r in results):
                 raise typer.Exit(EXIT_FAILED)
             return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -51,36 +50,23 @@ def up(
 
     wanted = sandbox_spec.build(name, subnet, nodes, gpu_model, gpus or [], driver or [],
                                 link_rate or [], latency)
-    result = cluster.up(wanted, write_inventory)
-    console = stdout_console()
-    started = ", ".join(result.started) or "none (all were up)"
-    console.print(f"sandbox {name}: {len(wanted.nodes)} nodes on {wanted.subnet}; "
-                  f"started: {started}")
-    if result.removed:
-        console.print(f"removed: {', '.join(result.removed)}")
-    console.print("GPUs are SIMULATED: each node's nvidia-smi replays a real capture.")
-    console.print(f"inventory: {result.inventory}")
-    console.print(f"try: gpucluster run -i {result.inventory} 'hostname; nproc'")
+    from gpucluster.cli.views.sandbox import print_up
+
+    print_up(stdout_console(), cluster.up(wanted, write_inventory))
 
 
 @app.command("status")
 def status(name: NameOption = sandbox_spec.DEFAULT_NAME, json_output: JsonOption = False
            ) -> None:
     """Show each node: namespace, sshd, simulated GPUs, link shaping."""
+    from gpucluster.cli.views.sandbox import print_status, status_payload
     from gpucluster.sandbox import cluster
 
     spec, rows = cluster.status(name)
-    console = stdout_console()
     if json_output:
-        common.print_json(console, {"sandbox": name, "subnet": spec.subnet,
-                                    "gpus_simulated": True,
-                                    "nodes": [{**asdict(r), "up": r.up} for r in rows]})
+        common.print_json(stdout_console(), status_payload(name, spec, rows))
     else:
-        common.print_table(
-            console, f"sandbox {name} ({spec.subnet}); GPUs are SIMULATED",
-            ["node", "address", "state", "sshd pid", "GPUs", "link"],
-            [[r.name, r.address, "up" if r.up else "DOWN", str(r.sshd_pid or "-"), r.gpus,
-              r.link_rate or "unshaped"] for r in rows])
+        print_status(stdout_console(), name, spec, rows)
     if not all(r.up for r in rows):
         raise typer.Exit(1)
 
@@ -88,11 +74,7 @@ def status(name: NameOption = sandbox_spec.DEFAULT_NAME, json_output: JsonOption
 @app.command("down")
 def down(name: NameOption = sandbox_spec.DEFAULT_NAME) -> None:
     """Remove everything the sandbox made: processes, namespaces, links, files."""
+    from gpucluster.cli.views.sandbox import print_down
     from gpucluster.sandbox import cluster
 
-    removed = cluster.down(name)
-    console = stdout_console()
-    if not removed:
-        console.print(f"sandbox {name}: nothing to remove")
-    for item in removed:
-        console.print(f"removed {item}")
+    print_down(stdout_console(), name, cluster.down(name))

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpucluster.provision.model import Outcome
+from gpucluster.provision.model import NodeResult, Outcome
 from gpucluster.provision.runner import ProvisionReport
 
 STYLE = {Outcome.CHANGED: "cyan", Outcome.OK: "green", Outcome.PASSED: "green",
@@ -84,3 +84,10 @@ def summary_payload(report: ProvisionReport) -> dict[str, Any]:
         "log": str(report.log) if report.log else None,
         "failed": report.failed,
     }
+
+
+def print_undo(console: Console, results: list[NodeResult]) -> None:
+    """`--undo STEP`: per node what was removed."""
+    for result in results:
+        console.print(f"{result.host} {result.step}: {result.outcome.value} "
+                      f"({escape(result.message)})")
