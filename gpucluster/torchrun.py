@@ -14,6 +14,9 @@ from gpucluster.remote.connection import shell_path
 from gpucluster.templating import render
 
 SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# Every process gpucluster starts on a node for a job or a smoke test carries
+# GPUCLUSTER_JOB=<id>@<node>, so jobs, stop and doctor find them all the same way.
+JOB_VARIABLE = "GPUCLUSTER_JOB"
 FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
 
 

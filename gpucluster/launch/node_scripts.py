@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 from gpucluster.launch.jobs import JobRecord
 from gpucluster.templating import render
-from gpucluster.torchrun import is_image_file
+from gpucluster.torchrun import JOB_VARIABLE, is_image_file
 
 HEARTBEAT_S = 2
-JOB_VARIABLE = "GPUCLUSTER_JOB"
 # Set for every job so that output streams live and each line names its global rank.
 JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from gpucluster.env_names import is_env_name
@@ -48,19 +49,36 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Envelope:
+    """What the remote shell runs, and what goes first on its stdin."""
+
+    command: str
+    stdin_prefix: bytes = b""
+
+
 def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
-                  is_root: bool) -> str:
-    """Prefix exported variables (values quoted) and wrap in non-interactive sudo."""
+                  is_root: bool) -> Envelope:
+    """Wrap `command` so that `env` arrives on stdin, never on a command line (where any
+    user of the node sees it in ps and sudo logs it), then in non-interactive sudo.
+
+    The values travel as `export NAME='value'` lines ahead of the caller's own stdin;
+    the shell reads exactly that many lines with `read` (which never reads past a line
+    on a pipe) and evals them, so the command's stdin starts where the caller's does."""
+    prefix = b""
     if env:
         for name in env:
             if not is_env_name(name):
                 raise ValueError(f"not a valid environment variable name: {name!r}")
-        exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
-        command = f"export {exports}; {command}"
+        exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+        prefix = exports.encode()
+        command = (f'gpc_n={exports.count(chr(10))} gpc_e=; while [ "$gpc_n" -gt 0 ] && '
+                   f'IFS= read -r gpc_l; do gpc_e="$gpc_e$gpc_l\n"; gpc_n=$((gpc_n - 1)); '
+                   f'done; eval "$gpc_e"; unset gpc_n gpc_e gpc_l; {command}')
     if sudo and not is_root:
         # -n: fail at once instead of waiting for a password prompt nobody will answer.
         command = f"sudo -n -- /bin/sh -c {shlex.quote(command)}"
-    return command
+    return Envelope(command, prefix)
 
 
 def shell_path(path: str) -> str:
@@ -94,8 +112,13 @@ class LineSplitter:
         return b"".join(self.chunks).decode("utf-8", "replace")
 
 
-def stdin_chunks(stdin: bytes | BinaryIO) -> Iterator[bytes]:
-    """Yield stdin in chunks; a file is read STDIN_CHUNK bytes at a time, never whole."""
+def stdin_chunks(stdin: bytes | BinaryIO | None, prefix: bytes = b"") -> Iterator[bytes]:
+    """Yield `prefix`, then stdin in chunks; a file is read STDIN_CHUNK bytes at a time,
+    never whole."""
+    if prefix:
+        yield prefix
+    if stdin is None:
+        return
     if isinstance(stdin, bytes):
         yield stdin
         return

@@ -40,18 +40,20 @@ class LocalConnection:
         stdin: Stdin = None,
         on_line: LineCallback | None = None,
     ) -> CommandResult:
-        full = build_command(command, env, sudo, is_root=os.geteuid() == 0)
+        envelope = build_command(command, env, sudo, is_root=os.geteuid() == 0)
+        feeds = stdin is not None or bool(envelope.stdin_prefix)
         started = time.monotonic()
         process = subprocess.Popen(
-            ["/bin/sh", "-c", full],
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            ["/bin/sh", "-c", envelope.command],
+            stdin=subprocess.PIPE if feeds else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # so a timeout can end the whole process group
         )
-        if stdin is not None:
+        if feeds:
             assert process.stdin is not None
-            threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
+            threading.Thread(target=_feed, args=(process.stdin, stdin, envelope.stdin_prefix),
+                             daemon=True).start()
         assert process.stdout is not None and process.stderr is not None
         splitters = {process.stdout: LineSplitter("stdout", on_line),
                      process.stderr: LineSplitter("stderr", on_line)}
@@ -95,9 +97,9 @@ def _pump(splitters: dict[IO[bytes], LineSplitter], deadline: float) -> None:
                     selector.unregister(key.fileobj)
 
 
-def _feed(pipe: IO[bytes], stdin: bytes | IO[bytes]) -> None:
+def _feed(pipe: IO[bytes], stdin: Stdin, prefix: bytes) -> None:
     try:
-        for chunk in stdin_chunks(stdin):  # type: ignore[arg-type]
+        for chunk in stdin_chunks(stdin, prefix):
             pipe.write(chunk)
     except BrokenPipeError:
         pass  # the command stopped reading; its exit code tells the story

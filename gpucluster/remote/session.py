@@ -85,6 +85,14 @@ class Session:
         )
 
     def close(self) -> None:
+        """End whatever still runs on the nodes (Ctrl-C), then close every connection."""
+        with self._lock:
+            running = [c for c in self._connections.values() if isinstance(c, SshConnection)]
+        enders = [threading.Thread(target=c.end_running, daemon=True) for c in running]
+        for thread in enders:
+            thread.start()
+        for thread in enders:
+            thread.join(10)
         with self._lock:
             for connection in [*self._connections.values(), *self._jumps.values()]:
                 connection.close()

@@ -6,7 +6,9 @@ with a FailureKind, so the fan-out can report it per host and carry on.
 
 from __future__ import annotations
 
+import contextlib
 import select
+import shlex
 import socket
 import threading
 import time
@@ -27,6 +29,9 @@ from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
 
 if TYPE_CHECKING:
     import paramiko
+
+PID_REPORT = "@@gpc pid"  # the first line of stderr: the remote shell's pid
+END_GROUP_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class SshOptions:
@@ -61,6 +66,7 @@ class SshConnection:
         self.via = via
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
+        self._running: set[_RemoteGroup] = set()
 
     # -- connecting
 
@@ -180,29 +186,86 @@ class SshConnection:
     ) -> CommandResult:
         import paramiko
 
-        full = build_command(command, env, sudo, is_root=self.endpoint.user == "root")
+        envelope = build_command(command, env, sudo, is_root=self.endpoint.user == "root")
+        as_root = sudo and self.endpoint.user != "root"
         started = time.monotonic()
+        deadline = started + timeout
+        stalled = threading.Event()
         try:
             channel = self.transport().open_session(timeout=self.options.connect_timeout)
-            channel.exec_command(full)
+            channel.settimeout(max(0.1, deadline - time.monotonic()))
+            # paramiko waits for sshd to start the command without any limit; a hung PAM
+            # module or login script would hold this thread for ever.
+            limit = min(self.options.connect_timeout, max(0.1, deadline - time.monotonic()))
+
+            def give_up() -> None:
+                stalled.set()
+                channel.close()
+            watchdog = threading.Timer(limit, give_up)
+            watchdog.start()
+            try:
+                # The login shell says its pid first: sshd made it a session and process
+                # group leader, so a timeout or Ctrl-C can end all the command started.
+                channel.exec_command(f"echo {PID_REPORT} $$ >&2; {envelope.command}")
+            finally:
+                watchdog.cancel()
         except RemoteError:
             raise
         except (paramiko.SSHException, OSError, EOFError) as error:
+            if stalled.is_set():
+                raise RemoteError(FailureKind.TIMED_OUT,
+                                  f"sshd did not start the command within {limit:g}s (a hung "
+                                  f"PAM module or login script on the node?)") from None
             raise RemoteError(FailureKind.UNREACHABLE,
                               f"lost the connection: {error or type(error).__name__}") from None
+        group = _RemoteGroup(as_root)
         try:
-            if stdin is not None:
-                threading.Thread(target=_feed, args=(channel, stdin), daemon=True).start()
+            if stdin is not None or envelope.stdin_prefix:
+                threading.Thread(target=_feed, args=(channel, stdin, envelope.stdin_prefix),
+                                 daemon=True).start()
             stdout = LineSplitter("stdout", on_line)
             stderr = LineSplitter("stderr", on_line)
-            _pump(channel, stdout, stderr, started + timeout)
+            with self._lock:
+                self._running.add(group)
+            _pump(channel, stdout, _PidFilter(stderr, group), deadline)
             exit_code = channel.recv_exit_status()
-            if exit_code == -1 and not channel.get_transport().is_active():
-                raise RemoteError(FailureKind.UNREACHABLE, "connection lost while running")
+        except BaseException:
+            self._end_group(group)  # a timeout, a lost channel or Ctrl-C: leave nothing
+            raise
         finally:
+            with self._lock:
+                self._running.discard(group)
             channel.close()
+        if exit_code == -1 and not channel.get_transport().is_active():
+            raise RemoteError(FailureKind.UNREACHABLE, "connection lost while running")
         return CommandResult(self.host, command, exit_code, stdout.finish(), stderr.finish(),
                              time.monotonic() - started)
+
+    def _end_group(self, group: _RemoteGroup) -> None:
+        """TERM, then KILL, the process group of a command that did not finish; over a
+        fresh channel, bounded, and silent when the connection is gone."""
+        if group.pid is None:
+            return
+        kill = (f"kill -TERM -- -{group.pid} 2>/dev/null; sleep 1; "
+                f"kill -KILL -- -{group.pid} 2>/dev/null; true")
+        if group.as_root:
+            kill = f"sudo -n -- /bin/sh -c {shlex.quote(kill)}"
+        with contextlib.suppress(Exception):  # best effort: the node may be gone
+            client = self._client
+            transport = client.get_transport() if client is not None else None
+            if transport is None or not transport.is_active():
+                return
+            channel = transport.open_session(timeout=END_GROUP_TIMEOUT_S)
+            channel.exec_command(kill)
+            channel.status_event.wait(END_GROUP_TIMEOUT_S)
+            channel.close()
+
+    def end_running(self) -> None:
+        """End every command still running here (Ctrl-C), before the connection closes."""
+        with self._lock:
+            running = list(self._running)
+        for group in running:
+            self._end_group(group)
 
     def close(self) -> None:
         with self._lock:
@@ -211,7 +274,7 @@ class SshConnection:
                 self._client = None
 
 
-def _pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: LineSplitter,
+def _pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: _PidFilter,
           deadline: float) -> None:
     """Read both streams until the command has exited and its output is drained."""
     while True:
@@ -236,9 +299,43 @@ def _pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: LineSplitter,
             select.select([channel], [], [], min(remaining, 1.0))
 
 
-def _feed(channel: paramiko.Channel, stdin: bytes) -> None:
+class _RemoteGroup:
+    """A running command's process group on the node (its login shell's pid)."""
+
+    def __init__(self, as_root: bool) -> None:
+        self.pid: int | None = None
+        self.as_root = as_root
+
+
+class _PidFilter:
+    """Takes the pid report off the front of stderr; passes the rest on unchanged."""
+
+    def __init__(self, stderr: LineSplitter, group: _RemoteGroup) -> None:
+        self.stderr = stderr
+        self.group = group
+        self._head: bytes | None = b""  # None once the report line has been handled
+
+    def feed(self, data: bytes) -> None:
+        if self._head is None:
+            self.stderr.feed(data)
+            return
+        self._head += data
+        line, newline, rest = self._head.partition(b"\n")
+        if not newline:
+            return
+        self._head = None
+        words = line.decode("ascii", "replace").split()
+        if words[:2] == PID_REPORT.split() and len(words) == 3 and words[2].isdigit():
+            self.group.pid = int(words[2])
+            if rest:
+                self.stderr.feed(rest)
+        else:  # not ours (a shell that printed first): keep all of it
+            self.stderr.feed(line + newline + rest)
+
+
+def _feed(channel: paramiko.Channel, stdin: Stdin, prefix: bytes) -> None:
     try:
-        for chunk in stdin_chunks(stdin):
+        for chunk in stdin_chunks(stdin, prefix):
             channel.sendall(chunk)
         channel.shutdown_write()
     except (OSError, EOFError):

@@ -16,6 +16,7 @@ from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult
 from gpucluster.remote.session import Session
 from gpucluster.torchrun import (
+    JOB_VARIABLE,
     TorchrunSpec,
     interface_exports,
     nproc_for,
@@ -71,7 +72,9 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
                        timeout=30, stdin=job)
         return connection.run(command_for(inventory, host, rendezvous_id,
                                           nproc_for(host, nproc), sizes, iterations),
-                              timeout=timeout, env=dict(inventory.cluster.env))
+                              timeout=timeout,
+                              env={**inventory.cluster.env,
+                                   JOB_VARIABLE: f"{rendezvous_id}@{host.name}"})
 
     result = session.map(inventory.hosts, task)
     errors = {name: f"{f.kind.value}: {f.message}" for name, f in result.failures.items()}

@@ -90,12 +90,41 @@ def test_a_stopped_sshd_is_unreachable_and_up_repairs_it(sandbox: Sandbox) -> No
     assert gpucluster("run", "-i", str(sandbox.inventory), "true").code == 0
 
 
-def test_command_timeout_is_a_typed_failure(sandbox: Sandbox) -> None:
+def _processes_running(pattern: str) -> list[str]:
+    """Command lines of live processes matching `pattern` anywhere on this machine (the
+    nodes share its process table)."""
+    done = subprocess.run(["pgrep", "-a", "-f", pattern], capture_output=True, text=True,
+                          check=False)
+    return [line for line in done.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_command_timeout_is_a_typed_failure_and_leaves_nothing_running(
+        sandbox: Sandbox) -> None:
     result = gpucluster("run", "-i", str(sandbox.inventory), "--json", "--timeout", "1",
-                        "--hosts", "node1", "sleep 20")
+                        "sleep 4241 & sleep 4242; wait")
     assert result.code == 1
-    host = result.json()["hosts"][0]
-    assert host["error"]["kind"] == "timed out"
+    assert {h["error"]["kind"] for h in result.json()["hosts"]} == {"timed out"}
+    deadline = time.monotonic() + 5
+    while _processes_running("sleep 424[12]") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_running("sleep 424[12]") == []  # on no node, children included
+
+
+def test_env_values_never_appear_in_a_nodes_process_list(sandbox: Sandbox,
+                                                         tmp_path: Path) -> None:
+    secret = "hf_gpcSecretValue4243"
+    cluster = {**sandbox.data["cluster"], "env": {"HF_TOKEN": secret}}
+    inventory = sandbox.write_inventory(tmp_path / "secret.yaml", cluster=cluster)
+    process = subprocess.Popen([sys.executable, "-m", "gpucluster", "run", "-i",
+                                str(inventory), "--sudo", 'sleep 3; printf %s "$HF_TOKEN"'],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    seen = subprocess.run(["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"],
+                          capture_output=True, text=True, check=False).stdout
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert secret in out  # the command had it
+    assert "sleep 3" in seen and secret not in seen  # but no command line showed it
 
 
 def test_inventory_values_are_quoted_never_executed(sandbox: Sandbox, tmp_path: Path) -> None:
@@ -144,13 +173,17 @@ def test_ssh_config_alias_resolves(sandbox: Sandbox, tmp_path: Path) -> None:
     assert result.json()["hosts"][0]["stdout"].strip() == "node2"
 
 
-def test_ctrl_c_ends_the_fanout_promptly(sandbox: Sandbox) -> None:
+def test_ctrl_c_ends_the_fanout_promptly_and_what_it_started(sandbox: Sandbox) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpucluster", "run", "-i", str(sandbox.inventory), "sleep 60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)  # let every host start its sleep
+        [sys.executable, "-m", "gpucluster", "run", "-i", str(sandbox.inventory),
+         "sleep 4244"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while len(_processes_running("sleep 4244")) < len(sandbox.nodes):
+        assert time.monotonic() < deadline, "the sleeps never started"
+        time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 130
     assert "interrupted" in stderr
     assert "Traceback" not in stderr
+    assert _processes_running("sleep 4244") == []  # ended on every node before exiting

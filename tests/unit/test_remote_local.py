@@ -7,6 +7,7 @@ import io
 import shlex
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,10 +39,34 @@ def test_bad_env_names_are_refused() -> None:
 
 
 def test_sudo_is_non_interactive_and_skipped_for_root() -> None:
-    assert build_command("id", None, sudo=True, is_root=True) == "id"
+    assert build_command("id", None, sudo=True, is_root=True).command == "id"
     wrapped = build_command("echo 'a b'", {"K": "v"}, sudo=True, is_root=False)
-    assert wrapped.startswith("sudo -n -- /bin/sh -c ")
-    assert shlex.split(wrapped)[-1] == "export K=v; echo 'a b'"
+    assert wrapped.command.startswith("sudo -n -- /bin/sh -c ")
+    assert shlex.split(wrapped.command)[-1].endswith("; echo 'a b'")
+
+
+def test_env_values_travel_on_stdin_never_on_the_command_line() -> None:
+    secret = "hf_SECRET'value\nwith a newline"
+    envelope = build_command("true", {"HF_TOKEN": secret, "B": ""}, sudo=True, is_root=False)
+    assert "SECRET" not in envelope.command and "HF_TOKEN" not in envelope.command
+    assert b"SECRET" in envelope.stdin_prefix
+
+
+def test_the_command_reads_its_own_stdin_after_the_environment() -> None:
+    connection = LocalConnection("here")
+    env = {"A": "multi\nline 'quoted' $(touch /tmp/gpc-no)", "B": "two"}
+    result = connection.run('printf "%s|%s|" "$A" "$B"; cat', timeout=10, env=env,
+                            stdin=b"payload\nmore")
+    assert result.stdout == f"{env['A']}|two|payload\nmore"
+    assert connection.run("cat", timeout=10, env={"X": "1"}).stdout == ""  # EOF, no hang
+    assert not Path("/tmp/gpc-no").exists()
+
+
+def test_env_values_are_not_in_the_process_list(tmp_path: Path) -> None:
+    marker = tmp_path / "argv"
+    LocalConnection("here").run(f"cat /proc/$$/cmdline > {marker}; cat /proc/$PPID/cmdline "
+                                f">> {marker}", timeout=10, env={"TOKEN": "hunter2-secret"})
+    assert b"hunter2" not in marker.read_bytes()
 
 
 def test_stdin_bytes_and_streamed_file() -> None:
