@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpucluster.inventory.model import Host
-from gpucluster.ssh_config import SshConfig
+from gpucluster.ssh_config import SshConfig, SshConfigEntry
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -27,7 +27,7 @@ def resolve_host(name: str, address: str | None, fields: dict[str, Any],
     resolved_address = from_config.hostname or alias
     connection = fields.get("connection", defaults.get("connection", "auto"))
     if connection == "auto":
-        connection = "local" if resolved_address in LOCAL_ADDRESSES else "ssh"
+        connection = "local" if _bare_loopback(alias, fields, defaults, from_config) else "ssh"
     return Host(
         name=name,
         address=resolved_address,
@@ -43,6 +43,21 @@ def resolve_host(name: str, address: str | None, fields: dict[str, Any],
         torch_device=fields.get("torch_device", defaults.get("torch_device", "cuda")),
         line=line,
     )
+
+
+def _bare_loopback(alias: str, fields: dict[str, Any], defaults: dict[str, Any],
+                   from_config: SshConfigEntry) -> bool:
+    """`auto` means this machine only for a loopback name written as such, with no port,
+    user, key or jump host set anywhere. A tunnel (`ssh -L 2222:gpu1:22`, then
+    127.0.0.1 port 2222) or an ssh_config alias whose HostName is 127.0.0.1 is another
+    machine: provision must never change this one's firewall or /etc/hosts for it."""
+    if alias not in LOCAL_ADDRESSES or from_config.hostname is not None:
+        return False
+    keys = ("port", "user", "identity_file", "jump_host")
+    if any(key in fields or key in defaults for key in keys):
+        return False
+    return all(value is None for value in (from_config.port, from_config.user,
+                                           from_config.identity_file, from_config.proxy_jump))
 
 
 def _current_user() -> str:

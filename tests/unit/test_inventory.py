@@ -284,3 +284,21 @@ def test_the_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
     state = state_dir_for(inventory.load(path))
     assert state == tmp_path / ".gpucluster" and state.stat().st_mode & 0o777 == 0o700
     assert (state / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+@pytest.mark.parametrize("entry", [
+    "{name: tunnel, address: 127.0.0.1, port: 2222}",
+    "{name: asuser, address: localhost, user: admin}",
+    "{name: withkey, address: '::1', identity_file: /k}",
+    "{name: viaalias, address: loopalias}",
+])
+def test_loopback_means_this_machine_only_when_nothing_says_otherwise(
+        tmp_path: Path, entry: str) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host loopalias\n  HostName 127.0.0.1\n  Port 2299\n")
+    path = write(tmp_path, f"cluster: {{ssh_config: {config}}}\nhosts:\n  - {entry}\n")
+    host = inventory.load(path).hosts[0]
+    assert not host.is_local and host.connection == "ssh"  # host keys are checked
+    bare = inventory.load(write(tmp_path, f"cluster: {{ssh_config: {config}}}\n"
+                                          f"hosts: [localhost, 127.0.0.1]\n"))
+    assert all(h.is_local for h in bare.hosts)
