@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 PID_REPORT = "@@gpc pid"  # the first line of stderr: the remote shell's pid
 END_GROUP_TIMEOUT_S = 5.0
+PID_WAIT_S = 3.0  # how long an interrupted command's pid report may still take
 
 @dataclass(frozen=True)
 class SshOptions:
@@ -241,9 +242,13 @@ class SshConnection:
         return CommandResult(self.host, command, exit_code, stdout.finish(), stderr.finish(),
                              time.monotonic() - started)
 
-    def _end_group(self, group: _RemoteGroup) -> None:
+    def _end_group(self, group: _RemoteGroup, wait_for_pid: bool = False) -> None:
         """TERM, then KILL, the process group of a command that did not finish; over a
-        fresh channel, bounded, and silent when the connection is gone."""
+        fresh channel, bounded, and silent when the connection is gone. A command
+        interrupted the moment it started may not have reported its pid yet: with
+        `wait_for_pid` (its output is still being read elsewhere), wait a little."""
+        if wait_for_pid:
+            group.reported.wait(PID_WAIT_S)
         if group.pid is None:
             return
         kill = (f"kill -TERM -- -{group.pid} 2>/dev/null; sleep 1; "
@@ -265,7 +270,7 @@ class SshConnection:
         with self._lock:
             running = list(self._running)
         for group in running:
-            self._end_group(group)
+            self._end_group(group, wait_for_pid=True)
 
     def close(self) -> None:
         with self._lock:
@@ -305,6 +310,7 @@ class _RemoteGroup:
     def __init__(self, as_root: bool) -> None:
         self.pid: int | None = None
         self.as_root = as_root
+        self.reported = threading.Event()  # the pid line arrived (or never will)
 
 
 class _PidFilter:
@@ -327,6 +333,7 @@ class _PidFilter:
         words = line.decode("ascii", "replace").split()
         if words[:2] == PID_REPORT.split() and len(words) == 3 and words[2].isdigit():
             self.group.pid = int(words[2])
+            self.group.reported.set()
             if rest:
                 self.stderr.feed(rest)
         else:  # not ours (a shell that printed first): keep all of it

@@ -178,6 +178,7 @@ def test_ctrl_c_ends_the_fanout_promptly_and_what_it_started(sandbox: Sandbox) -
         [sys.executable, "-m", "gpucluster", "run", "-i", str(sandbox.inventory),
          "sleep 4244"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
+    # As soon as every node's shell has started (a Ctrl-C that early is the hard case).
     while len(_processes_running("sleep 4244")) < len(sandbox.nodes):
         assert time.monotonic() < deadline, "the sleeps never started"
         time.sleep(0.2)
