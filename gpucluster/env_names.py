@@ -12,3 +12,17 @@ def is_env_name(name: object) -> bool:
     """ASCII letters, digits and _, not starting with a digit; the whole text (so neither
     'é' nor a trailing newline passes, as they would with isidentifier() or a '$')."""
     return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+MASK = "***"
+
+
+def looks_secret(name: str) -> bool:
+    """A variable whose value must not be shown: HF_TOKEN, WANDB_API_KEY, DB_PASSWORD..."""
+    return _SECRET.search(name) is not None
+
+
+def masked(env: dict[str, str]) -> dict[str, str]:
+    """`env` to show: secret-looking values replaced by ***."""
+    return {name: MASK if looks_secret(name) else value for name, value in env.items()}

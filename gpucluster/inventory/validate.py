@@ -27,7 +27,7 @@ from gpucluster.inventory.schema import (
 from gpucluster.ssh_config import SshConfig
 from gpucluster.yaml_lines import LineDict, LineList
 
-_SIMPLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # fullmatch: no "\n" tail
 
 
 class Validator:
@@ -187,7 +187,7 @@ class Validator:
                              "e.g. name: gpu[01-04], address: 10.0.0.[11-14]")
                 return []
         for name in names:
-            if not _SIMPLE_NAME.match(name):
+            if not _SIMPLE_NAME.fullmatch(name):
                 self.problem(line, f"host name {name!r} has characters a hostname cannot",
                              "use letters, digits, '.', '-' and '_'")
                 return []

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpucluster.errors import GpuclusterError
 
-JOB_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{4}$")
+JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")  # fullmatch: no "\n" tail
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class JobStore:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if JOB_ID.match(p.name) and (p / "job.json").is_file())
+                      if JOB_ID.fullmatch(p.name) and (p / "job.json").is_file())
 
     def load(self, job_id: str | None) -> JobRecord:
         """A job by id, by a unique prefix or suffix of it, or the newest when None."""
@@ -86,10 +86,15 @@ class JobStore:
         path = self.directory(chosen) / "job.json"
         try:
             data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-            return JobRecord(**data)
+            record = JobRecord(**data)
         except (OSError, ValueError, TypeError) as error:
             raise GpuclusterError(f"{path}: not a readable job record ({error}) (fix: "
                                   f"remove that job's directory)") from None
+        # The id goes into node scripts and paths: only the directory's own name will do.
+        if record.id != chosen:
+            raise GpuclusterError(f"{path}: its id {record.id!r} is not its directory's name "
+                                  f"(fix: remove that job's directory)")
+        return record
 
     def node_log(self, job_id: str, node: str) -> Path:
         return self.directory(job_id) / f"{node}.log"

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,7 +42,8 @@ class SshOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
     keepalive_s: int = 15
-    password: str | None = None  # only from --ask-pass; never logged or printed
+    # only from --ask-pass; never logged, printed, or shown in a repr or traceback
+    password: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

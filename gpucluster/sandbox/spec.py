@@ -18,11 +18,11 @@ DEFAULT_SUBNET = "198.18.0.0/24"
 SANDBOX_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # reserved for benchmarking (RFC 2544)
 MAX_NODES = 200
 FIRST_NODE_HOST = 11  # node1 = .11, so the bridge (.1) and nodes never collide
-_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # short: interface names max 15 chars
-_RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$")
-_LATENCY = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
+_NAME = re.compile(r"[a-z][a-z0-9]{0,7}")  # short: interface names max 15 chars
+_RATE = re.compile(r"\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)")
+_LATENCY = re.compile(r"\d+(\.\d+)?(us|ms|s)")
 DRIVER_FAULTS = ("failed", "hung")
-_DRIVER = re.compile(r"^\d+\.\d+(\.\d+)?$")
+_DRIVER = re.compile(r"\d+\.\d+(\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def parse_overrides(values: list[str], option: str, node_names: list[str]) -> tu
 def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
           drivers: list[str], link_rates: list[str], latency: str) -> SandboxSpec:
     """Validate the options of `sandbox up` into a spec; SandboxError says what is wrong."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise SandboxError(f"--name {name!r}: use 1-8 lowercase letters/digits, starting "
                            f"with a letter")
     if not 1 <= nodes <= MAX_NODES:
@@ -93,14 +93,14 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
     base_rate, rate_overrides = parse_overrides(link_rates, "--link-rate", names)
     gpu_counts = {n: _gpu_count(gpu_overrides.get(n, base_gpus or "8")) for n in names}
     for rate in [base_rate, *rate_overrides.values()]:
-        if rate is not None and not _RATE.match(rate):
+        if rate is not None and not _RATE.fullmatch(rate):
             raise SandboxError(f"--link-rate {rate!r}: write a tc rate like 100mbit or 1gbit")
-    if not _LATENCY.match(latency):
+    if not _LATENCY.fullmatch(latency):
         raise SandboxError(f"--latency {latency!r}: write a time like 1ms or 50ms")
     node_specs = []
     for index, node in enumerate(names):
         driver = driver_overrides.get(node, base_driver)
-        if driver is not None and driver not in DRIVER_FAULTS and not _DRIVER.match(driver):
+        if driver is not None and driver not in DRIVER_FAULTS and not _DRIVER.fullmatch(driver):
             raise SandboxError(f"--driver {node}={driver}: write a version like 535.104.05, "
                                f"'failed' (nvidia-smi cannot reach the driver) or 'hung' "
                                f"(nvidia-smi never answers)")

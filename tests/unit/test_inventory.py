@@ -302,3 +302,38 @@ def test_loopback_means_this_machine_only_when_nothing_says_otherwise(
     bare = inventory.load(write(tmp_path, f"cluster: {{ssh_config: {config}}}\n"
                                           f"hosts: [localhost, 127.0.0.1]\n"))
     assert all(h.is_local for h in bare.hosts)
+
+
+def test_trailing_newlines_do_not_pass_validation(tmp_path: Path) -> None:
+    path = write(tmp_path, 'hosts:\n  - "gpu01\\n"\n')
+    with pytest.raises(InventoryError, match="characters a hostname cannot"):
+        inventory.load(path)
+
+
+def test_a_job_record_must_carry_its_directorys_id(tmp_path: Path) -> None:
+    import json
+
+    from gpucluster.launch.jobs import JobStore
+
+    store = JobStore(tmp_path)
+    directory = store.directory("20261130-120000-abcd")
+    directory.mkdir(parents=True)
+    record = {"id": "20261130-120000-abcd; rm -rf /", "script": "t.py", "args": [],
+              "hosts": ["a"], "code_dir": "x", "jobs_dir": "y", "started_at": 0.0,
+              "nproc_per_node": {"a": 1}}
+    (directory / "job.json").write_text(json.dumps(record))
+    with pytest.raises(GpuclusterError, match="is not its directory's name"):
+        store.load(None)
+    (store.root / "20261130-120000-abcd\n").mkdir()  # a name with a newline is no job
+    assert store.ids() == ["20261130-120000-abcd"]
+
+
+def test_secrets_stay_out_of_reprs_and_inventory_output(tmp_path: Path) -> None:
+    from gpucluster.cli.views.inventory import hosts_payload
+    from gpucluster.remote.ssh import SshOptions
+
+    assert "hunter2" not in repr(SshOptions(tmp_path / "kh", password="hunter2"))
+    path = write(tmp_path, "cluster:\n  env: {HF_TOKEN: hf_x1, WANDB_API_KEY: k2, "
+                           "NCCL_DEBUG: INFO}\nhosts: [a]\n")
+    env = hosts_payload(inventory.load(path))["cluster"]["env"]
+    assert env == {"HF_TOKEN": "***", "WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}

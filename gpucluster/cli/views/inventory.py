@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpucluster.env_names import masked
 from gpucluster.errors import Problem
 from gpucluster.inventory import Inventory
 
@@ -18,7 +19,7 @@ def hosts_payload(inventory: Inventory) -> dict[str, Any]:
             "rendezvous_port": inventory.cluster.rendezvous_port,
             "python": inventory.cluster.python,
             "torchrun": inventory.cluster.torchrun,
-            "env": dict(inventory.cluster.env),
+            "env": masked(dict(inventory.cluster.env)),
             "image": inventory.cluster.image,
             "work_dir": inventory.cluster.work_dir,
             "known_hosts": inventory.cluster.known_hosts,
