@@ -7,6 +7,7 @@ or is the local machine, which keeps it testable against both.
 from __future__ import annotations
 
 import shlex
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
@@ -21,6 +22,8 @@ Stdin = bytes | BinaryIO | None
 """Bytes for small input; an open binary file is streamed in chunks, never read whole."""
 
 STDIN_CHUNK = 256 * 1024
+CAPTURE_LIMIT_BYTES = 16 * 1024 * 1024  # per stream and command: the tail is kept
+MAX_LINE_BYTES = 1024 * 1024  # a longer line is streamed in pieces
 
 
 class Connection(Protocol):
@@ -89,27 +92,61 @@ def shell_path(path: str) -> str:
 
 
 class LineSplitter:
-    """Turns chunks of bytes from one stream into decoded lines for a callback."""
+    """Turns chunks of bytes from one stream into decoded lines for a callback, and keeps
+    the stream's last `keep_bytes` for the result: a host that floods its output (or a
+    job followed for weeks) costs the controller a bounded amount of memory."""
 
-    def __init__(self, stream: str, on_line: LineCallback | None) -> None:
+    def __init__(self, stream: str, on_line: LineCallback | None,
+                 keep_bytes: int = CAPTURE_LIMIT_BYTES) -> None:
         self.stream = stream
         self.on_line = on_line
-        self.chunks: list[bytes] = []
-        self._partial = b""
+        self.keep_bytes = keep_bytes
+        self.chunks: deque[bytes] = deque()
+        self.kept = 0
+        self.cut = 0  # bytes dropped from the front
+        self._partial = bytearray()
 
     def feed(self, data: bytes) -> None:
-        self.chunks.append(data)
+        self._keep(data)
         if self.on_line is None:
             return
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            self.on_line(self.stream, line.decode("utf-8", "replace").rstrip("\r"))
+        start = 0
+        # Only the new data is searched: a long line without a newline (a progress bar
+        # redrawn with \r) costs linear time, not quadratic.
+        while (end := data.find(b"\n", start)) != -1:
+            self._partial += data[start:end]
+            self._emit()
+            start = end + 1
+        self._partial += data[start:]
+        if len(self._partial) > MAX_LINE_BYTES:
+            self._emit()  # an endless line is passed on in pieces, never held whole
+
+    def _emit(self) -> None:
+        assert self.on_line is not None
+        self.on_line(self.stream, self._partial.decode("utf-8", "replace").rstrip("\r"))
+        self._partial.clear()
+
+    def _keep(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.kept += len(data)
+        while self.kept > self.keep_bytes and len(self.chunks) > 1:
+            dropped = self.chunks.popleft()
+            self.kept -= len(dropped)
+            self.cut += len(dropped)
+        if self.kept > self.keep_bytes:  # one chunk larger than the limit: keep its tail
+            only = self.chunks.popleft()
+            self.chunks.append(only[-self.keep_bytes:])
+            self.cut += len(only) - self.keep_bytes
+            self.kept = self.keep_bytes
 
     def finish(self) -> str:
         if self.on_line is not None and self._partial:
-            self.on_line(self.stream, self._partial.decode("utf-8", "replace").rstrip("\r"))
-            self._partial = b""
-        return b"".join(self.chunks).decode("utf-8", "replace")
+            self._emit()
+        text = b"".join(self.chunks).decode("utf-8", "replace")
+        if self.cut:
+            return f"[gpucluster: the first {self.cut} bytes of {self.stream} were cut; " \
+                   f"the last {self.kept} follow]\n" + text
+        return text
 
 
 def stdin_chunks(stdin: bytes | BinaryIO | None, prefix: bytes = b"") -> Iterator[bytes]:

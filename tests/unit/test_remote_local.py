@@ -136,3 +136,34 @@ def test_fan_out_keeps_going_past_failures_and_bounds_parallelism() -> None:
     assert result.failures["h5"].kind is FailureKind.ERROR
     assert result.values["h0"] == "H0" and len(result.values) == 10
     assert sorted(done) == sorted(result.hosts)
+
+
+def test_captured_output_keeps_a_bounded_tail_and_says_it_was_cut() -> None:
+    splitter = LineSplitter("stdout", None, keep_bytes=1000)
+    for index in range(100):
+        splitter.feed(f"{index:03d}".encode() * 25 + b"\n")  # 76 bytes a line
+    text = splitter.finish()
+    first, _, rest = text.partition("\n")
+    # whole chunks are dropped from the front while the rest fits: 13 lines of 76 bytes
+    assert first == "[gpucluster: the first 6612 bytes of stdout were cut; the last 988 follow]"
+    assert rest.endswith("099" * 25 + "\n") and len(rest) == 988
+    big = LineSplitter("stderr", None, keep_bytes=10)
+    big.feed(b"x" * 100 + b"0123456789")
+    assert big.finish().endswith("]\n0123456789")
+
+
+def test_a_flood_without_newlines_is_linear_and_streamed_in_pieces() -> None:
+    lines: list[str] = []
+    splitter = LineSplitter("stdout", lambda _s, line: lines.append(line), keep_bytes=1 << 20)
+    for _ in range(4000):  # 64 MiB of one endless "line", as a \r progress bar makes
+        splitter.feed(b"\r 42%|####" * 1638)
+        assert len(splitter._partial) <= 2 * 1024 * 1024  # never re-joined whole
+    splitter.finish()
+    assert sum(len(line) for line in lines) > 60_000_000
+    assert max(len(line) for line in lines) <= 2 * 1024 * 1024
+
+
+def test_a_flooding_command_costs_bounded_memory() -> None:
+    result = LocalConnection("here").run("head -c 100000000 /dev/zero | tr '\\0' x",
+                                         timeout=60)
+    assert len(result.stdout) < 17 * 1024 * 1024 and "were cut" in result.stdout
