@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
+from dataclasses import dataclass
 
+from gpucluster import reports
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import FailureKind, RemoteError
@@ -13,23 +16,39 @@ BEGIN = "# BEGIN gpucluster managed block: `gpucluster provision` rewrites it, d
 END = "# END gpucluster managed block"
 
 
-def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | None:
-    """The file's text, or None when it does not exist."""
+@dataclass(frozen=True)
+class FileState:
+    text: str | None  # None: no such file
+    mode: str | None = None  # permission bits in octal, e.g. "600"
+
+
+def read_state(connection: LoggedConnection, path: str, sudo: bool = False) -> FileState:
+    """The file's text and permission bits (of the target, for a symlink)."""
     result = connection.run(render("provision/read_file.sh.j2", path=shell_path(path)),
                             timeout=30, sudo=sudo)
-    if "__absent__" in result.stderr:
-        return None
+    found = reports.by_kind(result.stderr)
+    if "absent" in found:
+        return FileState(None)
     if not result.ok:
         raise RemoteError(FailureKind.ERROR, f"cannot read {path}: {result.stderr.strip()}")
-    return result.stdout
+    return FileState(result.stdout, next(iter(found.get("mode", [])), None))
+
+
+def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | None:
+    """The file's text, or None when it does not exist."""
+    return read_state(connection, path, sudo).text
 
 
 def write_atomically(connection: LoggedConnection, path: str, text: str, mode: str,
-                     sudo: bool = False) -> None:
-    """Write to a temp file beside `path`, then rename over it: a reader (or a Ctrl-C)
-    never sees half a file. An existing file keeps its owner and mode."""
-    script = render("provision/write_file.sh.j2", path=shell_path(path), mode=mode)
-    result = connection.run(script, timeout=30, sudo=sudo, stdin=text.encode())
+                     sudo: bool = False, private: bool = False) -> None:
+    """Write to a temp file beside `path`, check that all of it arrived (size and
+    sha256), then rename over it: a reader, a cut connection or a Ctrl-C never leaves
+    half a file. A symlink's target is written, the link kept. An existing file keeps
+    its owner and mode, unless `private`: then it is always `mode`, checked after."""
+    data = text.encode()
+    script = render("provision/write_file.sh.j2", path=shell_path(path), mode=mode,
+                    size=len(data), sha256=hashlib.sha256(data).hexdigest(), private=private)
+    result = connection.run(script, timeout=30, sudo=sudo, stdin=data)
     if not result.ok:
         raise RemoteError(FailureKind.ERROR, f"cannot write {path}: {result.stderr.strip()}")
 

@@ -21,6 +21,7 @@ from gpucluster.remote.hostkeys import known_hosts_name
 from gpucluster.templating import render
 
 KEY_NAME = "gpucluster_ed25519"
+PRIVATE = frozenset({f"~/.ssh/{KEY_NAME}"})  # always 0600, whatever mode the file had
 PAIR_TIMEOUT_S = 10
 PAIR_CONNECT_TIMEOUT_S = 5  # each pair's ssh gives up connecting after this long
 
@@ -85,31 +86,36 @@ class SshMeshStep(Step):
                                                       at_top=True)),
         }
 
-    def _current(self, connection: LoggedConnection) -> dict[str, str | None]:
+    def _current(self, connection: LoggedConnection) -> dict[str, files.FileState]:
         paths = [f"~/.ssh/{KEY_NAME}", f"~/.ssh/{KEY_NAME}.pub", "~/.ssh/authorized_keys",
                  "~/.ssh/known_hosts", "~/.ssh/config"]
-        return {path: files.read(connection, path) for path in paths}
+        return {path: files.read_state(connection, path) for path in paths}
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
         if host.name not in context.gathered["host_keys"]:
             raise GpuclusterError(f"{host.name}: its host keys could not be read")
         current = self._current(connection)
+        texts = {path: state.text for path, state in current.items()}
         changes = []
-        for path, (_, content) in self._files(context, host, current).items():
-            if current[path] != content:
+        for path, (mode, content) in self._files(context, host, texts).items():
+            if texts[path] != content:
                 shown = "<private key>" if path.endswith(KEY_NAME) else None
                 changes.append(Change(f"write {path}", shown or files.diff(
-                    path, current[path], content)))
+                    path, texts[path], content)))
+            elif path in PRIVATE and current[path].mode != mode:
+                changes.append(Change(f"make {path} mode {mode} (it is {current[path].mode})"))
         return changes
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
               changes: list[Change]) -> None:
         connection.run("mkdir -p ~/.ssh && chmod 700 ~/.ssh", timeout=30)
         current = self._current(connection)
-        for path, (mode, content) in self._files(context, host, current).items():
-            if current[path] != content:
-                files.write_atomically(connection, path, content, mode)
+        texts = {path: state.text for path, state in current.items()}
+        for path, (mode, content) in self._files(context, host, texts).items():
+            if texts[path] != content or (path in PRIVATE and current[path].mode != mode):
+                files.write_atomically(connection, path, content, mode,
+                                       private=path in PRIVATE)
 
     def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
         """Every ordered pair: does `ssh peer true` work from this node? -> matrix."""

@@ -114,6 +114,14 @@ def test_provision_then_a_second_run_changes_nothing(cluster: Sandbox) -> None:
     assert _without_image(again) == {"already ok"}
     assert _mtimes(cluster) == before  # nothing was written
 
+    # A private key someone made readable is made private again, nothing else changes.
+    key = "/root/.ssh/gpucluster_ed25519"
+    cluster.node_exec("node2", f"chmod 644 {key}")
+    code, fixed = _provision(cluster, "--only", "ssh-mesh")
+    assert code == 0 and _outcomes(fixed)[("ssh-mesh", "node2")] == "changed"
+    assert _outcomes(fixed)[("ssh-mesh", "node1")] == "already ok"
+    assert cluster.node_exec("node2", f"stat -c %a {key}").stdout.strip() == "600"
+
 
 def test_every_node_reaches_every_peer_with_verified_keys(cluster: Sandbox) -> None:
     for node in cluster.nodes:

@@ -138,7 +138,7 @@ def _relay_script(next_hop: str | None) -> str:
                   decompress="zstd -dc")
 
 
-@pytest.mark.parametrize("script", ["read", "write", "hop", "last-hop", "cleanup", "relay",
+@pytest.mark.parametrize("script", ["read", "write", "write-private", "hop", "last-hop", "cleanup", "relay",
                                     "last-relay", "listing", "apply", "pairs"])
 def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
     import subprocess
@@ -149,7 +149,10 @@ def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
     path = "\"$HOME\"/'odd dir/hosts'"
     text = {
         "read": lambda: render("provision/read_file.sh.j2", path=path),
-        "write": lambda: render("provision/write_file.sh.j2", path=path, mode="644"),
+        "write": lambda: render("provision/write_file.sh.j2", path=path, mode="644", size=3,
+                                sha256="ab" * 32, private=False),
+        "write-private": lambda: render("provision/write_file.sh.j2", path=path, mode="600",
+                                        size=3, sha256="ab" * 32, private=True),
         "hop": lambda: render("provision/relay_hop_prepare.sh.j2", dir="'/srv/.relay-1'",
                               next="node-2", ciphers="aes128-gcm@openssh.com"),
         "last-hop": lambda: render("provision/relay_hop_prepare.sh.j2", dir="/srv/r",
@@ -198,3 +201,40 @@ def test_files_are_read_and_written_atomically_keeping_mode(tmp_path: Path) -> N
     assert files.read(connection, str(target)) == "two\n"
     assert target.stat().st_mode & 0o777 == 0o604  # an existing file keeps its mode
     assert [p.name for p in target.parent.iterdir()] == ["hosts"]  # no temp file left
+    assert files.read_state(connection, str(target)) == files.FileState("two\n", "604")
+
+
+def test_a_symlink_keeps_pointing_and_a_private_file_is_made_private(tmp_path: Path) -> None:
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+
+    connection = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"))
+    real = tmp_path / "real-hosts"
+    real.write_text("old\n")
+    link = tmp_path / "hosts"
+    link.symlink_to(real)
+    files.write_atomically(connection, str(link), "new\n", "644")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    key = tmp_path / "id_key"
+    key.write_text("k\n")
+    key.chmod(0o644)  # a key file someone left readable
+    files.write_atomically(connection, str(key), "secret\n", "600", private=True)
+    assert key.stat().st_mode & 0o777 == 0o600 and key.read_text() == "secret\n"
+
+
+def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    import hashlib
+    import subprocess
+
+    from gpucluster.templating import render
+
+    target = tmp_path / "authorized_keys"
+    target.write_text("ssh-ed25519 AAAA admin\n")
+    whole = b"ssh-ed25519 AAAA admin\nssh-ed25519 BBBB cluster\n"
+    script = render("provision/write_file.sh.j2", path=str(target), mode="600",
+                    size=len(whole), sha256=hashlib.sha256(whole).hexdigest(), private=False)
+    cut = subprocess.run(["sh", "-c", script], input=whole[:30], capture_output=True,
+                         check=False)  # the connection dropped after 30 bytes
+    assert cut.returncode == 3 and b"arrived incomplete" in cut.stderr
+    assert target.read_text() == "ssh-ed25519 AAAA admin\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["authorized_keys"]
