@@ -138,8 +138,9 @@ def _relay_script(next_hop: str | None) -> str:
                   decompress="zstd -dc")
 
 
-@pytest.mark.parametrize("script", ["read", "write", "write-private", "hop", "last-hop", "cleanup", "relay",
-                                    "last-relay", "listing", "apply", "pairs"])
+@pytest.mark.parametrize("script", ["read", "write", "write-private", "hop", "last-hop",
+                                    "cleanup", "relay", "last-relay", "listing", "apply",
+                                    "pairs"])
 def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
     import subprocess
 
