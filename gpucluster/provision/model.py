@@ -72,10 +72,17 @@ class Each(Protocol):
 
 
 def hostnames(context: ProvisionContext, each: Each) -> dict[str, str]:
-    """Each node's real hostname, asked once per run whichever step needs it first."""
+    """Each node's real hostname, asked once per run whichever step needs it first, and
+    vetted (provision/hostnames.py): what is not usable is left out, with the reason in
+    gathered["hostname_notes"]."""
     if "hostnames" not in context.gathered:
+        from gpucluster.provision.hostnames import vet
+
         result = each(lambda _host, connection: connection.run("hostname", timeout=30).stdout)
-        context.gathered["hostnames"] = {h: out.strip() for h, out in result.values.items()}
+        reported = {h: out.strip() for h, out in result.values.items()}
+        usable, dropped = vet(reported, [h.name for h in context.inventory.hosts])
+        context.gathered["hostnames"] = usable
+        context.gathered["hostname_notes"] = dropped
     return context.gathered["hostnames"]
 
 
@@ -113,3 +120,7 @@ class Step:
     def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
         """After applying: a cluster-wide verification to report (empty: none)."""
         return {}
+
+    def note(self, context: ProvisionContext, host: Host) -> str:
+        """Something the user should know about this node's result (empty: nothing)."""
+        return ""

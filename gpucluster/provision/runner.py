@@ -167,9 +167,11 @@ def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResu
         try:
             changes = step.check(context, host, connection)
             if not changes:
-                return NodeResult(step.name, host.name, Outcome.OK)
+                return NodeResult(step.name, host.name, Outcome.OK,
+                                  message=step.note(context, host))
             if context.dry_run or cluster_wide:
-                return NodeResult(step.name, host.name, Outcome.PLANNED, tuple(changes))
+                return NodeResult(step.name, host.name, Outcome.PLANNED, tuple(changes),
+                                  step.note(context, host))
             step.apply(context, host, connection, changes)
             return recheck(host, connection, changes)
         except GpuclusterError as error:
@@ -181,7 +183,8 @@ def _run_step(step: Step, run: _Run, context: ProvisionContext) -> list[NodeResu
         if left:
             return NodeResult(step.name, host.name, Outcome.FAILED, tuple(left),
                               "still differs after applying")
-        return NodeResult(step.name, host.name, Outcome.CHANGED, tuple(changes))
+        return NodeResult(step.name, host.name, Outcome.CHANGED, tuple(changes),
+                          step.note(context, host))
 
     outcomes = _collect(step.name, run.each(converge))
     if cluster_wide and not context.dry_run:

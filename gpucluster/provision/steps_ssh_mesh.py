@@ -46,6 +46,9 @@ class SshMeshStep(Step):
     name = "ssh-mesh"
     summary = "cluster key pair, authorized_keys, known_hosts and ssh config on every node"
 
+    def note(self, context: ProvisionContext, host: Host) -> str:
+        return str(context.gathered.get("hostname_notes", {}).get(host.name, ""))
+
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         private, public = cluster_key(context.state_dir, create=not context.dry_run)
         context.gathered["cluster_key"] = {"private": private, "public": public}

@@ -148,6 +148,28 @@ def test_hosts_block_is_right_and_other_lines_are_intact(cluster: Sandbox) -> No
     assert resolved == cluster.addresses["node3"]
 
 
+def test_a_hostile_or_cloned_hostname_never_reaches_the_nodes_files(cluster: Sandbox) -> None:
+    cluster.node_exec("node3", "hostname localhost")  # inside node3's own UTS namespace
+    cluster.node_exec("node4", "hostname node1")  # another inventory host's name
+    try:
+        code, payload = _provision(cluster, "--only", "hosts,ssh-mesh")
+        assert code == 0, payload
+        notes = {(r["step"], r["host"]): r["message"] for r in payload["results"]}
+        assert "is a loopback name" in notes[("hosts", "node3")]
+        assert "another inventory host's name" in notes[("ssh-mesh", "node4")]
+        for node in cluster.nodes:
+            hosts = cluster.node_exec(node, "cat /etc/hosts").stdout
+            block = hosts[hosts.index("BEGIN gpucluster"):hosts.index("END gpucluster")]
+            assert "localhost" not in block and block.count(" node1") == 1, (node, block)
+            config = cluster.node_exec(node, "cat /root/.ssh/config").stdout
+            assert "Host node3 localhost" not in config
+    finally:
+        cluster.node_exec("node3", "hostname node3")
+        cluster.node_exec("node4", "hostname node4")
+    code, payload = _provision(cluster, "--only", "hosts,ssh-mesh")
+    assert code == 0 and not any(r["message"] for r in payload["results"])
+
+
 @pytest.fixture
 def outsider(cluster: Sandbox) -> Iterator[list[str]]:
     """A namespace on the sandbox bridge that is not in the inventory."""

@@ -239,3 +239,31 @@ def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path) -> None:
     assert cut.returncode == 3 and b"arrived incomplete" in cut.stderr
     assert target.read_text() == "ssh-ed25519 AAAA admin\n"
     assert [p.name for p in tmp_path.iterdir()] == ["authorized_keys"]
+
+
+def test_hostnames_that_would_poison_every_nodes_files_are_left_out() -> None:
+    from gpucluster.provision.hostnames import vet
+
+    reported = {"a": "gpu-a.internal", "b": "localhost", "c": "ubuntu", "d": "ubuntu",
+                "e": "x\nProxyCommand touch /tmp/pwned", "f": "a", "g": "g"}
+    usable, dropped = vet(reported, ["a", "b", "c", "d", "e", "f", "g"])
+    assert usable == {"a": "gpu-a.internal", "g": "g"}
+    assert "loopback" in dropped["b"] and "reported by 2 nodes" in dropped["c"]
+    assert "not a valid host name" in dropped["e"] and "another inventory host" in dropped["f"]
+    assert dropped["b"].endswith("(fix: hostnamectl set-hostname b)")
+
+
+def test_the_hosts_block_leaves_out_a_dropped_name(tmp_path: Path) -> None:
+    context = _context(tmp_path, "  - {name: a, address: 10.0.0.1}\n"
+                                 "  - {name: b, address: 10.0.0.2}\n")
+    from gpucluster.provision.model import hostnames
+
+    def each(task, hosts=None):  # what every node answers to `hostname`
+        from gpucluster.remote.result import FanoutResult
+        return FanoutResult(("a", "b"), {"a": "localhost\n", "b": "real-b\n"})
+
+    assert hostnames(context, each) == {"b": "real-b"}
+    block = HostsStep().block(context)
+    assert any(line.split() == ["10.0.0.1", "a"] for line in block)
+    assert any(line.split() == ["10.0.0.2", "b", "real-b"] for line in block)
+    assert "loopback" in HostsStep().note(context, context.inventory.host("a"))

@@ -42,10 +42,7 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
         table.add_row(host, *[f"[{STYLE[o]}]{o.value}[/]" for o in outcomes])
     console.print(table)
     for result in report.results:
-        if result.outcome is Outcome.FAILED:
-            console.print(f"[bold red]{result.host} {result.step}:[/] {escape(result.message)}")
-        elif result.step == "smoke" and result.message.startswith("slow"):
-            console.print(f"[yellow]{result.host} smoke:[/] {escape(result.message)}")
+        _print_message(console, result)
     if report.mesh:
         _print_mesh(console, report)
     changed = sum(1 for r in report.results if r.outcome is Outcome.CHANGED)
@@ -53,6 +50,14 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
     planned = sum(1 for r in report.results if r.outcome is Outcome.PLANNED)
     console.print(f"provision: {planned if dry_run else changed} node-steps {verb}; "
                   f"log: {report.log}")
+
+
+def _print_message(console: Console, result: NodeResult) -> None:
+    """Why a node-step failed; a slow smoke node; a note on a step that went well."""
+    if result.outcome is Outcome.FAILED:
+        console.print(f"[bold red]{result.host} {result.step}:[/] {escape(result.message)}")
+    elif result.message and (result.step != "smoke" or result.message.startswith("slow")):
+        console.print(f"[yellow]{result.host} {result.step}:[/] {escape(result.message)}")
 
 
 def _print_mesh(console: Console, report: ProvisionReport) -> None:
