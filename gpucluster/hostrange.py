@@ -53,11 +53,10 @@ def expand(pattern: str) -> list[str]:
     head, tail = pattern[: match.start()], pattern[match.end() :]
     if "[" in head or "]" in head:
         raise HostRangeError(f"unbalanced brackets in host range {pattern!r}")
-    names = [head + value + rest for value in _expand_set(match.group(1), pattern)
-             for rest in expand(tail)]
-    if len(names) > _MAX_EXPANSION:
+    values, rests = _expand_set(match.group(1), pattern), expand(tail)
+    if len(values) * len(rests) > _MAX_EXPANSION:  # counted before anything is built
         raise HostRangeError(f"host range {pattern!r} expands to too many names")
-    return names
+    return [head + value + rest for value in values for rest in rests]
 
 
 def expand_list(patterns: str) -> list[str]:

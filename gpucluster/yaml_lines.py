@@ -40,7 +40,17 @@ class LineList(list[Any]):
 
 
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader whose maps and sequences are LineDict and LineList."""
+    """SafeLoader whose maps and sequences are LineDict and LineList, and which refuses
+    aliases: an inventory needs none, and nested ones (a "billion laughs") expand to
+    more than any memory when a value is looked at."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not allowed in an inventory: write "
+                "the value out", event.start_mark)
+        return super().compose_node(parent, index)
 
 
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[LineDict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -260,5 +261,6 @@ def _with_groups(host: Host, groups: Mapping[str, tuple[str, ...]]) -> Host:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A short repr for messages, bounded however large or deep the value."""
+    text = reprlib.repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

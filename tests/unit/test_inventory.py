@@ -337,3 +337,23 @@ def test_secrets_stay_out_of_reprs_and_inventory_output(tmp_path: Path) -> None:
                            "NCCL_DEBUG: INFO}\nhosts: [a]\n")
     env = hosts_payload(inventory.load(path))["cluster"]["env"]
     assert env == {"HF_TOKEN": "***", "WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}
+
+
+def test_a_huge_product_of_ranges_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    with pytest.raises(InventoryError, match="expands to too many names"):
+        inventory.load(write(tmp_path, "hosts:\n  - n[1-50000]x[1-50000]\n"))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 200 * 1024 * 1024  # building the product first took gigabytes
+
+
+def test_yaml_aliases_are_refused_with_their_line(tmp_path: Path) -> None:
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8)) + "hosts: [n1]\n"
+    with pytest.raises(InventoryError) as error:
+        inventory.load(write(tmp_path, laughs))
+    assert ":2: not valid YAML: YAML aliases (*name) are not allowed" in str(error.value)
