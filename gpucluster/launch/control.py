@@ -26,12 +26,16 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
         script = node_scripts.stop_script(record, connection.host, grace_s,
                                           record.container_runtime.get(connection.host))
         result = connection.run(script, timeout=grace_s + 30)
-        how, found, left = ([*reports.by_kind(result.stdout).get(
-            "stop", [""])[0].split(), "", "", ""])[:3]
+        found_reports = reports.by_kind(result.stdout)
+        how, found, left = ([*found_reports.get("stop", [""])[0].split(), "", "", ""])[:3]
         if not how:
             return StopResult(connection.host, 0, "error", (),
                               (result.stderr or result.stdout).strip()[-200:])
         pids = tuple(int(p) for p in left.split(",") if p.isdigit())
+        containers = found_reports.get("container-left", [])
+        if containers:  # its processes may be invisible to us; the engine still runs it
+            return StopResult(connection.host, int(found) if found.isdigit() else 0, "error",
+                              pids, f"container {containers[0]} is still running")
         return StopResult(connection.host, int(found) if found.isdigit() else 0, how, pids)
 
     done = session.map(hosts, stop_on)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Sequence
@@ -83,6 +84,7 @@ def stop_script(record: JobRecord, node: str, grace_s: float,
                  if record.image and runtime and not is_image_file(record.image) else None)
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,
+                  grace_whole_s=math.ceil(grace_s),
                   marker_pattern=_marker_pattern(record, node))
 
 

@@ -3,6 +3,7 @@ scripts (valid shell), torchrun's command line, and reading torchrun's failure r
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -160,7 +161,8 @@ def _record() -> JobRecord:
                      "\"$HOME\"/'gpucluster/jobs'", 0.0, {"node1": 2, "node-2": 2})
 
 
-@pytest.mark.parametrize("script", ["start", "follow", "stop", "state", "start-container"])
+@pytest.mark.parametrize("script", ["start", "follow", "stop", "state", "start-container",
+                                    "stop-container"])
 def test_node_scripts_are_valid_shell(script: str) -> None:
     record = _record()
     text = {
@@ -170,6 +172,9 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
                                                              "", True, 29500),
         "follow": lambda: node_scripts.follow_script(record, "node-2", True),
         "stop": lambda: node_scripts.stop_script(record, "node-2", 2.5, "/usr/bin/podman"),
+        "stop-container": lambda: node_scripts.stop_script(
+            dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
+            "/usr/bin/docker"),
         "state": lambda: node_scripts.state_script([record], "node-2", record.jobs_dir),
     }[script]()
     checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True,
@@ -267,3 +272,10 @@ def test_a_broken_job_record_is_a_one_line_error(tmp_path: Path) -> None:
     (store.directory("20261129-120000-abcd") / "job.json").write_text("{not json")
     with pytest.raises(GpuclusterError, match=r"job\.json: not a readable job record"):
         store.load(None)
+
+
+def test_stop_gives_container_engines_whole_seconds_and_checks_the_container() -> None:
+    record = dataclasses.replace(_record(), image="busybox:latest")
+    script = node_scripts.stop_script(record, "node1", 2.5, "/usr/bin/docker")
+    assert "stop -t 3 " in script and "stop -t 2.5" not in script
+    assert "@@gpc container-left" in script and "ps -q --filter name=^gpucluster-" in script
