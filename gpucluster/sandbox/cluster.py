@@ -216,7 +216,9 @@ def _remove_files(state: dict[str, Any]) -> list[str]:
     for target in map(Path, state.get("created_targets", [])):
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()
-            removed.append(f"directory {target}")
+            # It reads like the user's own ~/.ssh was deleted unless it says what it was.
+            removed.append(f"empty mount point {target} (the sandbox created it for the "
+                           f"nodes; nothing of yours was in it)")
     return removed
 
 
