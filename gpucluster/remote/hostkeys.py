@@ -46,13 +46,61 @@ def append_known_host(path: Path, names: list[str], key: paramiko.PKey) -> None:
             handle.write(("\n" if needs_newline else "") + line)
 
 
-def make_policy(known_hosts: Path, accept_new: bool, label: str) -> paramiko.MissingHostKeyPolicy:
+SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+
+
+def load_known_hosts(target: paramiko.HostKeys, paths: list[Path]) -> frozenset[str]:
+    """Add every usable entry of `paths` (missing files are fine) to `target`; return the
+    base64 keys marked `@revoked`. `@cert-authority` lines are passed over (paramiko
+    cannot check host certificates: such hosts count as unknown), and so is a line that
+    does not parse: neither may make every host fail, as paramiko's own loader does."""
+    from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
+
+    revoked: set[str] = set()
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            raise RemoteError(FailureKind.ERROR, f"cannot read {path}: {error.strerror}") from None
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("@"):
+                fields = line.split()
+                if fields[0] == "@revoked" and len(fields) >= 4:
+                    revoked.add(fields[3])
+                continue
+            try:
+                entry = HostKeyEntry.from_line(line, number)
+            except (InvalidHostKey, ValueError, TypeError):
+                entry = None
+            if entry is not None:
+                for name in entry.hostnames:
+                    target.add(name, entry.key.get_name(), entry.key)
+    return frozenset(revoked)
+
+
+def refuse_revoked(label: str, key: paramiko.PKey, known_hosts: Path) -> RemoteError:
+    return RemoteError(FailureKind.HOST_KEY_CHANGED,
+                       f"HOST KEY REVOKED for {label}: it offered {key.get_name()} "
+                       f"{fingerprint(key)}, which a @revoked line in {known_hosts} or "
+                       f"{SYSTEM_KNOWN_HOSTS} marks as compromised. Refused whatever the "
+                       f"flags")
+
+
+def make_policy(known_hosts: Path, accept_new: bool, label: str,
+                revoked: frozenset[str] = frozenset()) -> paramiko.MissingHostKeyPolicy:
     """The policy paramiko asks when a host is missing from known_hosts."""
     import paramiko
 
     class _Policy(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
                              key: paramiko.PKey) -> None:
+            if key.get_base64() in revoked:  # never recorded, whatever the flags
+                raise refuse_revoked(label, key, known_hosts)
             if accept_new:
                 append_known_host(known_hosts, [hostname], key)
                 return

@@ -7,7 +7,6 @@ with a FailureKind, so the fan-out can report it per host and carry on.
 from __future__ import annotations
 
 import contextlib
-import select
 import shlex
 import socket
 import threading
@@ -23,14 +22,13 @@ from gpucluster.remote.connection import (
     LineSplitter,
     Stdin,
     build_command,
-    stdin_chunks,
 )
 from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
+from gpucluster.remote.ssh_channel import PID_REPORT, PidFilter, RemoteGroup, feed, pump
 
 if TYPE_CHECKING:
     import paramiko
 
-PID_REPORT = "@@gpc pid"  # the first line of stderr: the remote shell's pid
 END_GROUP_TIMEOUT_S = 5.0
 PID_WAIT_S = 3.0  # how long an interrupted command's pid report may still take
 
@@ -68,7 +66,7 @@ class SshConnection:
         self.via = via
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
-        self._running: set[_RemoteGroup] = set()
+        self._running: set[RemoteGroup] = set()
 
     # -- connecting
 
@@ -82,15 +80,12 @@ class SshConnection:
 
         endpoint, options = self.endpoint, self.options
         client = paramiko.SSHClient()
-        if options.known_hosts.is_file():
-            try:
-                client.load_host_keys(str(options.known_hosts))
-            except (OSError, paramiko.SSHException) as error:
-                raise RemoteError(FailureKind.ERROR,
-                                  f"cannot read {options.known_hosts}: {error}") from None
+        # The user's known_hosts and the system's, as OpenSSH reads them.
+        revoked = hostkeys.load_known_hosts(
+            client.get_host_keys(), [options.known_hosts, hostkeys.SYSTEM_KNOWN_HOSTS])
         client.set_missing_host_key_policy(
             hostkeys.make_policy(options.known_hosts, options.accept_new_host_keys,
-                                 endpoint.label))
+                                 endpoint.label, revoked))
         identity = str(Path(endpoint.identity_file).expanduser()) \
             if endpoint.identity_file else None
         try:
@@ -116,6 +111,10 @@ class SshConnection:
             raise self._classify(error) from None
         transport = client.get_transport()
         if transport is not None:
+            offered = transport.get_remote_server_key()
+            if offered.get_base64() in revoked:  # a known host whose key was revoked since
+                client.close()
+                raise hostkeys.refuse_revoked(endpoint.label, offered, options.known_hosts)
             transport.set_keepalive(options.keepalive_s)
         return client
 
@@ -220,16 +219,16 @@ class SshConnection:
                                   f"PAM module or login script on the node?)") from None
             raise RemoteError(FailureKind.UNREACHABLE,
                               f"lost the connection: {error or type(error).__name__}") from None
-        group = _RemoteGroup(as_root)
+        group = RemoteGroup(as_root)
         try:
             if stdin is not None or envelope.stdin_prefix:
-                threading.Thread(target=_feed, args=(channel, stdin, envelope.stdin_prefix),
+                threading.Thread(target=feed, args=(channel, stdin, envelope.stdin_prefix),
                                  daemon=True).start()
             stdout = LineSplitter("stdout", on_line)
             stderr = LineSplitter("stderr", on_line)
             with self._lock:
                 self._running.add(group)
-            _pump(channel, stdout, _PidFilter(stderr, group), deadline)
+            pump(channel, stdout, PidFilter(stderr, group), deadline)
             exit_code = channel.recv_exit_status()
         except BaseException:
             self._end_group(group)  # a timeout, a lost channel or Ctrl-C: leave nothing
@@ -243,7 +242,7 @@ class SshConnection:
         return CommandResult(self.host, command, exit_code, stdout.finish(), stderr.finish(),
                              time.monotonic() - started)
 
-    def _end_group(self, group: _RemoteGroup, wait_for_pid: bool = False) -> None:
+    def _end_group(self, group: RemoteGroup, wait_for_pid: bool = False) -> None:
         """TERM, then KILL, the process group of a command that did not finish; over a
         fresh channel, bounded, and silent when the connection is gone. A command
         interrupted the moment it started may not have reported its pid yet: with
@@ -278,73 +277,3 @@ class SshConnection:
             if self._client is not None:
                 self._client.close()
                 self._client = None
-
-
-def _pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: _PidFilter,
-          deadline: float) -> None:
-    """Read both streams until the command has exited and its output is drained."""
-    while True:
-        drained = True
-        while channel.recv_ready():
-            stdout.feed(channel.recv(65536))
-            drained = False
-        while channel.recv_stderr_ready():
-            stderr.feed(channel.recv_stderr(65536))
-            drained = False
-        if drained and channel.exit_status_ready() and (channel.eof_received or channel.closed):
-            return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time")
-        if not drained:
-            continue
-        if channel.eof_received:
-            # Output is closed: wait for the exit status rather than spin on select.
-            channel.status_event.wait(min(remaining, 1.0))
-        else:
-            select.select([channel], [], [], min(remaining, 1.0))
-
-
-class _RemoteGroup:
-    """A running command's process group on the node (its login shell's pid)."""
-
-    def __init__(self, as_root: bool) -> None:
-        self.pid: int | None = None
-        self.as_root = as_root
-        self.reported = threading.Event()  # the pid line arrived (or never will)
-
-
-class _PidFilter:
-    """Takes the pid report off the front of stderr; passes the rest on unchanged."""
-
-    def __init__(self, stderr: LineSplitter, group: _RemoteGroup) -> None:
-        self.stderr = stderr
-        self.group = group
-        self._head: bytes | None = b""  # None once the report line has been handled
-
-    def feed(self, data: bytes) -> None:
-        if self._head is None:
-            self.stderr.feed(data)
-            return
-        self._head += data
-        line, newline, rest = self._head.partition(b"\n")
-        if not newline:
-            return
-        self._head = None
-        words = line.decode("ascii", "replace").split()
-        if words[:2] == PID_REPORT.split() and len(words) == 3 and words[2].isdigit():
-            self.group.pid = int(words[2])
-            self.group.reported.set()
-            if rest:
-                self.stderr.feed(rest)
-        else:  # not ours (a shell that printed first): keep all of it
-            self.stderr.feed(line + newline + rest)
-
-
-def _feed(channel: paramiko.Channel, stdin: Stdin, prefix: bytes) -> None:
-    try:
-        for chunk in stdin_chunks(stdin, prefix):
-            channel.sendall(chunk)
-        channel.shutdown_write()
-    except (OSError, EOFError):
-        pass  # the channel closed; the command's exit code tells the story

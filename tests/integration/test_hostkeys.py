@@ -66,3 +66,22 @@ def test_a_changed_host_key_is_refused_whatever_the_flags(sandbox: Sandbox,
     assert "man-in-the-middle" in by_host["node1"]["error"]["message"]
     assert all(by_host[n]["ok"] for n in ("node2", "node3", "node4"))
     assert known_hosts.read_text() == "\n".join(lines) + "\n"
+
+
+def test_a_revoked_key_is_refused_and_a_cert_authority_line_breaks_nothing(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    original = Path(sandbox.data["cluster"]["known_hosts"]).read_text().splitlines()
+    node2 = next(line for line in original if line.startswith("node2,"))
+    ca = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ca)], check=True)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"@cert-authority *.example.com {Path(f'{ca}.pub').read_text()}"
+                           f"@revoked * {' '.join(node2.split()[1:3])}\n"
+                           + "\n".join(original) + "\n")
+    inventory = _with_known_hosts(sandbox, tmp_path, known_hosts)
+    result = gpucluster("run", "-i", str(inventory), "--json", "--accept-new-host-keys",
+                        "hostname")
+    assert result.code == 1, result.stderr
+    by_host = {h["host"]: h for h in result.json()["hosts"]}
+    assert "HOST KEY REVOKED" in by_host["node2"]["error"]["message"]
+    assert all(by_host[n]["ok"] for n in ("node1", "node3", "node4"))  # the rest verified

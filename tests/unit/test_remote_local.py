@@ -167,3 +167,30 @@ def test_a_flooding_command_costs_bounded_memory() -> None:
     result = LocalConnection("here").run("head -c 100000000 /dev/zero | tr '\\0' x",
                                          timeout=60)
     assert len(result.stdout) < 17 * 1024 * 1024 and "were cut" in result.stdout
+
+
+def test_known_hosts_markers_and_bad_lines_do_not_break_verification(tmp_path: Path) -> None:
+    import paramiko
+
+    from gpucluster.remote import hostkeys
+
+    key_a = paramiko.RSAKey.generate(1024)
+    key_b = paramiko.RSAKey.generate(1024)
+    user = tmp_path / "known_hosts"
+    user.write_text(
+        "# comment\n"
+        f"@cert-authority *.example.com ssh-rsa {key_b.get_base64()}\n"
+        f"@revoked * ssh-rsa {key_b.get_base64()}\n"
+        "garbage line that is no key\n"
+        f"node1,10.0.0.1 ssh-rsa {key_a.get_base64()}\n")
+    system = tmp_path / "ssh_known_hosts"
+    system.write_text(f"[node2]:2222 ssh-rsa {key_a.get_base64()}\n")
+    table = paramiko.HostKeys()
+    revoked = hostkeys.load_known_hosts(table, [user, system, tmp_path / "absent"])
+    assert revoked == {key_b.get_base64()}
+    assert table.lookup("10.0.0.1")["ssh-rsa"] == key_a
+    assert table.lookup("[node2]:2222")["ssh-rsa"] == key_a
+    policy = hostkeys.make_policy(user, accept_new=True, label="node3", revoked=revoked)
+    with pytest.raises(RemoteError, match="HOST KEY REVOKED"):
+        policy.missing_host_key(None, "node3", key_b)  # type: ignore[arg-type]
+    assert key_b.get_base64() not in user.read_text().splitlines()[-1]  # not recorded

@@ -1,0 +1,88 @@
+"""One command on an open SSH channel: its stdin fed, both streams read to the end
+under a deadline, and the pid its login shell reports taken off stderr (so that what
+the command started can be ended if it must be)."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from gpucluster.remote.connection import LineSplitter, Stdin, stdin_chunks
+from gpucluster.remote.result import FailureKind, RemoteError
+
+if TYPE_CHECKING:
+    import paramiko
+
+PID_REPORT = "@@gpc pid"  # the first line of stderr: the remote shell's pid
+
+
+def pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: PidFilter,
+          deadline: float) -> None:
+    """Read both streams until the command has exited and its output is drained."""
+    while True:
+        drained = True
+        while channel.recv_ready():
+            stdout.feed(channel.recv(65536))
+            drained = False
+        while channel.recv_stderr_ready():
+            stderr.feed(channel.recv_stderr(65536))
+            drained = False
+        if drained and channel.exit_status_ready() and (channel.eof_received or channel.closed):
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time")
+        if not drained:
+            continue
+        if channel.eof_received:
+            # Output is closed: wait for the exit status rather than spin on select.
+            channel.status_event.wait(min(remaining, 1.0))
+        else:
+            select.select([channel], [], [], min(remaining, 1.0))
+
+
+class RemoteGroup:
+    """A running command's process group on the node (its login shell's pid)."""
+
+    def __init__(self, as_root: bool) -> None:
+        self.pid: int | None = None
+        self.as_root = as_root
+        self.reported = threading.Event()  # the pid line arrived (or never will)
+
+
+class PidFilter:
+    """Takes the pid report off the front of stderr; passes the rest on unchanged."""
+
+    def __init__(self, stderr: LineSplitter, group: RemoteGroup) -> None:
+        self.stderr = stderr
+        self.group = group
+        self._head: bytes | None = b""  # None once the report line has been handled
+
+    def feed(self, data: bytes) -> None:
+        if self._head is None:
+            self.stderr.feed(data)
+            return
+        self._head += data
+        line, newline, rest = self._head.partition(b"\n")
+        if not newline:
+            return
+        self._head = None
+        words = line.decode("ascii", "replace").split()
+        if words[:2] == PID_REPORT.split() and len(words) == 3 and words[2].isdigit():
+            self.group.pid = int(words[2])
+            self.group.reported.set()
+            if rest:
+                self.stderr.feed(rest)
+        else:  # not ours (a shell that printed first): keep all of it
+            self.stderr.feed(line + newline + rest)
+
+
+def feed(channel: paramiko.Channel, stdin: Stdin, prefix: bytes) -> None:
+    try:
+        for chunk in stdin_chunks(stdin, prefix):
+            channel.sendall(chunk)
+        channel.shutdown_write()
+    except (OSError, EOFError):
+        pass  # the channel closed; the command's exit code tells the story
