@@ -149,14 +149,14 @@ def test_hosts_block_is_right_and_other_lines_are_intact(cluster: Sandbox) -> No
 
 
 def test_a_hostile_or_cloned_hostname_never_reaches_the_nodes_files(cluster: Sandbox) -> None:
-    cluster.node_exec("node3", "hostname localhost")  # inside node3's own UTS namespace
-    cluster.node_exec("node4", "hostname node1")  # another inventory host's name
     try:
+        cluster.node_exec("node3", "hostname localhost")  # inside node3's own UTS namespace
+        cluster.node_exec("node2", "hostname node1")  # another inventory host's name
         code, payload = _provision(cluster, "--only", "hosts,ssh-mesh")
         assert code == 0, payload
         notes = {(r["step"], r["host"]): r["message"] for r in payload["results"]}
         assert "is a loopback name" in notes[("hosts", "node3")]
-        assert "another inventory host's name" in notes[("ssh-mesh", "node4")]
+        assert "another inventory host's name" in notes[("ssh-mesh", "node2")]
         for node in cluster.nodes:
             hosts = cluster.node_exec(node, "cat /etc/hosts").stdout
             block = hosts[hosts.index("BEGIN gpucluster"):hosts.index("END gpucluster")]
@@ -165,7 +165,7 @@ def test_a_hostile_or_cloned_hostname_never_reaches_the_nodes_files(cluster: San
             assert "Host node3 localhost" not in config
     finally:
         cluster.node_exec("node3", "hostname node3")
-        cluster.node_exec("node4", "hostname node4")
+        cluster.node_exec("node2", "hostname node2")
     code, payload = _provision(cluster, "--only", "hosts,ssh-mesh")
     assert code == 0 and not any(r["message"] for r in payload["results"])
 
@@ -231,7 +231,7 @@ def test_a_node_dying_mid_run_fails_alone_and_a_rerun_completes(cluster: Sandbox
     killed = False
     while time.time() < deadline and not killed:  # wait until the run reaches /etc/hosts
         for log in set(logs.iterdir()) - seen:
-            if "node3: 'if [ -e /etc/hosts ]" in log.read_text():
+            if "node3: '# Print /etc/hosts" in log.read_text():  # read_file.sh.j2
                 namespace_pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-node3"],
                                                 capture_output=True, text=True,
                                                 check=False).stdout.split()
