@@ -22,6 +22,7 @@ from gpucluster.launch.model import LaunchRefused, LaunchRequest
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import HostFailure
 from gpucluster.remote.session import Session
+from gpucluster.state import exclusive
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
     TorchrunSpec,
@@ -90,7 +91,14 @@ def code_dir_for(inventory: Inventory, local_dir: Path) -> str:
 def launch(session: Session, inventory: Inventory, store: JobStore,
            request: LaunchRequest,
            on_phase: Callable[[str], None] | None = None) -> JobRecord:
-    """Check, sync and start the job on every node; nothing starts unless all can."""
+    """Check, sync and start the job on every node; nothing starts unless all can. One
+    launch at a time from beside an inventory: a second one is refused, not raced."""
+    with exclusive(store.root.parent, "launch"):
+        return _launch(session, inventory, store, request, on_phase)
+
+
+def _launch(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
+            on_phase: Callable[[str], None] | None) -> JobRecord:
     phase = on_phase or (lambda _: None)
     files, script = check_request(request)
     if request.image and request.image.endswith(".sqsh"):

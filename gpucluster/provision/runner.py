@@ -31,7 +31,7 @@ from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import FanoutResult
 from gpucluster.remote.session import Session
 from gpucluster.selection import select
-from gpucluster.state import state_dir_for
+from gpucluster.state import exclusive, state_dir_for
 
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
@@ -91,6 +91,15 @@ class _Run:
 def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
               force: bool, on_step: Callable[[str], None] | None = None,
               on_image_progress: Progress | None = None) -> ProvisionReport:
+    """Every selected step on every node; one provision at a time per inventory."""
+    with exclusive(state_dir_for(inventory), "provision"):
+        return _provision(session, inventory, steps, dry_run, force, on_step,
+                          on_image_progress)
+
+
+def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
+               force: bool, on_step: Callable[[str], None] | None,
+               on_image_progress: Progress | None) -> ProvisionReport:
     started = time.monotonic()
     state_dir = state_dir_for(inventory)
     log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")

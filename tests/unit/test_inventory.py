@@ -357,3 +357,27 @@ def test_yaml_aliases_are_refused_with_their_line(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as error:
         inventory.load(write(tmp_path, laughs))
     assert ":2: not valid YAML: YAML aliases (*name) are not allowed" in str(error.value)
+
+
+def test_a_second_launch_from_beside_the_same_inventory_is_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from gpucluster.state import exclusive
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from gpucluster.state import exclusive\n"
+        f"with exclusive(Path({str(tmp_path)!r}), 'launch'):\n"
+        "    print('held', flush=True); time.sleep(30)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(GpuclusterError, match="another gpucluster launch"), \
+                exclusive(tmp_path, "launch"):
+            pass
+        with exclusive(tmp_path, "provision"):  # another kind of work is not blocked
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(tmp_path, "launch"):  # released with the process that held it
+        pass

@@ -279,3 +279,26 @@ def test_stop_gives_container_engines_whole_seconds_and_checks_the_container() -
     script = node_scripts.stop_script(record, "node1", 2.5, "/usr/bin/docker")
     assert "stop -t 3 " in script and "stop -t 2.5" not in script
     assert "@@gpc container-left" in script and "ps -q --filter name=^gpucluster-" in script
+
+
+def test_logs_f_of_an_old_job_ends_when_its_leader_pid_was_reused(tmp_path: Path) -> None:
+    import shlex
+
+    from gpucluster import reports
+    from gpucluster.remote.local import LocalConnection
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    job = tmp_path / record.id
+    job.mkdir()
+    (job / "node.log").write_text("[0]:epoch 5 done\n")
+    (job / "exit_code").write_text("0 1700000000.0\n")
+    stranger = subprocess.Popen(["sleep", "60"])  # took the old leader's pid, no marker
+    try:
+        (job / "leader.pid").write_text(f"{stranger.pid}\n")
+        result = LocalConnection("here").run(
+            node_scripts.follow_script(record, "node1", follow=True), timeout=15)
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert "[0]:epoch 5 done" in result.stdout
+    assert reports.by_kind(result.stdout)["state"] == ["exited 0 1700000000.0"]
