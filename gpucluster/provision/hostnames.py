@@ -31,11 +31,13 @@ def vet(reported: Mapping[str, str], inventory_names: Sequence[str]
             dropped[node] = f"its hostname {name[:60]!r} is not a valid host name"
         elif name.lower() in LOOPBACK_NAMES:
             dropped[node] = f"its hostname {name!r} is a loopback name"
+        elif name == node:  # its own inventory name: whoever else claims it is wrong
+            usable[node] = name
+        elif name in inventory_names:
+            dropped[node] = f"its hostname {name!r} is another inventory host's name"
         elif counts[name.lower()] > 1:
             dropped[node] = (f"its hostname {name!r} is reported by {counts[name.lower()]} "
                              f"nodes (cloned images?)")
-        elif name != node and name in inventory_names:
-            dropped[node] = f"its hostname {name!r} is another inventory host's name"
         else:
             usable[node] = name
     for node, why in dropped.items():

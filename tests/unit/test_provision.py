@@ -245,9 +245,9 @@ def test_hostnames_that_would_poison_every_nodes_files_are_left_out() -> None:
     from gpucluster.provision.hostnames import vet
 
     reported = {"a": "gpu-a.internal", "b": "localhost", "c": "ubuntu", "d": "ubuntu",
-                "e": "x\nProxyCommand touch /tmp/pwned", "f": "a", "g": "g"}
+                "e": "x\nProxyCommand touch /tmp/pwned", "f": "g", "g": "g"}
     usable, dropped = vet(reported, ["a", "b", "c", "d", "e", "f", "g"])
-    assert usable == {"a": "gpu-a.internal", "g": "g"}
+    assert usable == {"a": "gpu-a.internal", "g": "g"}  # g keeps its own name
     assert "loopback" in dropped["b"] and "reported by 2 nodes" in dropped["c"]
     assert "not a valid host name" in dropped["e"] and "another inventory host" in dropped["f"]
     assert dropped["b"].endswith("(fix: hostnamectl set-hostname b)")
