@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox import sandbox  # noqa: F401 - the session's shared sandbox fixture
+
 SYSTEM_PACKAGES = Path(__file__).parent.parent / "scripts" / "system-packages"
 REQUIRE_ENV = "GPUCLUSTER_TEST_SANDBOX"
 

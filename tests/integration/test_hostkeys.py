@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import gpucluster
-from tests.integration.conftest import Sandbox
+from tests.sandbox import Sandbox
 
 pytestmark = pytest.mark.sandbox
 

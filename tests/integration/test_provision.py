@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.cli import gpucluster
-from tests.integration.conftest import Sandbox, busybox_image
+from tests.sandbox import Sandbox, busybox_image
 
 pytestmark = pytest.mark.sandbox
 

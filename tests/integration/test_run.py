@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import gpucluster
-from tests.integration.conftest import Sandbox
+from tests.sandbox import Sandbox
 
 pytestmark = pytest.mark.sandbox
 

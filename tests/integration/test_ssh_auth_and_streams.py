@@ -16,7 +16,7 @@ from gpucluster import inventory as inventory_module
 from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
 from tests.cli import gpucluster
-from tests.integration.conftest import Sandbox
+from tests.sandbox import Sandbox
 
 pytestmark = pytest.mark.sandbox
 

@@ -96,3 +96,16 @@ def test_the_docs_name_every_check_and_count_none() -> None:
     assert set(REGISTRY) - described == set()
     for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         assert not re.search(r"\b\d+ (doctor )?checks\b", page.read_text()), page
+
+
+def test_every_test_docs_reliability_names_exists() -> None:
+    import re
+
+    root = PACKAGE.parent
+    page = (root / "docs/reliability.md").read_text()
+    sources = "\n".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
+    named = set(re.findall(r"::(test_\w+)", page)) | set(re.findall(r"`(test_\w+)`", page))
+    missing = [name for name in sorted(named) if f"def {name}(" not in sources]
+    assert named and missing == []
+    for path in re.findall(r"`(tests/[\w/]+\.py)", page):
+        assert (root / path).is_file(), path

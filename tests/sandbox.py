@@ -1,4 +1,5 @@
-"""One sandbox for the whole integration session: 4 real sshd nodes in namespaces.
+"""One sandbox for the whole test session (integration and fault tests): 4 real sshd
+nodes in namespaces. tests/conftest.py makes the `sandbox` fixture available everywhere.
 
 It must start: a missing tool or missing root is a failure, never a skip (CI installs
 everything via .ci/run).
