@@ -196,7 +196,7 @@ def down(name: str) -> list[str]:
             system.sh("ip", "link", "del", link, check=False)
             removed.append(f"link {link}")
     if state is not None:
-        removed.extend(_remove_files(state))
+        removed.extend(_remove_files(state, _hand_over_targets(name, state)))
     sandbox = node.sandbox_dir(name)
     if sandbox.exists():
         shutil.rmtree(sandbox)
@@ -207,13 +207,32 @@ def down(name: str) -> list[str]:
     return removed
 
 
-def _remove_files(state: dict[str, Any]) -> list[str]:
+def _hand_over_targets(name: str, state: dict[str, Any]) -> bool:
+    """Mount points this sandbox created (/root/.ssh...) that another sandbox's nodes
+    still mount: removing one on the host would unmount it inside those nodes (Linux
+    detaches a mount whose mount point is removed in another namespace), locking
+    everyone out of them. The other sandbox takes them over instead; True if one did."""
+    targets = state.get("created_targets", [])
+    if not targets or not node.STATE_ROOT.is_dir():
+        return False
+    for other in sorted(node.STATE_ROOT.iterdir()):
+        other_state = _read_state(other.name) if other.name != name else None
+        if other_state is not None:
+            other_state["created_targets"] = sorted(
+                {*other_state.get("created_targets", []), *targets})
+            system.write_atomically(_state_file(other.name),
+                                    json.dumps(other_state, indent=2) + "\n", 0o600)
+            return True
+    return False
+
+
+def _remove_files(state: dict[str, Any], targets_handed_over: bool) -> list[str]:
     removed = []
     inventory = Path(state["inventory"])
     if inventory.exists() and _sha256(inventory.read_bytes()) == state["inventory_sha256"]:
         inventory.unlink()
         removed.append(f"inventory {inventory}")
-    for target in map(Path, state.get("created_targets", [])):
+    for target in map(Path, [] if targets_handed_over else state.get("created_targets", [])):
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()
             # It reads like the user's own ~/.ssh was deleted unless it says what it was.

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpucluster.errors import SandboxError
@@ -54,3 +56,25 @@ def test_missing_root_and_tools_is_one_message_with_the_install_command(
     assert "must run as root" in message
     assert "apt-get install -y iproute2 openssh-server" in message
     assert "\n" not in message
+
+
+def test_a_mount_point_another_sandbox_still_uses_is_handed_over_not_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from gpucluster.sandbox import cluster, node
+
+    monkeypatch.setattr(node, "STATE_ROOT", tmp_path)
+    for name, targets in (("first", ["/root/.ssh"]), ("second", [])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.json").write_text(json.dumps(
+            {"spec": {}, "inventory": str(tmp_path / f"{name}.yaml"),
+             "inventory_sha256": "", "created_targets": targets}))
+    first = json.loads((tmp_path / "first" / "state.json").read_text())
+    assert cluster._hand_over_targets("first", first) is True
+    second = json.loads((tmp_path / "second" / "state.json").read_text())
+    assert second["created_targets"] == ["/root/.ssh"]  # removed when the last one goes
+    assert cluster._remove_files(first, targets_handed_over=True) == []
+    (tmp_path / "second").rename(tmp_path / "gone")
+    (tmp_path / "gone" / "state.json").unlink()
+    assert cluster._hand_over_targets("first", first) is False  # the last one: removes
