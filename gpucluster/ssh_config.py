@@ -17,6 +17,9 @@ class SshConfigEntry:
     port: int | None = None
     identity_file: str | None = None
     proxy_jump: str | None = None
+    identity_files: tuple[str, ...] = ()  # every IdentityFile, in order (OpenSSH tries all)
+    proxy_command: str | None = None  # tokens (%h, %p, %r) already expanded
+    connect_timeout: float | None = None
 
 
 class SshConfig:
@@ -37,10 +40,15 @@ class SshConfig:
         hostname = found.get("hostname")
         identity = found.get("identityfile")
         port = found.get("port")
+        timeout = str(found.get("connecttimeout", ""))
+        proxy_command = found.get("proxycommand")
         return SshConfigEntry(
             hostname=hostname if hostname and hostname != alias else None,
             user=found.get("user"),
             port=int(port) if port and str(port).isdigit() else None,
             identity_file=identity[0] if identity else None,
             proxy_jump=found.get("proxyjump"),
+            identity_files=tuple(identity or ()),
+            proxy_command=None if proxy_command in (None, "none") else str(proxy_command),
+            connect_timeout=float(timeout) if timeout.isdigit() and int(timeout) > 0 else None,
         )

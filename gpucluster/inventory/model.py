@@ -26,6 +26,11 @@ class Host:
     gpu_model: str | None = None
     groups: tuple[str, ...] = ()
     connection: str = "ssh"  # "ssh" or "local"
+    # From ~/.ssh/config: every IdentityFile to try (identity_file first), a ProxyCommand,
+    # a ConnectTimeout (over the inventory's).
+    identity_files: tuple[str, ...] = ()
+    proxy_command: str | None = None
+    connect_timeout: float | None = None
     torch_device: str = "cuda"  # "cpu": jobs here run torch on the CPU, GPUs or not
     line: int | None = None
 

@@ -34,6 +34,9 @@ def resolve_host(name: str, address: str | None, fields: dict[str, Any],
         user=pick("user", from_config.user, _current_user()),
         port=pick("port", from_config.port, 22),
         identity_file=pick("identity_file", from_config.identity_file),
+        identity_files=_identity_files(fields, defaults, from_config),
+        proxy_command=None if "jump_host" in fields else from_config.proxy_command,
+        connect_timeout=from_config.connect_timeout,
         jump_host=pick("jump_host", from_config.proxy_jump),
         labels={**defaults.get("labels", {}), **fields.get("labels", {})},
         gpus=fields.get("gpus", defaults.get("gpus")),
@@ -43,6 +46,16 @@ def resolve_host(name: str, address: str | None, fields: dict[str, Any],
         torch_device=fields.get("torch_device", defaults.get("torch_device", "cuda")),
         line=line,
     )
+
+
+def _identity_files(fields: dict[str, Any], defaults: dict[str, Any],
+                    from_config: SshConfigEntry) -> tuple[str, ...]:
+    """The inventory's key alone when it names one; else every IdentityFile of the
+    ssh config, in order, as OpenSSH tries them."""
+    chosen = fields.get("identity_file", defaults.get("identity_file"))
+    if chosen is not None or "identity_file" in fields:
+        return (chosen,) if chosen else ()
+    return from_config.identity_files
 
 
 def _bare_loopback(alias: str, fields: dict[str, Any], defaults: dict[str, Any],
@@ -57,7 +70,8 @@ def _bare_loopback(alias: str, fields: dict[str, Any], defaults: dict[str, Any],
     if any(key in fields or key in defaults for key in keys):
         return False
     return all(value is None for value in (from_config.port, from_config.user,
-                                           from_config.identity_file, from_config.proxy_jump))
+                                           from_config.identity_file, from_config.proxy_jump,
+                                           from_config.proxy_command))
 
 
 def _current_user() -> str:

@@ -49,7 +49,8 @@ class Session:
     def _new_connection(self, host: Host) -> Connection:
         if host.is_local:
             return LocalConnection(host.name)
-        endpoint = Endpoint(host.name, host.address, host.port, host.user, host.identity_file)
+        endpoint = Endpoint(host.name, host.address, host.port, host.user, host.identity_file,
+                            host.identity_files, host.proxy_command, host.connect_timeout)
         via = self._jump(host.jump_host) if host.jump_host else None
         return SshConnection(endpoint, self.options, via=via)
 

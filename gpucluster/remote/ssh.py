@@ -53,6 +53,9 @@ class Endpoint:
     port: int
     user: str
     identity_file: str | None = None
+    identity_files: tuple[str, ...] = ()  # all to try, identity_file first
+    proxy_command: str | None = None
+    connect_timeout: float | None = None  # this host's, over the run's
 
 
 class SshConnection:
@@ -86,22 +89,25 @@ class SshConnection:
         client.set_missing_host_key_policy(
             hostkeys.make_policy(options.known_hosts, options.accept_new_host_keys,
                                  endpoint.label, revoked))
-        identity = str(Path(endpoint.identity_file).expanduser()) \
-            if endpoint.identity_file else None
+        keys = endpoint.identity_files or ((endpoint.identity_file,)
+                                           if endpoint.identity_file else ())
+        identities = [str(Path(k).expanduser()) for k in keys] or None
+        timeout = endpoint.connect_timeout or options.connect_timeout
         try:
             client.connect(
                 hostname=endpoint.address,
                 port=endpoint.port,
                 username=endpoint.user,
                 password=options.password,
-                key_filename=identity,
-                look_for_keys=identity is None,
+                # paramiko takes a list (it tries each); its stubs say str only
+                key_filename=identities,  # type: ignore[arg-type]
+                look_for_keys=identities is None,
                 allow_agent=True,
-                timeout=options.connect_timeout,
-                banner_timeout=options.connect_timeout,
-                auth_timeout=options.connect_timeout,
-                channel_timeout=options.connect_timeout,
-                sock=self._tunnel() if self.via else None,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
+                sock=self._socket(),
             )
         except RemoteError:
             client.close()
@@ -117,6 +123,20 @@ class SshConnection:
                 raise hostkeys.refuse_revoked(endpoint.label, offered, options.known_hosts)
             transport.set_keepalive(options.keepalive_s)
         return client
+
+    def _socket(self) -> paramiko.Channel | paramiko.ProxyCommand | None:
+        """Through the jump host, through ssh_config's ProxyCommand, or direct (None)."""
+        if self.via is not None:
+            return self._tunnel()
+        if self.endpoint.proxy_command:
+            import paramiko
+
+            try:
+                return paramiko.ProxyCommand(self.endpoint.proxy_command)
+            except paramiko.ProxyCommandFailure as error:
+                raise RemoteError(FailureKind.UNREACHABLE,
+                                  f"ProxyCommand failed: {error}") from None
+        return None
 
     def _tunnel(self) -> paramiko.Channel:
         """A direct-tcpip channel through the jump host to this host's sshd."""
@@ -154,8 +174,8 @@ class SshConnection:
                                f"no key or password to offer {self.endpoint.user}@{where}: set "
                                f"identity_file, load the key into ssh-agent, or pass --ask-pass")
         if isinstance(error, (TimeoutError, socket.timeout)):
-            return RemoteError(FailureKind.UNREACHABLE,
-                               f"no answer from {where} within {self.options.connect_timeout:g}s")
+            limit = self.endpoint.connect_timeout or self.options.connect_timeout
+            return RemoteError(FailureKind.UNREACHABLE, f"no answer from {where} within {limit:g}s")
         if isinstance(error, socket.gaierror):
             return RemoteError(FailureKind.UNREACHABLE,
                                f"cannot resolve {self.endpoint.address}: {error.strerror}")

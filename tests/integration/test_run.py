@@ -159,6 +159,35 @@ def test_jump_host_reaches_a_node_the_controller_cannot(sandbox: Sandbox,
         sandbox.node_exec("node4", f"iptables -D {rule}")
 
 
+def test_ssh_config_proxycommand_and_a_second_identity_file(sandbox: Sandbox,
+                                                             tmp_path: Path) -> None:
+    # node4 drops SSH from the controller; the ssh config's ProxyCommand (OpenSSH's own
+    # -W through node1) reaches it, and the key that works is the config's second one.
+    rule = "INPUT -p tcp --dport 22 -s 198.19.0.1 -j DROP"
+    key = sandbox.data["defaults"]["identity_file"]
+    known_hosts = sandbox.data["cluster"]["known_hosts"]
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)],
+                   check=True)
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host proxied\n  HostName {sandbox.addresses['node4']}\n  User root\n"
+        f"  IdentityFile {wrong}\n  IdentityFile {key}\n  ConnectTimeout 5\n"
+        f"  ProxyCommand ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+        f"-o UserKnownHostsFile={known_hosts} -i {key} -W %h:%p "
+        f"root@{sandbox.addresses['node1']}\n")
+    cluster = {**sandbox.data["cluster"], "ssh_config": str(config)}
+    inventory = sandbox.write_inventory(tmp_path / "proxied.yaml", cluster=cluster,
+                                        defaults={}, hosts=["proxied"])
+    sandbox.node_exec("node4", f"iptables -A {rule}")
+    try:
+        result = gpucluster("run", "-i", str(inventory), "--json", "hostname")
+        assert result.code == 0, result.stdout + result.stderr
+        assert result.json()["hosts"][0]["stdout"].strip() == "node4"
+    finally:
+        sandbox.node_exec("node4", f"iptables -D {rule}")
+
+
 def test_ssh_config_alias_resolves(sandbox: Sandbox, tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
     config.write_text(

@@ -381,3 +381,22 @@ def test_a_second_launch_from_beside_the_same_inventory_is_refused(tmp_path: Pat
         holder.wait()
     with exclusive(tmp_path, "launch"):  # released with the process that held it
         pass
+
+
+def test_ssh_config_gives_every_identity_file_its_proxy_command_and_timeout(
+        tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu1\n  HostName 10.0.0.1\n  IdentityFile ~/.ssh/a\n"
+                      "  IdentityFile ~/.ssh/b\n  ProxyCommand ssh -W %h:%p bastion\n"
+                      "  ConnectTimeout 7\n"
+                      "Host gpu2\n  IdentityFile ~/.ssh/a\n  ProxyCommand none\n")
+    path = write(tmp_path, f"cluster: {{ssh_config: {config}}}\nhosts:\n  - gpu1\n"
+                           f"  - gpu2\n  - {{name: gpu3, address: gpu1, port: 2222, "
+                           f"identity_file: /k}}\n")
+    gpu1, gpu2, gpu3 = inventory.load(path).hosts
+    assert gpu1.identity_files == (str(Path("~/.ssh/a").expanduser()),
+                                   str(Path("~/.ssh/b").expanduser()))
+    assert gpu1.proxy_command == "ssh -W 10.0.0.1:22 bastion"
+    assert gpu1.connect_timeout == 7.0 and not gpu1.is_local
+    assert gpu2.proxy_command is None and gpu2.connect_timeout is None
+    assert gpu3.identity_files == ("/k",)  # the inventory's key alone
