@@ -135,9 +135,12 @@ class ImageStep(Step):
         image = self.source(context)
         zstd_everywhere = shutil.which("zstd") is not None and all(
             context.gathered.get("zstd", {}).get(h.name) for h in targets)
-        # The same path on every node, inside its own work directory (not a shared /tmp).
-        relay_dir = shell_path(f"{context.inventory.cluster.work_dir}/.relay-"
-                               f"{uuid.uuid4().hex[:8]}")
+        # Inside each node's work directory (not a shared /tmp), and named after the node:
+        # on a work dir shared by every node (NFS) the hops must not share one script,
+        # control socket or clean-up.
+        run_id = uuid.uuid4().hex[:8]
+        relay_dirs = {h.name: shell_path(f"{context.inventory.cluster.work_dir}/.relay-"
+                                         f"{run_id}-{h.name}") for h in targets}
         runtimes = context.gathered.get("runtimes", {})
         following = dict(itertools.pairwise([h.name for h in targets]))
         scripts = {}
@@ -145,15 +148,17 @@ class ImageStep(Step):
             sink, report = _sink_and_report(context, image, str(runtimes[host.name]),
                                             sudo=host.user != "root")
             scripts[host.name] = render(
-                "provision/image_relay.sh.j2", node=host.name, dir=relay_dir,
-                next=following.get(host.name), python=context.inventory.cluster.python,
+                "provision/image_relay.sh.j2", node=host.name, dir=relay_dirs[host.name],
+                next=following.get(host.name),
+                next_dir=relay_dirs.get(following.get(host.name, "")),
+                python=context.inventory.cluster.python,
                 counter=script_text("provision/relay_counter.py"),
                 sink=sink, report=report,
                 decompress="zstd -dc" if zstd_everywhere else "cat")
 
         def prepare_hop(host: Host, connection: LoggedConnection) -> str:
             """Write this hop's script and connect it to the next hop, before any data."""
-            command = render("provision/relay_hop_prepare.sh.j2", dir=relay_dir,
+            command = render("provision/relay_hop_prepare.sh.j2", dir=relay_dirs[host.name],
                              next=following.get(host.name), ciphers=HOP_CIPHERS)
             result = connection.run(command, timeout=60, stdin=scripts[host.name].encode())
             if result.ok:
@@ -170,13 +175,14 @@ class ImageStep(Step):
                 "; ".join(f"{n}: {e}" for n, e in problems.items())
         else:
             try:
-                self._stream(image, connections[targets[0].name], relay_dir,
+                self._stream(image, connections[targets[0].name], relay_dirs[targets[0].name],
                              zstd_everywhere, loaded, context.on_progress)
             except (GpuclusterError, RemoteError) as error:
                 failure = error.message if isinstance(error, RemoteError) else str(error)
         if failure is not None:  # remove what the relay scripts did not remove themselves
-            cleanup = render("provision/relay_cleanup.sh.j2", dir=relay_dir)
-            each(lambda _host, connection: connection.run(cleanup, timeout=30), targets)
+            each(lambda host, connection: connection.run(
+                render("provision/relay_cleanup.sh.j2", dir=relay_dirs[host.name]),
+                timeout=30), targets)
         return {h.name: None if loaded.get(h.name) == image.image_id else failure or
                 f"after loading, the node reports image {loaded.get(h.name) or 'none'}, "
                 f"not {image.image_id[:12]}" for h in targets}

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,30 @@ def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) 
     resumed = re.findall(r"^\[node1/0\] epoch (\d) loss ([0-9.]+)$", again.stdout, re.MULTILINE)
     assert [epoch for epoch, _ in resumed] == ["3", "4"]
     assert float(resumed[-1][1]) <= losses[-1] * 1.5  # it went on from where it was
+
+
+def test_a_work_dir_shared_by_every_node_keeps_each_nodes_files_apart(
+        cluster: Sandbox, project: Path) -> None:
+    """As on an NFS home: a work dir every node sees (the host's /var/tmp, which the
+    sandbox does not give each node a copy of). Each node's job files stay its own."""
+    shared = Path(tempfile.mkdtemp(prefix="gpc-shared-", dir="/var/tmp"))
+    try:
+        cluster_settings = {**cluster.data["cluster"], "work_dir": str(shared)}
+        inventory = cluster.write_inventory(project.parent / "shared.yaml",
+                                            cluster=cluster_settings)
+        done = gpucluster("launch", "-i", str(inventory), "--nproc-per-node", "1",
+                          "train.py", "--", "--epochs", "1", cwd=str(project), timeout=180)
+        assert done.code == 0, done.stdout + done.stderr
+        (job_dir,) = (shared / "jobs").iterdir()
+        assert sorted(p.name for p in job_dir.iterdir()) == cluster.nodes
+        for node in cluster.nodes:  # each log holds its own node's rank, none other's
+            log = (job_dir / node / "node.log").read_text()
+            assert re.findall(r"rank \d/3 on (node\d) ready", log) == [node], log
+            assert (job_dir / node / "exit_code").read_text().split()[0] == "0"
+        states = gpucluster("jobs", "-i", str(inventory), "--json").json()
+        assert {n["state"] for n in states["jobs"][-1]["nodes"].values()} == {"exited"}
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,

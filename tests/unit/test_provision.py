@@ -131,8 +131,9 @@ def test_steps_declare_what_the_runner_does_with_them() -> None:
 def _relay_script(next_hop: str | None) -> str:
     from gpucluster.templating import render, template_dir
 
-    return render("provision/image_relay.sh.j2", node="node-1", dir="'/srv/x/.relay-1'",
-                  next=next_hop, python="python3",
+    return render("provision/image_relay.sh.j2", node="node-1", dir="'/srv/x/.relay-1-a'",
+                  next=next_hop, next_dir="'/srv/x/.relay-1-b'" if next_hop else None,
+                  python="python3",
                   counter=(template_dir() / "provision" / "relay_counter.py").read_text(),
                   sink="podman load >&2", report="podman image inspect x",
                   decompress="zstd -dc")
