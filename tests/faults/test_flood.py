@@ -27,7 +27,7 @@ print(json.dumps({"code": done.returncode, "peak_kib": peak_kib, "stdout": done.
 
 
 def test_a_flood_from_every_node_costs_the_controller_bounded_memory(sandbox: Sandbox) -> None:
-    flood = f"head -c {PER_NODE_MB * 1000 * 1000} /dev/zero | tr '\\\\0' x; echo; echo END"
+    flood = f"head -c {PER_NODE_MB * 1000 * 1000} /dev/zero | tr '\\0' x; echo; echo END"
     measured = subprocess.run(
         [sys.executable, "-c", _MEASURE, sys.executable, "-m", "gpucluster", "run", "-i",
          str(sandbox.inventory), "--json", flood], capture_output=True, text=True,
