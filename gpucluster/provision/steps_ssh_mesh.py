@@ -1,11 +1,12 @@
 """Step `ssh-mesh`: every node can SSH to every other node as the job user.
 
 A cluster key pair is generated once, kept in the state directory (0600), and installed
-on every node as ~/.ssh/gpucluster_ed25519. authorized_keys gains its public key (other
-lines kept, no duplicates). known_hosts gets a managed block with every node's real
-host keys, collected through the controller's own verified connections (never
-StrictHostKeyChecking=no), and ~/.ssh/config a managed block that makes `ssh node2` use
-the cluster key. Afterwards every ordered pair is tried, in parallel."""
+on every node as ~/.ssh/gpucluster_ed25519 (always 0600). authorized_keys gains its
+public key, usable from the cluster's addresses only (other lines kept, no duplicates).
+known_hosts gets a managed block with every node's real host keys, collected through
+the controller's own verified connections (never StrictHostKeyChecking=no), and
+~/.ssh/config a managed block that makes `ssh node2` use the cluster key. Afterwards
+every ordered pair is tried, in parallel."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
-from gpucluster.inventory import Host
+from gpucluster.inventory import Host, is_ip
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, Step, hostnames
@@ -42,6 +43,25 @@ def cluster_key(state_dir: Path, create: bool) -> tuple[str, str]:
     return private.read_text(), Path(f"{private}.pub").read_text().strip()
 
 
+def authorized_with(lines: list[str], public: str, addresses: list[str]) -> list[str]:
+    """authorized_keys with the cluster key allowed from the cluster's addresses only
+    (`from=`: a stolen key is no use from elsewhere). sshd matches from= against the
+    peer's IP (names only with UseDNS), so with a DNS name among the addresses the key
+    is left unrestricted. The key's other lines (other options, or none) are replaced
+    in place; every other line is kept as it is."""
+    blob = public.split()[1]
+    wanted = (f'from="{",".join(addresses)}" {public}' if all(is_ip(a) for a in addresses)
+              else public)
+    result: list[str] = []
+    for line in lines:
+        if blob in line.split():
+            if wanted not in result:
+                result.append(wanted)
+            continue
+        result.append(line)
+    return result if wanted in result else [*result, wanted]
+
+
 class SshMeshStep(Step):
     name = "ssh-mesh"
     summary = "cluster key pair, authorized_keys, known_hosts and ssh config on every node"
@@ -63,9 +83,8 @@ class SshMeshStep(Step):
         key = context.gathered["cluster_key"]
         public = str(key["public"])
         authorized = current["~/.ssh/authorized_keys"] or ""
-        authorized_lines = authorized.splitlines()
-        if public not in authorized_lines:
-            authorized_lines.append(public)
+        authorized_lines = authorized_with(authorized.splitlines(), public,
+                                           [h.address for h in context.inventory.hosts])
         known = []
         host_keys = context.gathered["host_keys"]
         names_seen = context.gathered["hostnames"]

@@ -129,6 +129,9 @@ def test_every_node_reaches_every_peer_with_verified_keys(cluster: Sandbox) -> N
             done = cluster.node_exec(node, f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes"
                                            f" {peer} hostname", check=False)
             assert done.stdout.strip() == peer, (node, peer, done.stderr)
+        authorized = cluster.node_exec(node, "cat /root/.ssh/authorized_keys").stdout
+        addresses = ",".join(cluster.addresses.values())
+        assert f'from="{addresses}" ssh-ed25519 ' in authorized  # usable from peers only
         known = cluster.node_exec(node, "cat /root/.ssh/known_hosts").stdout
         assert "StrictHostKeyChecking=no" not in cluster.node_exec(
             node, "cat /root/.ssh/config").stdout

@@ -268,3 +268,17 @@ def test_the_hosts_block_leaves_out_a_dropped_name(tmp_path: Path) -> None:
     assert any(line.split() == ["10.0.0.1", "a"] for line in block)
     assert any(line.split() == ["10.0.0.2", "b", "real-b"] for line in block)
     assert "loopback" in HostsStep().note(context, context.inventory.host("a"))
+
+
+def test_the_cluster_key_is_authorized_from_cluster_addresses_only_and_in_place() -> None:
+    from gpucluster.provision.steps_ssh_mesh import authorized_with
+
+    public = "ssh-ed25519 AAAAC3Nz gpucluster"
+    admin = ["ssh-rsa AAAAB3 admin@laptop", "ssh-ed25519 AAAAC3Nz gpucluster",
+             "ssh-ed25519 AAAAX other"]
+    lines = authorized_with(admin, public, ["10.0.0.1", "10.0.0.2"])
+    assert lines == ["ssh-rsa AAAAB3 admin@laptop",
+                     'from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAAC3Nz gpucluster',
+                     "ssh-ed25519 AAAAX other"]
+    assert authorized_with(lines, public, ["10.0.0.1", "10.0.0.2"]) == lines  # idempotent
+    assert authorized_with([], public, ["10.0.0.1", "gpu2.example.com"]) == [public]
