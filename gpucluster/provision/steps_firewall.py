@@ -66,12 +66,16 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
                 for r in sorted(present - desired)]
         return drop + add
     if firewall.kind == "ufw":
+        # Ours are found by their comment, with the ports they open: after a change of
+        # rendezvous_port the old rules go and the new ones come.
         ports = f"{port},{firewall.ephemeral}"
-        present = {line.split()[0] for line in firewall.ours}
+        present = {(parts[0], parts[1].removesuffix("/tcp"))
+                   for parts in (line.split() for line in firewall.ours) if len(parts) == 2}
+        desired = {(a, ports) for a in wanted}
         add = [f"ufw allow from {a} to any port {ports} proto tcp comment {TAG}"
-               for a in wanted if a not in present]
-        drop = [f"ufw delete allow from {a} to any port {ports} proto tcp"
-                for a in sorted(present - set(wanted))]
+               for a in wanted if (a, ports) not in present]
+        drop = [f"ufw delete allow from {a} to any port {opened} proto tcp"
+                for a, opened in sorted(present - desired)]
         return drop + add
     if firewall.kind == "firewalld":
         def rule(address: str, ports: str) -> str:
@@ -101,17 +105,22 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
         raise GpuclusterError("nftables: no input chain that drops was found to add to")
     family, table, name = (shlex.quote(part) for part in chain)
     ephemeral = firewall.ephemeral.replace(":", "-")
-    present: dict[str, str] = {}  # peer address -> rule handle
-    for rule in rules:
+    current: dict[str, str] = {}  # peer address -> handle of its rule for today's ports
+    stale: list[str] = []  # handles of our rules for other peers or other ports
+    for rule in rules:  # all tagged as ours by the detection
         address = re.search(r"ip saddr (\S+) ", rule)
         handle = re.search(r"# handle (\d+)", rule)
-        if address and handle and f"tcp dport {{ {port}, {ephemeral} }} accept" in rule:
-            present[address.group(1)] = handle.group(1)
-    drop = [f"nft delete rule {family} {table} {name} handle {present[a]}"
-            for a in sorted(set(present) - set(wanted))]
+        if not handle or f'comment "{TAG}"' not in rule:  # never an admin's rule
+            continue
+        if address and address.group(1) in wanted and address.group(1) not in current \
+                and f"tcp dport {{ {port}, {ephemeral} }} accept" in rule:
+            current[address.group(1)] = handle.group(1)
+        else:
+            stale.append(handle.group(1))
+    drop = [f"nft delete rule {family} {table} {name} handle {h}" for h in stale]
     add = [f"nft insert rule {family} {table} {name} ip saddr {a} tcp dport "
            f"'{{ {port}, {ephemeral} }}' accept comment {TAG}"
-           for a in wanted if a not in present]
+           for a in wanted if a not in current]
     return drop + add
 
 

@@ -58,10 +58,15 @@ def test_iptables_plan_adds_what_is_missing_and_drops_what_is_stale() -> None:
 
 
 def test_ufw_plan() -> None:
-    firewall = Firewall("ufw", "32768:60999", ("10.0.0.9 ALLOW ...",))
+    firewall = Firewall("ufw", "32768:60999", ("10.0.0.9 29500,32768:60999/tcp",
+                                               "10.0.0.2 29500,32768:60999/tcp"))
     assert plan_commands(firewall, ["10.0.0.2"], 29500) == [
+        "ufw delete allow from 10.0.0.9 to any port 29500,32768:60999 proto tcp"]
+    # rendezvous_port changed: the old port's rules go, the new port's come
+    assert plan_commands(firewall, ["10.0.0.2"], 29600) == [
+        "ufw delete allow from 10.0.0.2 to any port 29500,32768:60999 proto tcp",
         "ufw delete allow from 10.0.0.9 to any port 29500,32768:60999 proto tcp",
-        "ufw allow from 10.0.0.2 to any port 29500,32768:60999 proto tcp comment gpucluster",
+        "ufw allow from 10.0.0.2 to any port 29600,32768:60999 proto tcp comment gpucluster",
     ]
 
 
@@ -90,6 +95,15 @@ def test_nftables_rules_go_into_the_nodes_own_chain_and_leave_by_handle() -> Non
     assert nftables_commands(firewall, ["10.0.0.2"], 29500) == [
         "nft delete rule inet fw input handle 7",
         "nft insert rule inet fw input ip saddr 10.0.0.2 tcp dport '{ 29500, 32768-60999 }' "
+        "accept comment gpucluster",
+    ]
+    moved = nftables_commands(Firewall("nftables", "32768:60999", (
+        "chain inet fw input",
+        'ip saddr 10.0.0.2 tcp dport { 29500, 32768-60999 } accept comment "gpucluster" '
+        "# handle 8")), ["10.0.0.2"], 29600)  # rendezvous_port changed
+    assert moved == [
+        "nft delete rule inet fw input handle 8",
+        "nft insert rule inet fw input ip saddr 10.0.0.2 tcp dport '{ 29600, 32768-60999 }' "
         "accept comment gpucluster",
     ]
     with pytest.raises(GpuclusterError, match="no input chain"):
