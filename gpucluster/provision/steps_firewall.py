@@ -22,6 +22,7 @@ from gpucluster.provision.model import Change, Each, ProvisionContext, Step
 from gpucluster.templating import render
 
 TAG = "gpucluster"
+FIREWALLD_RECORD = "/etc/gpucluster/firewalld-rich-rules"  # the rich rules we added
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class Firewall:
 
 
 def detect(connection: LoggedConnection) -> Firewall:
-    output = connection.run(render("provision/firewall_detect.sh.j2", tag=TAG), timeout=30,
+    output = connection.run(render("provision/firewall_detect.sh.j2", tag=TAG,
+                                   firewalld_record=FIREWALLD_RECORD), timeout=30,
                             sudo=True)
     if not output.ok:
         raise GpuclusterError(f"firewall detection failed: {output.stderr.strip()[-200:]}")
@@ -69,31 +71,55 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
         # Ours are found by their comment, with the ports they open: after a change of
         # rendezvous_port the old rules go and the new ones come.
         ports = f"{port},{firewall.ephemeral}"
-        present = {(parts[0], parts[1].removesuffix("/tcp"))
+        allowed = {(parts[0], parts[1].removesuffix("/tcp"))
                    for parts in (line.split() for line in firewall.ours) if len(parts) == 2}
-        desired = {(a, ports) for a in wanted}
+        needed = {(a, ports) for a in wanted}
         add = [f"ufw allow from {a} to any port {ports} proto tcp comment {TAG}"
-               for a in wanted if (a, ports) not in present]
+               for a in wanted if (a, ports) not in allowed]
         drop = [f"ufw delete allow from {a} to any port {opened} proto tcp"
-                for a, opened in sorted(present - desired)]
+                for a, opened in sorted(allowed - needed)]
         return drop + add
     if firewall.kind == "firewalld":
-        def rule(address: str, ports: str) -> str:
-            return (f"rule family=\"ipv4\" source address=\"{address}\" port "
-                    f"port=\"{ports}\" protocol=\"tcp\" accept")
-        ephemeral = firewall.ephemeral.replace(":", "-")
-        desired = {rule(a, str(port)) for a in wanted} | {rule(a, ephemeral) for a in wanted}
-        # Rich rules carry no tag: ours are those opening exactly our ports over tcp.
-        ours = (f'port="{port}" protocol="tcp" accept', f'port="{ephemeral}" protocol="tcp" accept')
-        present = {r for r in firewall.ours if r.endswith(ours)}
-        commands = [f"firewall-cmd --permanent --remove-rich-rule={shlex.quote(r)}"
-                    for r in sorted(present - desired)]
-        commands += [f"firewall-cmd --permanent --add-rich-rule={shlex.quote(r)}"
-                     for r in sorted(desired - present)]
-        return [*commands, "firewall-cmd --reload"] if commands else []
+        return firewalld_commands(firewall, wanted, port)
     if firewall.kind == "nftables":
         return nftables_commands(firewall, wanted, port)
     return []
+
+
+def firewalld_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
+    """Rich rules carry no tag, so ours are those in our record on the node: an admin's
+    rule on the same ports is never touched (nor recorded when it was there first).
+    Permanent and runtime sets are brought to the same state without --reload, which
+    would drop every runtime-only rule of the admin's."""
+    def rule(address: str, ports: str) -> str:
+        return (f'rule family="ipv4" source address="{address}" port port="{ports}" '
+                f'protocol="tcp" accept')
+    listed = {kind: {line.partition(" ")[2] for line in firewall.ours
+                     if line.startswith(kind + " ")} for kind in ("permanent", "runtime",
+                                                                  "ours")}
+    permanent, runtime, on_disk = listed["permanent"], listed["runtime"], listed["ours"]
+    ephemeral = firewall.ephemeral.replace(":", "-")
+    desired = {rule(a, str(port)) for a in wanted} | {rule(a, ephemeral) for a in wanted}
+    # Provisioned before the record existed: our exact rules are adopted.
+    recorded = desired & permanent if "norecord" in firewall.ours else on_disk
+    commands = []
+    for stale in sorted((recorded & (permanent | runtime)) - desired):
+        if stale in permanent:
+            commands.append(f"firewall-cmd --permanent --remove-rich-rule={shlex.quote(stale)}")
+        if stale in runtime:
+            commands.append(f"firewall-cmd --remove-rich-rule={shlex.quote(stale)}")
+    for needed in sorted(desired):
+        if needed not in permanent:
+            commands.append(f"firewall-cmd --permanent --add-rich-rule={shlex.quote(needed)}")
+        if needed not in runtime:
+            commands.append(f"firewall-cmd --add-rich-rule={shlex.quote(needed)}")
+    record = (recorded & desired) | (desired - permanent)
+    if record != on_disk:
+        lines = "".join(f" {shlex.quote(r)}" for r in sorted(record))
+        commands.append(f"mkdir -p {FIREWALLD_RECORD.rsplit('/', 1)[0]} && printf '%s\\n'"
+                        f"{lines} > {FIREWALLD_RECORD}" if record else
+                        f"rm -f {FIREWALLD_RECORD}")
+    return commands
 
 
 def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:

@@ -70,19 +70,37 @@ def test_ufw_plan() -> None:
     ]
 
 
-def test_firewalld_plan_reloads_only_when_something_changes() -> None:
+def test_firewalld_rules_are_ours_by_record_runtime_and_permanent_alike() -> None:
     def rule(address: str, ports: str) -> str:
         return (f'rule family="ipv4" source address="{address}" port port="{ports}" '
                 f'protocol="tcp" accept')
-    admin = rule("10.0.0.5", "8080")
+
+    def listed(kind: str, *rules: str) -> tuple[str, ...]:
+        return tuple(f"{kind} {r}" for r in rules)
+
     ours = (rule("10.0.0.2", "29500"), rule("10.0.0.2", "32768-60999"))
-    firewall = Firewall("firewalld", "32768:60999", (admin, *ours))
-    assert plan_commands(firewall, ["10.0.0.2"], 29500) == []
-    commands = plan_commands(firewall, ["10.0.0.3"], 29500)
-    assert commands[-1] == "firewall-cmd --reload"
-    assert sum("--remove-rich-rule" in c for c in commands) == 2
-    assert sum("--add-rich-rule" in c for c in commands) == 2
-    assert not any("8080" in c for c in commands)  # the admin's rule is not ours
+    admin = rule("10.0.0.7", "29500")  # the admin's own rule on our port: never ours
+    both = (*listed("permanent", admin, *ours), *listed("runtime", admin, *ours))
+    done = Firewall("firewalld", "32768:60999", (*both, *listed("ours", *ours)))
+    assert plan_commands(done, ["10.0.0.2"], 29500) == []
+    moved = plan_commands(done, ["10.0.0.3"], 29500)
+    assert not any("10.0.0.7" in c for c in moved)
+    assert sum("--permanent --remove-rich-rule" in c for c in moved) == 2
+    assert sum("--permanent --add-rich-rule" in c for c in moved) == 2
+    assert sum(c.startswith("firewall-cmd --add-rich-rule") for c in moved) == 2  # runtime
+    assert "--reload" not in " ".join(moved)  # it would drop the admin's runtime rules
+    assert moved[-1].startswith("mkdir -p /etc/gpucluster && printf") and "10.0.0.3" in moved[-1]
+    # A run cut before the runtime was updated is not taken for done.
+    cut = Firewall("firewalld", "32768:60999",
+                   (*listed("permanent", *ours), *listed("ours", *ours)))
+    assert [c.split("=")[0] for c in plan_commands(cut, ["10.0.0.2"], 29500)] == [
+        "firewall-cmd --add-rich-rule", "firewall-cmd --add-rich-rule"]
+    # Undo removes what the record names, and the record itself.
+    undone = plan_commands(done, [], 29500)
+    assert len(undone) == 5 and undone[-1] == "rm -f /etc/gpucluster/firewalld-rich-rules"
+    # Provisioned before the record existed: exact rules of ours are adopted.
+    old = Firewall("firewalld", "32768:60999", (*both, "norecord"))
+    assert plan_commands(old, ["10.0.0.2"], 29500)[-1].startswith("mkdir -p /etc/gpucluster")
 
 
 def test_nftables_rules_go_into_the_nodes_own_chain_and_leave_by_handle() -> None:
