@@ -8,13 +8,16 @@ outputs) are never touched.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import os
 import tarfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from gpucluster import reports
 from gpucluster.errors import GpuclusterError
@@ -139,10 +142,10 @@ def plan_sync(local: Mapping[str, LocalFile], previous: set[str],
     return SyncPlan(send, delete, len(local) - len(send))
 
 
-def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]) -> bytes:
-    """The changed files plus the new manifest, as one tar (code is small: in memory)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
+def write_tar(target: BinaryIO, root: Path, send: tuple[LocalFile, ...],
+              manifest: list[str]) -> None:
+    """The changed files plus the new manifest, as one tar stream into `target`."""
+    with tarfile.open(fileobj=target, mode="w|") as archive:
         for entry in send:
             info = tarfile.TarInfo(entry.path)
             info.size, info.mtime, info.mode = entry.size, entry.mtime, entry.mode
@@ -152,7 +155,35 @@ def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]) -> 
         info = tarfile.TarInfo(MANIFEST)
         info.size = len(data)
         archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]
+               ) -> Iterator[BinaryIO]:
+    """The tar as a pipe, written while it is read: a work dir with large files costs
+    no memory for the copy, however many nodes are synced at once."""
+    read_end, write_end = os.pipe()
+    reader = os.fdopen(read_end, "rb")
+    problems: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with os.fdopen(write_end, "wb") as writer:
+                write_tar(writer, root, send, manifest)
+        except BrokenPipeError:
+            pass  # the node stopped reading; its exit code tells why
+        except OSError as error:  # a local file vanished or could not be read
+            problems.append(error)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        yield reader
+    finally:
+        reader.close()  # a producer still writing gets EPIPE and ends
+        producer.join(30)
+    if problems:
+        raise GpuclusterError(f"cannot read the work dir to sync it: {problems[0]}")
 
 
 def apply_command(code_dir: str, delete: tuple[str, ...]) -> str:
@@ -168,8 +199,9 @@ def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
     previous, remote = parse_listing(listing.stdout)
     plan = plan_sync(local, previous, remote)
     if plan.send or plan.delete or previous != set(local):
-        applied = connection.run(apply_command(code_dir, plan.delete), timeout=SYNC_TIMEOUT_S,
-                                 stdin=tar_stream(root, plan.send, sorted(local)))
+        with tar_stream(root, plan.send, sorted(local)) as tar:
+            applied = connection.run(apply_command(code_dir, plan.delete),
+                                     timeout=SYNC_TIMEOUT_S, stdin=tar)
         if not applied.ok:
             raise GpuclusterError(f"cannot unpack into {code_dir}: "
                                   f"{applied.stderr.strip()[-200:]}")

@@ -77,13 +77,23 @@ def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> 
     _tree(tmp_path, {"x/y.py": "print(1)"})
     os.utime(tmp_path / "x/y.py", (1_700_000_000, 1_700_000_000))
     local = workdir.local_files(tmp_path)
-    data = workdir.tar_stream(tmp_path, tuple(local.values()), sorted(local))
+    with workdir.tar_stream(tmp_path, tuple(local.values()), sorted(local)) as stream:
+        data = stream.read()  # a pipe, written while it is read
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         member = archive.getmember("x/y.py")
         assert member.mtime == 1_700_000_000
         manifest = archive.extractfile(workdir.MANIFEST)
         assert manifest is not None and manifest.read() == b"x/y.py"
     assert workdir.apply_command("/srv/p", ("it's.py",)).endswith("rm -f -- 'it'\"'\"'s.py'")
+
+
+def test_a_file_that_vanishes_during_the_sync_is_a_clear_error(tmp_path: Path) -> None:
+    _tree(tmp_path, {"a.py": "x", "b.py": "y"})
+    local = workdir.local_files(tmp_path)
+    (tmp_path / "b.py").unlink()
+    with pytest.raises(GpuclusterError, match="cannot read the work dir to sync it"), \
+            workdir.tar_stream(tmp_path, tuple(local.values()), sorted(local)) as stream:
+        stream.read()
 
 
 def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
@@ -302,3 +312,21 @@ def test_logs_f_of_an_old_job_ends_when_its_leader_pid_was_reused(tmp_path: Path
         stranger.wait()
     assert "[0]:epoch 5 done" in result.stdout
     assert reports.by_kind(result.stdout)["state"] == ["exited 0 1700000000.0"]
+
+
+def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path) -> None:
+    import shlex
+
+    from gpucluster.remote.local import LocalConnection
+
+    source = tmp_path / "project"
+    _tree(source, {"train.py": "print(1)", "data/big.bin": ""})
+    with (source / "data/big.bin").open("wb") as handle:
+        handle.write(os.urandom(1 << 20) * 40)  # 40 MiB: more than a pipe holds
+    target = tmp_path / "node" / "project"
+    local = workdir.local_files(source)
+    result = workdir.sync(LocalConnection("here"), source, local, shlex.quote(str(target)))
+    assert result.sent == 2 and result.bytes_sent >= 40 << 20
+    assert (target / "data/big.bin").read_bytes() == (source / "data/big.bin").read_bytes()
+    again = workdir.sync(LocalConnection("here"), source, local, shlex.quote(str(target)))
+    assert again.sent == 0 and again.unchanged == 2
