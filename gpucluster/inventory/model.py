@@ -48,6 +48,7 @@ class Host:
 class ClusterSettings:
     """Settings that apply to the cluster as a whole."""
 
+    name: str = "gpucluster"  # names what provision leaves on nodes: key, blocks, rule tags
     rendezvous_port: int = 29500
     python: str = "python3"
     torchrun: str = "torchrun"

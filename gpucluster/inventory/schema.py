@@ -3,6 +3,7 @@ returns the value or raises ValueError whose text is the fix to show."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +90,18 @@ def _group_names(value: Any) -> tuple[str, ...]:
 
 Converter = Callable[[Any], Any]
 
+_CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+
+
+def _cluster_name(value: Any) -> str:
+    if not isinstance(value, str) or not _CLUSTER_NAME.fullmatch(value):
+        raise ValueError("use a short name of lowercase letters, digits and '-', starting "
+                         "with a letter (it names files, blocks and firewall tags on nodes)")
+    return value
+
+
 CLUSTER_KEYS: dict[str, tuple[str, Converter]] = {
+    "name": ("name", _cluster_name),
     "rendezvous_port": ("port", _port),
     "python": ("string", _text),
     "torchrun": ("string", _text),

@@ -12,8 +12,15 @@ from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import FailureKind, RemoteError
 from gpucluster.templating import render
 
-BEGIN = "# BEGIN gpucluster managed block: `gpucluster provision` rewrites it, do not edit"
-END = "# END gpucluster managed block"
+
+def markers(name: str = "gpucluster") -> tuple[str, str]:
+    """The first and last line of cluster `name`'s managed block: a node in two
+    inventories (two cluster names) keeps a block for each."""
+    return (f"# BEGIN {name} managed block: `gpucluster provision` rewrites it, do not edit",
+            f"# END {name} managed block")
+
+
+BEGIN, END = markers()  # the default cluster name's
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,16 @@ def write_atomically(connection: LoggedConnection, path: str, text: str, mode: s
         raise RemoteError(FailureKind.ERROR, f"cannot write {path}: {result.stderr.strip()}")
 
 
-def with_block(current: str | None, block_lines: list[str], at_top: bool = False) -> str:
-    """`current` with its managed block replaced (or added); other lines untouched."""
+def with_block(current: str | None, block_lines: list[str], at_top: bool = False,
+               name: str = "gpucluster") -> str:
+    """`current` with cluster `name`'s managed block replaced (or added); other lines
+    (other clusters' blocks included) untouched."""
+    begin, finish = markers(name)
     lines = (current or "").splitlines()
-    block = [BEGIN, *block_lines, END]
-    if BEGIN in lines and END in lines[lines.index(BEGIN):]:
-        start = lines.index(BEGIN)
-        end = lines.index(END, start)
+    block = [begin, *block_lines, finish]
+    if begin in lines and finish in lines[lines.index(begin):]:
+        start = lines.index(begin)
+        end = lines.index(finish, start)
         lines[start:end + 1] = block
     elif at_top:
         lines = block + lines
@@ -68,11 +78,12 @@ def with_block(current: str | None, block_lines: list[str], at_top: bool = False
     return "\n".join(lines) + "\n"
 
 
-def without_block(current: str) -> str:
+def without_block(current: str, name: str = "gpucluster") -> str:
+    begin, finish = markers(name)
     lines = current.splitlines()
-    if BEGIN in lines and END in lines[lines.index(BEGIN):]:
-        start = lines.index(BEGIN)
-        del lines[start:lines.index(END, start) + 1]
+    if begin in lines and finish in lines[lines.index(begin):]:
+        start = lines.index(begin)
+        del lines[start:lines.index(finish, start) + 1]
     return "\n".join(lines) + ("\n" if lines else "")
 
 

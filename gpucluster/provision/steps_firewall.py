@@ -21,8 +21,12 @@ from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, Step
 from gpucluster.templating import render
 
-TAG = "gpucluster"
-FIREWALLD_RECORD = "/etc/gpucluster/firewalld-rich-rules"  # the rich rules we added
+TAG = "gpucluster"  # the default cluster name's: rules carry their cluster's name
+
+
+def firewalld_record(tag: str) -> str:
+    """Where a node keeps the firewalld rich rules cluster `tag` added."""
+    return f"/etc/gpucluster/{tag}.firewalld-rich-rules"
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,12 @@ class Firewall:
     kind: str  # ufw | firewalld | iptables | nftables | none
     ephemeral: str  # low:high from ip_local_port_range
     ours: tuple[str, ...]  # our rules as the firewall lists them
+    tag: str = TAG  # the cluster's name, which tags (or records) its rules
 
 
-def detect(connection: LoggedConnection) -> Firewall:
-    output = connection.run(render("provision/firewall_detect.sh.j2", tag=TAG,
-                                   firewalld_record=FIREWALLD_RECORD), timeout=30,
+def detect(connection: LoggedConnection, tag: str = TAG) -> Firewall:
+    output = connection.run(render("provision/firewall_detect.sh.j2", tag=tag,
+                                   firewalld_record=firewalld_record(tag)), timeout=30,
                             sudo=True)
     if not output.ok:
         raise GpuclusterError(f"firewall detection failed: {output.stderr.strip()[-200:]}")
@@ -43,7 +48,7 @@ def detect(connection: LoggedConnection) -> Firewall:
     bounds = lines[1].split() if len(lines) > 1 else []
     ephemeral = ":".join(bounds) if len(bounds) == 2 and all(b.isdigit() for b in bounds) \
         else "32768:60999"
-    return Firewall(kind, ephemeral, tuple(line for line in lines[2:] if line.strip()))
+    return Firewall(kind, ephemeral, tuple(line for line in lines[2:] if line.strip()), tag)
 
 
 def peers_of(context: ProvisionContext, host: Host) -> list[str]:
@@ -51,16 +56,16 @@ def peers_of(context: ProvisionContext, host: Host) -> list[str]:
             and is_ip(p.address)]
 
 
-def iptables_rule(address: str, port: int, ephemeral: str) -> str:
+def iptables_rule(address: str, port: int, ephemeral: str, tag: str = TAG) -> str:
     """A rule as `iptables -S` prints it, so present and desired rules compare as text."""
     return (f"-A INPUT -s {address}/32 -p tcp -m multiport --dports {port},{ephemeral} "
-            f"-m comment --comment {TAG} -j ACCEPT")
+            f"-m comment --comment {tag} -j ACCEPT")
 
 
 def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
     """The commands that bring the node's rules to exactly `wanted` peers."""
     if firewall.kind == "iptables":
-        desired = {iptables_rule(a, port, firewall.ephemeral) for a in wanted}
+        desired = {iptables_rule(a, port, firewall.ephemeral, firewall.tag) for a in wanted}
         present = set(firewall.ours)
         add = [f"iptables -I INPUT {r.removeprefix('-A INPUT ')}"
                for r in sorted(desired - present)]
@@ -74,7 +79,7 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
         allowed = {(parts[0], parts[1].removesuffix("/tcp"))
                    for parts in (line.split() for line in firewall.ours) if len(parts) == 2}
         needed = {(a, ports) for a in wanted}
-        add = [f"ufw allow from {a} to any port {ports} proto tcp comment {TAG}"
+        add = [f"ufw allow from {a} to any port {ports} proto tcp comment {firewall.tag}"
                for a in wanted if (a, ports) not in allowed]
         drop = [f"ufw delete allow from {a} to any port {opened} proto tcp"
                 for a, opened in sorted(allowed - needed)]
@@ -115,10 +120,10 @@ def firewalld_commands(firewall: Firewall, wanted: list[str], port: int) -> list
             commands.append(f"firewall-cmd --add-rich-rule={shlex.quote(needed)}")
     record = (recorded & desired) | (desired - permanent)
     if record != on_disk:
+        path = firewalld_record(firewall.tag)
         lines = "".join(f" {shlex.quote(r)}" for r in sorted(record))
-        commands.append(f"mkdir -p {FIREWALLD_RECORD.rsplit('/', 1)[0]} && printf '%s\\n'"
-                        f"{lines} > {FIREWALLD_RECORD}" if record else
-                        f"rm -f {FIREWALLD_RECORD}")
+        commands.append(f"mkdir -p {path.rsplit('/', 1)[0]} && printf '%s\\n'{lines} > {path}"
+                        if record else f"rm -f {path}")
     return commands
 
 
@@ -136,7 +141,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
     for rule in rules:  # all tagged as ours by the detection
         address = re.search(r"ip saddr (\S+) ", rule)
         handle = re.search(r"# handle (\d+)", rule)
-        if not handle or f'comment "{TAG}"' not in rule:  # never an admin's rule
+        if not handle or f'comment "{firewall.tag}"' not in rule:  # never an admin's rule
             continue
         if address and address.group(1) in wanted and address.group(1) not in current \
                 and f"tcp dport {{ {port}, {ephemeral} }} accept" in rule:
@@ -145,7 +150,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
             stale.append(handle.group(1))
     drop = [f"nft delete rule {family} {table} {name} handle {h}" for h in stale]
     add = [f"nft insert rule {family} {table} {name} ip saddr {a} tcp dport "
-           f"'{{ {port}, {ephemeral} }}' accept comment {TAG}"
+           f"'{{ {port}, {ephemeral} }}' accept comment {firewall.tag}"
            for a in wanted if a not in current]
     return drop + add
 
@@ -159,7 +164,7 @@ class FirewallStep(Step):
 
     def _commands(self, context: ProvisionContext, host: Host,
                   connection: LoggedConnection, undo: bool) -> list[str]:
-        firewall = detect(connection)
+        firewall = detect(connection, context.inventory.cluster.name)
         wanted = [] if undo else peers_of(context, host)
         return plan_commands(firewall, wanted, context.inventory.cluster.rendezvous_port)
 

@@ -39,7 +39,8 @@ class HostsStep(Step):
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
         current = files.read(connection, HOSTS_FILE)
-        desired = files.with_block(current, self.block(context), at_top=True)
+        desired = files.with_block(current, self.block(context), at_top=True,
+                                   name=context.inventory.cluster.name)
         if desired == current:
             return []
         return [Change(f"write the managed block in {HOSTS_FILE}",
@@ -48,5 +49,6 @@ class HostsStep(Step):
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
               changes: list[Change]) -> None:
         current = files.read(connection, HOSTS_FILE)
-        desired = files.with_block(current, self.block(context), at_top=True)
+        desired = files.with_block(current, self.block(context), at_top=True,
+                                   name=context.inventory.cluster.name)
         files.write_atomically(connection, HOSTS_FILE, desired, "644", sudo=True)

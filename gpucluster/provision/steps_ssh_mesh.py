@@ -21,21 +21,27 @@ from gpucluster.provision.model import Change, Each, ProvisionContext, Step, hos
 from gpucluster.remote.hostkeys import known_hosts_name
 from gpucluster.templating import render
 
-KEY_NAME = "gpucluster_ed25519"
-PRIVATE = frozenset({f"~/.ssh/{KEY_NAME}"})  # always 0600, whatever mode the file had
+KEY_NAME = "gpucluster_ed25519"  # the default cluster name's
+
+
+def key_name(cluster_name: str) -> str:
+    """The cluster key's file name: one per cluster name, so that a node in two
+    inventories keeps both clusters' keys."""
+    return f"{cluster_name}_ed25519"
 PAIR_TIMEOUT_S = 10
 PAIR_CONNECT_TIMEOUT_S = 5  # each pair's ssh gives up connecting after this long
 
 
-def cluster_key(state_dir: Path, create: bool) -> tuple[str, str]:
+def cluster_key(state_dir: Path, create: bool, cluster_name: str = "gpucluster"
+                ) -> tuple[str, str]:
     """(private key, public key line) of the cluster, generated on first use."""
-    private = state_dir / KEY_NAME
+    private = state_dir / key_name(cluster_name)
     if not private.exists():
         if not create:
             return "<generated on the first real run>", "<cluster public key>"
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         done = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                               "gpucluster-cluster", "-f", str(private)],
+                               f"{cluster_name}-cluster", "-f", str(private)],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise GpuclusterError(f"ssh-keygen failed: {done.stderr.strip()}")
@@ -62,6 +68,10 @@ def authorized_with(lines: list[str], public: str, addresses: list[str]) -> list
     return result if wanted in result else [*result, wanted]
 
 
+def _private_key_path(context: ProvisionContext) -> str:
+    return f"~/.ssh/{key_name(context.inventory.cluster.name)}"
+
+
 class SshMeshStep(Step):
     name = "ssh-mesh"
     summary = "cluster key pair, authorized_keys, known_hosts and ssh config on every node"
@@ -70,7 +80,8 @@ class SshMeshStep(Step):
         return str(context.gathered.get("hostname_notes", {}).get(host.name, ""))
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
-        private, public = cluster_key(context.state_dir, create=not context.dry_run)
+        private, public = cluster_key(context.state_dir, create=not context.dry_run,
+                                      cluster_name=context.inventory.cluster.name)
         context.gathered["cluster_key"] = {"private": private, "public": public}
         keys = each(lambda _host, connection: connection.run(
             "cat /etc/ssh/ssh_host_*_key.pub", timeout=30).stdout)
@@ -97,47 +108,54 @@ class SshMeshStep(Step):
                 parts = line.split()
                 if len(parts) >= 2:
                     known.append(f"{listed} {parts[0]} {parts[1]}")
-        config = render("provision/ssh_config_block.j2", peers=peers, key=f"~/.ssh/{KEY_NAME}",
+        name = context.inventory.cluster.name
+        private = _private_key_path(context)
+        config = render("provision/ssh_config_block.j2", peers=peers, key=private,
                         hostnames=names_seen).splitlines()
         return {
-            f"~/.ssh/{KEY_NAME}": ("600", str(key["private"])),
-            f"~/.ssh/{KEY_NAME}.pub": ("644", public + "\n"),
+            private: ("600", str(key["private"])),
+            f"{private}.pub": ("644", public + "\n"),
             "~/.ssh/authorized_keys": ("600", "\n".join(authorized_lines) + "\n"),
-            "~/.ssh/known_hosts": ("600", files.with_block(current["~/.ssh/known_hosts"], known)),
+            "~/.ssh/known_hosts": ("600", files.with_block(current["~/.ssh/known_hosts"], known,
+                                                           name=name)),
             "~/.ssh/config": ("600", files.with_block(current["~/.ssh/config"], config,
-                                                      at_top=True)),
+                                                      at_top=True, name=name)),
         }
 
-    def _current(self, connection: LoggedConnection) -> dict[str, files.FileState]:
-        paths = [f"~/.ssh/{KEY_NAME}", f"~/.ssh/{KEY_NAME}.pub", "~/.ssh/authorized_keys",
-                 "~/.ssh/known_hosts", "~/.ssh/config"]
+    def _current(self, context: ProvisionContext, connection: LoggedConnection
+                 ) -> dict[str, files.FileState]:
+        private = _private_key_path(context)
+        paths = [private, f"{private}.pub", "~/.ssh/authorized_keys", "~/.ssh/known_hosts",
+                 "~/.ssh/config"]
         return {path: files.read_state(connection, path) for path in paths}
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
         if host.name not in context.gathered["host_keys"]:
             raise GpuclusterError(f"{host.name}: its host keys could not be read")
-        current = self._current(connection)
+        current = self._current(context, connection)
         texts = {path: state.text for path, state in current.items()}
+        private = _private_key_path(context)  # always 0600, whatever mode the file had
         changes = []
         for path, (mode, content) in self._files(context, host, texts).items():
             if texts[path] != content:
-                shown = "<private key>" if path.endswith(KEY_NAME) else None
+                shown = "<private key>" if path == private else None
                 changes.append(Change(f"write {path}", shown or files.diff(
                     path, texts[path], content)))
-            elif path in PRIVATE and current[path].mode != mode:
+            elif path == private and current[path].mode != mode:
                 changes.append(Change(f"make {path} mode {mode} (it is {current[path].mode})"))
         return changes
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
               changes: list[Change]) -> None:
         connection.run("mkdir -p ~/.ssh && chmod 700 ~/.ssh", timeout=30)
-        current = self._current(connection)
+        current = self._current(context, connection)
         texts = {path: state.text for path, state in current.items()}
+        private = _private_key_path(context)
         for path, (mode, content) in self._files(context, host, texts).items():
-            if texts[path] != content or (path in PRIVATE and current[path].mode != mode):
+            if texts[path] != content or (path == private and current[path].mode != mode):
                 files.write_atomically(connection, path, content, mode,
-                                       private=path in PRIVATE)
+                                       private=path == private)
 
     def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
         """Every ordered pair: does `ssh peer true` work from this node? -> matrix."""

@@ -142,6 +142,37 @@ def test_every_node_reaches_every_peer_with_verified_keys(cluster: Sandbox) -> N
                        for line in known.splitlines())
 
 
+def test_a_second_cluster_on_the_same_nodes_keeps_apart(cluster: Sandbox,
+                                                       tmp_path: Path) -> None:
+    """The same nodes in a second inventory with its own cluster.name: its provision and
+    its undo leave the first cluster's key, blocks and firewall rules alone."""
+    settings = {**cluster.data["cluster"], "name": "second"}
+    second = cluster.write_inventory(tmp_path / "second.yaml", cluster=settings)
+    first_rules = cluster.node_exec("node2", "iptables -S INPUT").stdout
+    assert "--comment gpucluster" in first_rules  # the first cluster is provisioned
+    try:
+        done = gpucluster("provision", "-i", str(second), "--json", "--only",
+                          "ssh-mesh,hosts,firewall", timeout=180)
+        assert done.code == 0, done.stdout + done.stderr
+        hosts = cluster.node_exec("node2", "cat /etc/hosts").stdout
+        assert "# BEGIN gpucluster managed block" in hosts
+        assert "# BEGIN second managed block" in hosts
+        keys = cluster.node_exec("node2", "ls /root/.ssh").stdout.split()
+        assert {"gpucluster_ed25519", "second_ed25519"} <= set(keys)
+        assert "--comment second" in cluster.node_exec("node2", "iptables -S INPUT").stdout
+        undone = gpucluster("provision", "-i", str(second), "--undo", "firewall")
+        assert undone.code == 0, undone.stderr
+        assert cluster.node_exec("node2", "iptables -S INPUT").stdout == first_rules
+        code, payload = _provision(cluster, "--only", "ssh-mesh,hosts,firewall")
+        assert code == 0 and set(_outcomes(payload).values()) == {"already ok"}, payload
+    finally:
+        for node in cluster.nodes:
+            cluster.node_exec(node, "sed -i '/BEGIN second managed/,/END second managed/d' "
+                                    "/etc/hosts /root/.ssh/config /root/.ssh/known_hosts; "
+                                    "sed -i '/second-cluster/d' /root/.ssh/authorized_keys; "
+                                    "rm -f /root/.ssh/second_ed25519*", check=False)
+
+
 def test_hosts_block_is_right_and_other_lines_are_intact(cluster: Sandbox) -> None:
     hosts = cluster.node_exec("node2", "cat /etc/hosts").stdout.splitlines()
     start = hosts.index(next(line for line in hosts if line.startswith("# BEGIN gpucluster")))

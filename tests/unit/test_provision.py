@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster import inventory
-from gpucluster.errors import GpuclusterError
+from gpucluster.errors import GpuclusterError, InventoryError
 from gpucluster.provision import files
 from gpucluster.provision.model import ProvisionContext
 from gpucluster.provision.runner import STEP_NAMES, STEP_TYPES
@@ -97,7 +97,8 @@ def test_firewalld_rules_are_ours_by_record_runtime_and_permanent_alike() -> Non
         "firewall-cmd --add-rich-rule", "firewall-cmd --add-rich-rule"]
     # Undo removes what the record names, and the record itself.
     undone = plan_commands(done, [], 29500)
-    assert len(undone) == 5 and undone[-1] == "rm -f /etc/gpucluster/firewalld-rich-rules"
+    assert len(undone) == 5
+    assert undone[-1] == "rm -f /etc/gpucluster/gpucluster.firewalld-rich-rules"
     # Provisioned before the record existed: exact rules of ours are adopted.
     old = Firewall("firewalld", "32768:60999", (*both, "norecord"))
     assert plan_commands(old, ["10.0.0.2"], 29500)[-1].startswith("mkdir -p /etc/gpucluster")
@@ -314,3 +315,26 @@ def test_the_cluster_key_is_authorized_from_cluster_addresses_only_and_in_place(
                      "ssh-ed25519 AAAAX other"]
     assert authorized_with(lines, public, ["10.0.0.1", "10.0.0.2"]) == lines  # idempotent
     assert authorized_with([], public, ["10.0.0.1", "gpu2.example.com"]) == [public]
+
+
+def test_two_clusters_on_one_node_keep_their_own_blocks_keys_and_rules(tmp_path: Path) -> None:
+    from gpucluster.provision.steps_ssh_mesh import key_name
+
+    text = files.with_block(ORIGINAL, ["10.0.0.1 a"], name="train")
+    text = files.with_block(text, ["10.0.0.9 z"], name="eval")
+    assert files.with_block(text, ["10.0.0.1 a"], name="train") == text
+    assert files.without_block(text, name="train") == files.with_block(ORIGINAL, ["10.0.0.9 z"],
+                                                                       name="eval")
+    assert key_name("train") != key_name("eval") and key_name("gpucluster") == \
+        "gpucluster_ed25519"  # what nodes provisioned before cluster names have
+    train = Firewall("nftables", "32768:60999", (
+        "chain inet fw input",
+        'ip saddr 10.0.0.9 tcp dport { 29500, 32768-60999 } accept comment "eval" # handle 7',
+    ), tag="train")
+    assert nftables_commands(train, [], 29500) == []  # the other cluster's rule stays
+    assert "--comment train " in iptables_rule("10.0.0.2", 29500, "1:2", "train")
+    context = _context(tmp_path, "  - {name: a, address: 10.0.0.1}\n")
+    assert context.inventory.cluster.name == "gpucluster"
+    (tmp_path / "named.yaml").write_text("cluster: {name: Bad_Name}\nhosts: [a]\n")
+    with pytest.raises(InventoryError, match="lowercase letters, digits"):
+        inventory.load(tmp_path / "named.yaml")
