@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import difflib
 import hashlib
 from dataclasses import dataclass
@@ -23,10 +24,23 @@ def markers(name: str = "gpucluster") -> tuple[str, str]:
 BEGIN, END = markers()  # the default cluster name's
 
 
+# Files are handled as text decoded with surrogateescape: bytes that are not UTF-8 go
+# back out exactly as they came, and lines are split on "\n" alone (a CRLF line keeps
+# its "\r"), so everything outside a managed block is rewritten byte for byte.
+_CODEC = ("utf-8", "surrogateescape")
+
+
 @dataclass(frozen=True)
 class FileState:
     text: str | None  # None: no such file
     mode: str | None = None  # permission bits in octal, e.g. "600"
+
+
+def lines_of(text: str | None) -> list[str]:
+    """The file's lines, split on "\n" only, without the final newline."""
+    if not text:
+        return []
+    return text.removesuffix("\n").split("\n")
 
 
 def read_state(connection: LoggedConnection, path: str, sudo: bool = False) -> FileState:
@@ -38,7 +52,11 @@ def read_state(connection: LoggedConnection, path: str, sudo: bool = False) -> F
         return FileState(None)
     if not result.ok:
         raise RemoteError(FailureKind.ERROR, f"cannot read {path}: {result.stderr.strip()}")
-    return FileState(result.stdout, next(iter(found.get("mode", [])), None))
+    try:
+        text = base64.b64decode(result.stdout).decode(*_CODEC)
+    except ValueError:
+        raise RemoteError(FailureKind.ERROR, f"cannot read {path}: garbled transfer") from None
+    return FileState(text, next(iter(found.get("mode", [])), None))
 
 
 def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | None:
@@ -52,7 +70,7 @@ def write_atomically(connection: LoggedConnection, path: str, text: str, mode: s
     sha256), then rename over it: a reader, a cut connection or a Ctrl-C never leaves
     half a file. A symlink's target is written, the link kept. An existing file keeps
     its owner and mode, unless `private`: then it is always `mode`, checked after."""
-    data = text.encode()
+    data = text.encode(*_CODEC)
     script = render("provision/write_file.sh.j2", path=shell_path(path), mode=mode,
                     size=len(data), sha256=hashlib.sha256(data).hexdigest(), private=private)
     result = connection.run(script, timeout=30, sudo=sudo, stdin=data)
@@ -65,7 +83,7 @@ def with_block(current: str | None, block_lines: list[str], at_top: bool = False
     """`current` with cluster `name`'s managed block replaced (or added); other lines
     (other clusters' blocks included) untouched."""
     begin, finish = markers(name)
-    lines = (current or "").splitlines()
+    lines = lines_of(current)
     block = [begin, *block_lines, finish]
     if begin in lines and finish in lines[lines.index(begin):]:
         start = lines.index(begin)
@@ -80,7 +98,7 @@ def with_block(current: str | None, block_lines: list[str], at_top: bool = False
 
 def without_block(current: str, name: str = "gpucluster") -> str:
     begin, finish = markers(name)
-    lines = current.splitlines()
+    lines = lines_of(current)
     if begin in lines and finish in lines[lines.index(begin):]:
         start = lines.index(begin)
         del lines[start:lines.index(finish, start) + 1]
@@ -88,6 +106,10 @@ def without_block(current: str, name: str = "gpucluster") -> str:
 
 
 def diff(path: str, current: str | None, desired: str) -> str:
-    return "".join(difflib.unified_diff(
-        (current or "").splitlines(keepends=True), desired.splitlines(keepends=True),
-        fromfile=f"{path} (now)", tofile=f"{path} (after provision)"))
+    """A unified diff to show (bytes that are not UTF-8 shown as \ufffd)."""
+    def shown(text: str | None) -> list[str]:
+        printable = (text or "").encode(*_CODEC).decode("utf-8", "replace")
+        return printable.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(shown(current), shown(desired),
+                                        fromfile=f"{path} (now)",
+                                        tofile=f"{path} (after provision)"))

@@ -94,7 +94,7 @@ class SshMeshStep(Step):
         key = context.gathered["cluster_key"]
         public = str(key["public"])
         authorized = current["~/.ssh/authorized_keys"] or ""
-        authorized_lines = authorized_with(authorized.splitlines(), public,
+        authorized_lines = authorized_with(files.lines_of(authorized), public,
                                            [h.address for h in context.inventory.hosts])
         known = []
         host_keys = context.gathered["host_keys"]

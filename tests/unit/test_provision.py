@@ -338,3 +338,25 @@ def test_two_clusters_on_one_node_keep_their_own_blocks_keys_and_rules(tmp_path:
     (tmp_path / "named.yaml").write_text("cluster: {name: Bad_Name}\nhosts: [a]\n")
     with pytest.raises(InventoryError, match="lowercase letters, digits"):
         inventory.load(tmp_path / "named.yaml")
+
+
+def test_bytes_outside_the_block_survive_a_rewrite_exactly(tmp_path: Path) -> None:
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+
+    connection = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"))
+    target = tmp_path / "hosts"
+    original = b"127.0.0.1 localhost\r\n10.0.0.9 caf\xe9-latin1\r\n\x0bodd\n"
+    target.write_bytes(original)
+    current = files.read(connection, str(target))
+    assert current is not None
+    files.write_atomically(connection, str(target),
+                           files.with_block(current, ["10.0.0.1 a"], at_top=True), "644")
+    written = target.read_bytes()
+    assert written.endswith(original)  # CRLF, a non-UTF-8 byte, a \x0b: all kept
+    assert written.startswith(files.BEGIN.encode() + b"\n10.0.0.1 a\n")
+    back = files.read(connection, str(target))
+    assert back is not None
+    files.write_atomically(connection, str(target), files.without_block(back), "644")
+    assert target.read_bytes() == original
+    assert "\ufffd" in files.diff("hosts", back, current)  # shown, not crashing a view
