@@ -96,7 +96,10 @@ class Session:
             thread.join(10)
         with self._lock:
             for connection in [*self._connections.values(), *self._jumps.values()]:
-                connection.close()
+                if isinstance(connection, SshConnection):
+                    connection.retire()
+                else:
+                    connection.close()
             self._connections.clear()
             self._jumps.clear()
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpucluster.remote import hostkeys
 from gpucluster.remote.connection import (
+    Envelope,
     LineCallback,
     LineSplitter,
     Stdin,
@@ -70,11 +71,14 @@ class SshConnection:
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
         self._running: set[RemoteGroup] = set()
+        self._retired = False
 
     # -- connecting
 
     def connect(self) -> None:
         with self._lock:
+            if self._retired:
+                raise RemoteError(FailureKind.INTERRUPTED, "the run was interrupted")
             if self._client is None:
                 self._client = self._open()
 
@@ -205,10 +209,24 @@ class SshConnection:
         stdin: Stdin = None,
         on_line: LineCallback | None = None,
     ) -> CommandResult:
-        import paramiko
 
         envelope = build_command(command, env, sudo, is_root=self.endpoint.user == "root")
-        as_root = sudo and self.endpoint.user != "root"
+        # Known to end_running() before the command can start on the node: a Ctrl-C
+        # between the start and our first read of its output must still end it.
+        group = RemoteGroup(sudo and self.endpoint.user != "root")
+        with self._lock:
+            self._running.add(group)
+        try:
+            return self._run(command, envelope, group, timeout, stdin, on_line)
+        finally:
+            with self._lock:
+                self._running.discard(group)
+            group.reported.set()  # no pid report can come any more: nobody waits for one
+
+    def _run(self, command: str, envelope: Envelope, group: RemoteGroup, timeout: float,
+             stdin: Stdin, on_line: LineCallback | None) -> CommandResult:
+        import paramiko
+
         started = time.monotonic()
         deadline = started + timeout
         stalled = threading.Event()
@@ -239,23 +257,18 @@ class SshConnection:
                                   f"PAM module or login script on the node?)") from None
             raise RemoteError(FailureKind.UNREACHABLE,
                               f"lost the connection: {error or type(error).__name__}") from None
-        group = RemoteGroup(as_root)
         try:
             if stdin is not None or envelope.stdin_prefix:
                 threading.Thread(target=feed, args=(channel, stdin, envelope.stdin_prefix),
                                  daemon=True).start()
             stdout = LineSplitter("stdout", on_line)
             stderr = LineSplitter("stderr", on_line)
-            with self._lock:
-                self._running.add(group)
             pump(channel, stdout, PidFilter(stderr, group), deadline)
             exit_code = channel.recv_exit_status()
         except BaseException:
             self._end_group(group)  # a timeout, a lost channel or Ctrl-C: leave nothing
             raise
         finally:
-            with self._lock:
-                self._running.discard(group)
             channel.close()
         if exit_code == -1 and not channel.get_transport().is_active():
             raise RemoteError(FailureKind.UNREACHABLE, "connection lost while running")
@@ -297,3 +310,11 @@ class SshConnection:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+    def retire(self) -> None:
+        """Close for good: a worker still on its way (say, in the middle of connecting
+        when Ctrl-C came) must not open a new connection and start a command nobody will
+        end. The session hands out a fresh connection to whoever asks after this."""
+        with self._lock:
+            self._retired = True
+        self.close()
