@@ -231,10 +231,42 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
     finally:
         gpucluster("stop", "-i", inventory, job)
     assert job_processes(cluster) == {}
-    node2 = gpucluster("logs", "-i", inventory, job, "--node", "node2")
+    node2 = gpucluster("logs", "-i", inventory, job, "-w", "node2")
     assert node2.code == 0
     assert re.search(r"^\[node2/[23]\] rank [23]/6 on node2 ready$", node2.stdout, re.MULTILINE)
     assert "[node1" not in node2.stdout
+
+
+def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path) -> None:
+    inventory = str(cluster.inventory)
+    detached = gpucluster("launch", "-i", inventory, "-d", "--json", "--nproc-per-node", "1",
+                          "train.py", "--", *SLOW, cwd=str(project))
+    assert detached.code == 0, detached.stderr
+    started = detached.json()
+    assert set(started) == {"schema", "job", "detached", "hosts"} and started["schema"] == 1
+    job = started["job"]
+    try:
+        listed = gpucluster("jobs", "-i", inventory, "--json").json()
+        assert set(listed) == {"schema", "jobs"}
+        entry = next(j for j in listed["jobs"] if j["id"] == job)
+        assert set(entry) == {"id", "script", "args", "hosts", "started_at", "image", "nodes"}
+        assert {n["state"] for n in entry["nodes"].values()} == {"running"}
+        stopped = gpucluster("stop", "-i", inventory, job, "--json", "--grace", "5")
+        assert stopped.code == 0, stopped.stderr
+        payload = stopped.json()
+        assert set(payload) == {"schema", "job", "clean", "nodes"} and payload["clean"]
+        assert set(payload["nodes"]["node1"]) == {"found", "how", "left", "detail"}
+    finally:
+        gpucluster("stop", "-i", inventory, job)
+    failing = gpucluster("launch", "-i", inventory, "--json", "--nproc-per-node", "1",
+                         "train.py", "--", "--no-such-option",  # every rank exits 2
+                         cwd=str(project), timeout=180)
+    outcome = failing.json()
+    assert set(outcome) == {"schema", "job", "hosts", "exit_code", "interrupted", "nodes",
+                            "first_failure", "stopped", "logs"}
+    assert failing.code == outcome["exit_code"] != 0
+    assert outcome["first_failure"]["node"] in cluster.nodes
+    assert "unrecognized arguments" in failing.stderr  # job lines on stderr, JSON on stdout
 
 
 LISTING = """import os
