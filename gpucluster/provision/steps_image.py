@@ -51,15 +51,20 @@ def file_destination(context: ProvisionContext, image: ImageSource) -> str:
 
 
 def _sink_and_report(context: ProvisionContext, image: ImageSource, runtime: str,
-                     sudo: bool) -> tuple[str, str]:
+                     sudo: bool, node: str) -> tuple[str, str]:
     """What a hop does with the stream, and the command that prints the ID it now has."""
     if image.is_file:
-        # Written under a temporary name, then renamed; the checksum is taken of what
-        # arrived and recorded beside it for the next run's check.
+        # Written under a temporary name of this node's own, then renamed: on a work dir
+        # every node shares (NFS) the hops write the same file at once, and each must
+        # rename a whole copy, never a mix. The checksum is taken of what arrived and
+        # recorded beside it, the same way, for the next run's check.
         destination = file_destination(context, image)
-        return (f"{{ mkdir -p {images_dir(context)} && cat > {destination}.part && "
-                f"mv -f {destination}.part {destination}; }}",
-                f"sha256sum {destination} | cut -d' ' -f1 | tee {destination}.sha256")
+        part = f"{destination}.part-{shlex.quote(node)}"
+        return (f"{{ mkdir -p {images_dir(context)} && cat > {part} && "
+                f"mv -f {part} {destination}; }}",
+                f"sha=$(sha256sum < {destination} | cut -d' ' -f1) && printf '%s\\n' "
+                f"\"$sha\" > {part}.sha256 && mv -f {part}.sha256 {destination}.sha256 && "
+                f"echo \"$sha\"")
     engine = shlex.quote(runtime)
     engine = f"sudo -n {engine}" if sudo else engine
     return (f"{engine} load >&2",
@@ -146,7 +151,7 @@ class ImageStep(Step):
         scripts = {}
         for host in targets:
             sink, report = _sink_and_report(context, image, str(runtimes[host.name]),
-                                            sudo=host.user != "root")
+                                            sudo=host.user != "root", node=host.name)
             scripts[host.name] = render(
                 "provision/image_relay.sh.j2", node=host.name, dir=relay_dirs[host.name],
                 next=following.get(host.name),

@@ -360,3 +360,30 @@ def test_bytes_outside_the_block_survive_a_rewrite_exactly(tmp_path: Path) -> No
     files.write_atomically(connection, str(target), files.without_block(back), "644")
     assert target.read_bytes() == original
     assert "\ufffd" in files.diff("hosts", back, current)  # shown, not crashing a view
+
+
+def test_image_file_hops_sharing_a_work_dir_each_rename_a_whole_copy(tmp_path: Path) -> None:
+    import hashlib
+    import os
+    import subprocess
+
+    from gpucluster.provision.image_source import ImageSource
+    from gpucluster.provision.steps_image import _sink_and_report
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster: {{work_dir: {tmp_path / 'shared'}}}\nhosts: [a]\n")
+    context = ProvisionContext(inventory.load(path), tmp_path, dry_run=False)
+    data = os.urandom(8 << 20)
+    image = ImageSource("model.sif", hashlib.sha256(data).hexdigest(), len(data),
+                        ("cat", "/x"), kind="file")
+    hops = []
+    for node in ("node1", "node2", "node3"):  # three hops writing the same shared path
+        sink, report = _sink_and_report(context, image, "podman", False, node)
+        hops.append(subprocess.Popen(["sh", "-c", f"{sink} && {report}"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    outputs = [hop.communicate(data, timeout=60)[0].decode().strip() for hop in hops]
+    images = tmp_path / "shared" / "images"
+    assert outputs == [image.image_id] * 3
+    assert (images / "model.sif").read_bytes() == data
+    assert (images / "model.sif.sha256").read_text() == image.image_id + "\n"
+    assert sorted(p.name for p in images.iterdir()) == ["model.sif", "model.sif.sha256"]
