@@ -23,11 +23,6 @@ class Section:
     exit_code: int
 
 
-def report(kind: str, *fields: object) -> str:
-    """One report line, as the node writes it."""
-    return " ".join([MARK, kind, *(str(f) for f in fields)])
-
-
 def parse(line: str) -> tuple[str, str] | None:
     """(kind, the rest of the line) for a report line; None for any other line."""
     if not line.startswith(_PREFIX):

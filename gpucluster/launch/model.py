@@ -59,6 +59,11 @@ class StopResult:
     left: tuple[int, ...] = ()  # pids still there afterwards (should be none)
     detail: str = ""
 
+    @property
+    def confirmed(self) -> bool:
+        """The node answered and nothing of the job is left on it."""
+        return self.how not in ("unreachable", "error") and not self.left
+
 
 @dataclass(frozen=True)
 class FirstFailure:

@@ -9,13 +9,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from gpucluster import reports
 from gpucluster.remote.connection import LineSplitter, Stdin, stdin_chunks
 from gpucluster.remote.result import FailureKind, RemoteError
 
 if TYPE_CHECKING:
     import paramiko
 
-PID_REPORT = "@@gpc pid"  # the first line of stderr: the remote shell's pid
+PID_REPORT = f"{reports.MARK} pid"  # the first line of stderr: the remote shell's pid
 
 
 def pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: PidFilter,
@@ -69,9 +70,9 @@ class PidFilter:
         if not newline:
             return
         self._head = None
-        words = line.decode("ascii", "replace").split()
-        if words[:2] == PID_REPORT.split() and len(words) == 3 and words[2].isdigit():
-            self.group.pid = int(words[2])
+        kind, pid = reports.parse(line.decode("ascii", "replace")) or ("", "")
+        if kind == "pid" and pid.isdigit():
+            self.group.pid = int(pid)
             self.group.reported.set()
             if rest:
                 self.stderr.feed(rest)

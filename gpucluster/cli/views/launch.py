@@ -87,14 +87,14 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
 
 def stopped_cleanly(results: Mapping[str, StopResult]) -> bool:
     """True when every node confirmed that nothing of the job is left."""
-    return all(r.how not in ("unreachable", "error") and not r.left for r in results.values())
+    return all(r.confirmed for r in results.values())
 
 
 def print_stopped(console: Console, record: JobRecord,
                   results: Mapping[str, StopResult]) -> None:
     """A line per node that could not confirm; one summary line when all could."""
     for node, result in sorted(results.items()):
-        if result.how in ("unreachable", "error") or result.left:
+        if not result.confirmed:
             left = f" {len(result.left)} processes left: {result.left}" if result.left else ""
             console.print(f"[bold red]{node}: could not confirm the job ended: "
                           f"{escape(result.detail)}{left}[/]")
