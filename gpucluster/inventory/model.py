@@ -78,6 +78,9 @@ class Inventory:
     hosts: tuple[Host, ...]
     groups: Mapping[str, tuple[str, ...]]
     smoke: SmokeSettings = SmokeSettings()
+    # Hosts a -w/-g selection left out: no work runs there, but a selected host may
+    # still reach its node through one of them (jump_host).
+    left_out: tuple[Host, ...] = ()
 
     @property
     def head(self) -> Host:
@@ -95,7 +98,9 @@ class Inventory:
         names = {h.name for h in hosts}
         return replace(self, hosts=tuple(h for h in self.hosts if h.name in names),
                        groups={g: tuple(m for m in members if m in names)
-                               for g, members in self.groups.items()})
+                               for g, members in self.groups.items()},
+                       left_out=(*self.left_out,
+                                 *(h for h in self.hosts if h.name not in names)))
 
     def select(self, patterns: str | None = None, group: str | None = None) -> list[Host]:
         """Hosts named by a range list (`gpu[01-04],login1`) and/or in a group."""

@@ -69,7 +69,7 @@ class Session:
         """An inventory host by name, or `[user@]host[:port]` completed by ~/.ssh/config."""
         user, _, rest = spec.rpartition("@")
         alias, _, port = rest.partition(":")
-        known = {h.name: h for h in self.inventory.hosts}.get(alias)
+        known = {h.name: h for h in (*self.inventory.hosts, *self.inventory.left_out)}.get(alias)
         if known is not None:
             return Endpoint(f"jump host {alias}", known.address,
                             int(port) if port.isdigit() else known.port, user or known.user,

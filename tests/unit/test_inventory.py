@@ -400,3 +400,16 @@ def test_ssh_config_gives_every_identity_file_its_proxy_command_and_timeout(
     assert gpu1.connect_timeout == 7.0 and not gpu1.is_local
     assert gpu2.proxy_command is None and gpu2.connect_timeout is None
     assert gpu3.identity_files == ("/k",)  # the inventory's key alone
+
+
+def test_a_selection_keeps_left_out_hosts_as_jump_hosts(tmp_path: Path) -> None:
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
+
+    path = write(tmp_path, "hosts:\n  - {name: bastion, address: 10.0.0.1, user: jump}\n"
+                           "  - {name: gpu1, address: 10.0.0.2, jump_host: bastion}\n")
+    loaded = inventory.load(path)
+    selected = loaded.restricted_to(loaded.select("gpu1"))
+    assert [h.name for h in selected.hosts] == ["gpu1"] and selected.head.name == "gpu1"
+    jump = Session(selected, SshOptions(tmp_path / "kh"))._jump_endpoint("bastion")
+    assert (jump.address, jump.user) == ("10.0.0.1", "jump")  # not an ssh_config guess
