@@ -36,14 +36,15 @@ def example() -> None:
 @app.command("check")
 def check(inventory: InventoryOption = None, json_output: JsonOption = False) -> None:
     """Validate the inventory; print every problem with file:line and a fix."""
-    if not json_output:
-        loaded = load_inventory(inventory)
-        stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
-                               f"{len(loaded.groups)} groups")
-        return
     try:
         loaded = load_inventory(inventory)
     except InventoryError as error:
+        if not json_output:
+            raise  # one line per problem, from the CLI's one error handler
         common.print_json(stdout_console(), inventory_view.check_payload(None, error.problems))
         raise typer.Exit(error.exit_code) from None
-    common.print_json(stdout_console(), inventory_view.check_payload(loaded, []))
+    if json_output:
+        common.print_json(stdout_console(), inventory_view.check_payload(loaded, []))
+    else:
+        stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
+                               f"{len(loaded.groups)} groups")

@@ -32,11 +32,12 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
             return StopResult(connection.host, 0, "error", (),
                               (result.stderr or result.stdout).strip()[-200:])
         pids = tuple(int(p) for p in left.split(",") if p.isdigit())
+        count = int(found) if found.isdigit() else 0
         containers = found_reports.get("container-left", [])
         if containers:  # its processes may be invisible to us; the engine still runs it
-            return StopResult(connection.host, int(found) if found.isdigit() else 0, "error",
-                              pids, f"container {containers[0]} is still running")
-        return StopResult(connection.host, int(found) if found.isdigit() else 0, how, pids)
+            return StopResult(connection.host, count, "error", pids,
+                              f"container {containers[0]} is still running")
+        return StopResult(connection.host, count, how, pids)
 
     done = session.map(hosts, stop_on)
     results = dict(done.values)
@@ -46,7 +47,7 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
 
 
 def hosts_of(inventory: Inventory, record: JobRecord,
-              nodes: Sequence[str] | None = None) -> list[Host]:
+             nodes: Sequence[str] | None = None) -> list[Host]:
     """The job's hosts as the inventory knows them now (a host since removed is an error)."""
     wanted = list(nodes) if nodes is not None else record.hosts
     missing = [n for n in wanted if n not in {h.name for h in inventory.hosts}]
