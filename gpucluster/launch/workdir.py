@@ -26,6 +26,8 @@ from gpucluster.templating import render
 
 IGNORE_FILE = ".gpuclusterignore"
 MANIFEST = ".gpucluster-sync"
+# Where a node unpacks a sync before renaming each file into place (<prefix><node>.<pid>).
+STAGE_PREFIX = ".gpucluster-incoming."
 # Never sent: version control, virtualenvs, caches, and our own state (the cluster key).
 ALWAYS_EXCLUDED = (".git", ".hg", ".svn", "__pycache__", ".gpucluster", ".venv", "venv",
                    ".mypy_cache", ".pytest_cache", ".ruff_cache", MANIFEST)
@@ -119,7 +121,8 @@ def local_files(root: Path) -> dict[str, LocalFile]:
 
 def listing_command(code_dir: str) -> str:
     """What the node has: the last sync's manifest and every file, as report sections."""
-    return render("launch/sync_listing.sh.j2", code_dir=code_dir, manifest=MANIFEST)
+    return render("launch/sync_listing.sh.j2", code_dir=code_dir, manifest=MANIFEST,
+                  stage_prefix=STAGE_PREFIX)
 
 
 def parse_listing(output: str) -> tuple[set[str], dict[str, tuple[int, int]]]:
@@ -186,8 +189,9 @@ def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]
         raise GpuclusterError(f"cannot read the work dir to sync it: {problems[0]}")
 
 
-def apply_command(code_dir: str, delete: tuple[str, ...]) -> str:
-    return render("launch/sync_apply.sh.j2", code_dir=code_dir, delete=delete)
+def apply_command(code_dir: str, delete: tuple[str, ...], node: str) -> str:
+    return render("launch/sync_apply.sh.j2", code_dir=code_dir, delete=delete, node=node,
+                  stage_prefix=STAGE_PREFIX)
 
 
 def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
@@ -200,7 +204,7 @@ def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
     plan = plan_sync(local, previous, remote)
     if plan.send or plan.delete or previous != set(local):
         with tar_stream(root, plan.send, sorted(local)) as tar:
-            applied = connection.run(apply_command(code_dir, plan.delete),
+            applied = connection.run(apply_command(code_dir, plan.delete, connection.host),
                                      timeout=SYNC_TIMEOUT_S, stdin=tar)
         if not applied.ok:
             raise GpuclusterError(f"cannot unpack into {code_dir}: "

@@ -3,6 +3,7 @@ scripts (valid shell), torchrun's command line, and reading torchrun's failure r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -84,7 +85,8 @@ def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> 
         assert member.mtime == 1_700_000_000
         manifest = archive.extractfile(workdir.MANIFEST)
         assert manifest is not None and manifest.read() == b"x/y.py"
-    assert workdir.apply_command("/srv/p", ("it's.py",)).endswith("rm -f -- 'it'\"'\"'s.py'")
+    assert workdir.apply_command("/srv/p", ("it's.py",), "n1").rstrip().endswith(
+        "rm -f -- 'it'\"'\"'s.py'")
 
 
 def test_a_file_that_vanishes_during_the_sync_is_a_clear_error(tmp_path: Path) -> None:
@@ -330,3 +332,46 @@ def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path) -> None:
     assert (target / "data/big.bin").read_bytes() == (source / "data/big.bin").read_bytes()
     again = workdir.sync(LocalConnection("here"), source, local, shlex.quote(str(target)))
     assert again.sent == 0 and again.unchanged == 2
+
+
+def test_nodes_syncing_into_one_shared_code_dir_never_expose_a_partial_file(
+        tmp_path: Path) -> None:
+    """A work dir on NFS: every node unpacks the same files into one code dir at once.
+    A reader (a rank that already started, another node's listing) must only ever see
+    the old file or the whole new one, and no node's unpack may fail."""
+    import shlex
+    import threading
+
+    source = tmp_path / "project"
+    _tree(source, {"train.py": "print(1)", "data/big.bin": ""})
+    big = os.urandom(1 << 20) * 24
+    (source / "data/big.bin").write_bytes(big)
+    local = workdir.local_files(source)
+    with workdir.tar_stream(source, tuple(local.values()), sorted(local)) as stream:
+        tar = stream.read()
+    shared = tmp_path / "shared" / "project"
+    shared.mkdir(parents=True)
+    (shared / "data").mkdir()
+    (shared / "data/big.bin").write_bytes(b"old")
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                seen.add((shared / "data/big.bin").stat().st_size)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        nodes = [subprocess.Popen(
+            ["sh", "-c", workdir.apply_command(shlex.quote(str(shared)), (), node)],
+            stdin=subprocess.PIPE, stderr=subprocess.PIPE) for node in ("n1", "n2", "n3")]
+        errors = [node.communicate(tar, timeout=60)[1] for node in nodes]
+    finally:
+        done.set()
+        watcher.join()
+    assert [node.returncode for node in nodes] == [0, 0, 0], errors
+    assert seen <= {3, len(big)}, sorted(seen)
+    assert (shared / "data/big.bin").read_bytes() == big
+    assert sorted(p.name for p in shared.iterdir()) == [workdir.MANIFEST, "data", "train.py"]
