@@ -5,6 +5,7 @@ from outside SSH, with `ip netns pids`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -235,6 +236,52 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
     assert node2.code == 0
     assert re.search(r"^\[node2/[23]\] rank [23]/6 on node2 ready$", node2.stdout, re.MULTILINE)
     assert "[node1" not in node2.stdout
+
+
+ESCAPE = """\
+import os, subprocess, sys, time
+# A child that drops the whole environment (the job marker with it) in a session of its
+# own, as a daemonising helper or `env -i` would: only the job's cgroup still knows it.
+subprocess.Popen(["sleep", "1007"], env={}, start_new_session=True)
+print("rank", os.environ["RANK"], "ready", flush=True)
+time.sleep(600)
+"""
+
+
+def escaped_sleeps(cluster: Sandbox) -> list[str]:
+    found = []
+    for node in cluster.nodes:
+        for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"],
+                                  capture_output=True, text=True, check=True).stdout.split():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x001007\x00":
+                    found.append(f"{node}:{pid}")
+    return found
+
+
+def test_stop_ends_a_process_that_reset_its_environment(cluster: Sandbox,
+                                                         project: Path) -> None:
+    (project / "escape.py").write_text(ESCAPE)
+    inventory = str(cluster.inventory)
+    started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1",
+                         "escape.py", cwd=str(project))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while len(escaped_sleeps(cluster)) < 3:
+            assert time.monotonic() < deadline, escaped_sleeps(cluster)
+            time.sleep(0.3)
+        stopped = gpucluster("stop", "-i", inventory, job, "--grace", "3")
+        assert stopped.code == 0, stopped.stderr
+        assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+    finally:
+        gpucluster("stop", "-i", inventory, job)
+        survivors = escaped_sleeps(cluster)
+        for survivor in survivors:  # not to leave them to the next test
+            os.kill(int(survivor.split(":")[1]), signal.SIGKILL)
+    assert survivors == []
+    assert job_processes(cluster) == {}
 
 
 def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path) -> None:
