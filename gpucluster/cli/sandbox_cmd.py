@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpucluster.cli.options import JsonOption, stdout_console
+from gpucluster.cli.options import JsonOption, stderr_console, stdout_console
 from gpucluster.cli.views import common
 from gpucluster.sandbox import spec as sandbox_spec
 
@@ -44,15 +44,27 @@ def up(
     write_inventory: Annotated[Path, typer.Option(
         "--write-inventory", metavar="PATH", help="Where to write the sandbox's inventory.")
     ] = Path("sandbox.yaml"),
+    user: Annotated[str | None, typer.Option(
+        "--user", metavar="NAME",
+        help="Reach the nodes as this ordinary user (created on every node, key login) "
+             "instead of root, as cloud images' 'ubuntu' user is.")] = None,
+    sudo: Annotated[str, typer.Option(
+        "--sudo", metavar="nopasswd|password|none",
+        help="What sudo the --user gets.")] = "nopasswd",
+    shared_home_option: Annotated[bool, typer.Option(
+        "--shared-home",
+        help="One home for the --user on every node, as an NFS home is.")] = False,
 ) -> None:
     """Bring up (or repair, or restage) a sandbox cluster; idempotent."""
     from gpucluster.sandbox import cluster
 
+    login = sandbox_spec.build_login(user, sudo, shared_home_option)
     wanted = sandbox_spec.build(name, subnet, nodes, gpu_model, gpus or [], driver or [],
-                                link_rate or [], latency)
+                                link_rate or [], latency, login)
     from gpucluster.cli.views.sandbox import print_up
 
-    print_up(stdout_console(), cluster.up(wanted, write_inventory))
+    result = cluster.up(wanted, write_inventory, say=stderr_console().print)
+    print_up(stdout_console(), result)
 
 
 @app.command("status")

@@ -98,6 +98,11 @@ class Step:
     summary: str
     cluster_wide = False
 
+    def needs_root(self, context: ProvisionContext) -> bool:
+        """Whether the step changes what only root may (then a non-root node user must
+        have passwordless sudo, checked before any step changes anything)."""
+        return False
+
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         """Gather what the step needs from every node at once (`each(task)` fans out)."""
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from gpucluster import hostrange
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
@@ -115,9 +116,14 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
             return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps), (),
                                    tuple(gate), True, log=log.path,
                                    duration_s=time.monotonic() - started)
+    selected = [kind() for kind in STEP_TYPES if kind.name in steps]  # fresh per run
+    refusal = _root_refusal(session, inventory,
+                            [s.name for s in selected if s.needs_root(context)])
+    if refusal:
+        raise GpuclusterError(refusal)
     results: list[NodeResult] = []
     verified: dict[str, dict[str, dict[str, str]]] = {}
-    for step in (kind() for kind in STEP_TYPES if kind.name in steps):  # fresh per run
+    for step in selected:
         if on_step:
             on_step(step.name)
         results.extend(_run_step(step, run, context))
@@ -136,6 +142,25 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps),
                            tuple(results), tuple(gate), False, verified, log.path,
                            time.monotonic() - started)
+
+
+def _root_refusal(session: Session, inventory: Inventory, needing: list[str]) -> str | None:
+    """Steps that need root, on nodes whose user cannot `sudo -n`: refused before any
+    step changes anything (else the mesh would be set up and /etc/hosts not)."""
+    users = [h for h in inventory.hosts if h.user != "root"]
+    if not needing or not users:
+        return None
+    answers = session.map(users, lambda c: c.run("sudo -n true", timeout=30))
+    refused = {name: (answer.stderr.strip().splitlines() or [f"exit {answer.exit_code}"])[-1]
+               for name, answer in answers.values.items() if not answer.ok}
+    if not refused:
+        return None  # unreachable nodes are the steps' to report
+    user = inventory.host(sorted(refused)[0]).user
+    steps = ", ".join(needing)
+    return (f"provision changed nothing: {steps} need root on {hostrange.fold(sorted(refused))}"
+            f", where {user} cannot sudo without a password ({sorted(set(refused.values()))[0]})"
+            f" (fix: echo '{user} ALL=(ALL) NOPASSWD:ALL' | sudo tee /etc/sudoers.d/gpucluster"
+            f" on those nodes, log in as root, or --skip {','.join(needing)})")
 
 
 def _smoke(session: Session, inventory: Inventory, dry_run: bool) -> list[NodeResult]:

@@ -159,6 +159,9 @@ class FirewallStep(Step):
     name = "firewall"
     summary = "open the rendezvous port and NCCL/gloo ports to cluster addresses only"
 
+    def needs_root(self, context: ProvisionContext) -> bool:
+        return True
+
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         """Nothing to gather: each node's firewall is read in check."""
 

@@ -17,6 +17,9 @@ class HostsStep(Step):
     name = "hosts"
     summary = "/etc/hosts block: every node's name -> its cluster address"
 
+    def needs_root(self, context: ProvisionContext) -> bool:
+        return True
+
     def note(self, context: ProvisionContext, host: Host) -> str:
         return str(context.gathered.get("hostname_notes", {}).get(host.name, ""))
 

@@ -77,6 +77,9 @@ class ImageStep(Step):
     summary = "the inventory's container image on every node (pipelined relay, verified)"
     cluster_wide = True  # one relay chain through every node that needs the image
 
+    def needs_root(self, context: ProvisionContext) -> bool:
+        return context.inventory.cluster.image is not None
+
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         spec = context.inventory.cluster.image
         if spec is None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gpucluster.errors import SandboxError
-from gpucluster.sandbox import captures, node, system
-from gpucluster.sandbox.spec import NodeSpec, SandboxSpec
+from gpucluster.sandbox import captures, login, node, node_python, system
+from gpucluster.sandbox.spec import NodeLogin, NodeSpec, SandboxSpec
 from gpucluster.templating import render
 
 
@@ -56,6 +57,7 @@ def _spec_from_state(state: dict[str, Any]) -> SandboxSpec:
     try:
         raw = dict(state["spec"])
         raw["nodes"] = tuple(NodeSpec(**n) for n in raw["nodes"])
+        raw["login"] = NodeLogin(**raw["login"]) if raw.get("login") else None
         return SandboxSpec(**raw)
     except (KeyError, TypeError):
         raise SandboxError(f"sandbox state {state.get('spec', {}).get('name', '?')!r} was "
@@ -81,8 +83,10 @@ def _controller_key(spec: SandboxSpec) -> tuple[Path, str]:
     return key, Path(f"{key}.pub").read_text().strip()
 
 
-def up(spec: SandboxSpec, inventory_path: Path) -> UpResult:
-    """Create what is missing, restart what is down, leave what runs; write the inventory."""
+def up(spec: SandboxSpec, inventory_path: Path,
+       say: Callable[[str], None] = lambda _: None) -> UpResult:
+    """Create what is missing, restart what is down, leave what runs; write the inventory.
+    `say` hears about slow steps (making the node users' python)."""
     system.require_root_and_tools()
     previous = _read_state(spec.name)
     if previous is not None and previous["spec"]["subnet"] != spec.subnet:
@@ -90,24 +94,37 @@ def up(spec: SandboxSpec, inventory_path: Path) -> UpResult:
                            f"run `gpucluster sandbox down --name {spec.name}` first")
     _check_inventory_writable(inventory_path, previous)
     sandbox = node.sandbox_dir(spec.name)
-    sandbox.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sandbox.mkdir(mode=0o711, parents=True, exist_ok=True)
+    sandbox.chmod(0o711)  # node users reach their GPU state and library; nobody lists it
     created = set(previous.get("created_targets", [])) if previous else set()
-    for target in node.BIND_TARGETS:
+    python = str(node_python.ensure(say)) if spec.login else _python()
+    _copy_library(spec.name)
+    targets = list(node.BIND_TARGETS)
+    if spec.login:
+        targets.append(login.home_path(spec.login))
+    for target in targets:
         if not target.exists():
             target.mkdir(mode=0o700, parents=True)
             created.add(str(target))
     key, public_key = _controller_key(spec)
     removed = _remove_extra_nodes(spec, previous)
     node.ensure_bridge(spec)
+    uid = _prepare_login(spec, previous, public_key)
     started = []
     old_nodes = {n["name"]: n for n in previous["spec"]["nodes"]} if previous else {}
+    login_changed = previous is not None and previous["spec"].get("login") != (
+        asdict(spec.login) if spec.login else None)
     for each in spec.nodes:
-        node.prepare_files(spec, each, public_key)
+        node.prepare_files(spec, each, public_key, python)
+        if spec.login and uid is not None:
+            login.ensure_account(node.node_paths(spec, each).root, spec.login, uid,
+                                 sandbox / "sudo-password")
         node.ensure_network(spec, each)
         old = old_nodes.get(each.name)
         gpu_presence_changed = old is not None and node.simulates_gpu(NodeSpec(**old)) != \
             node.simulates_gpu(each)
-        if gpu_presence_changed:  # nvidia-smi is mounted at start: restart to add/remove it
+        # nvidia-smi and the user's home are mounted at start: restart to change them
+        if gpu_presence_changed or (old is not None and login_changed):
             node.kill_namespace(node.netns_name(spec.name, each.name))
         if node.sshd_pid(spec, each) is None:
             node.start(spec, each)
@@ -121,17 +138,45 @@ def up(spec: SandboxSpec, inventory_path: Path) -> UpResult:
         for n in spec.nodes), 0o600)
     inventory_text = render(
         "sandbox/inventory.yaml.j2", name=spec.name, model=spec.base_model,
-        known_hosts=str(known_hosts), python=_python(),
-        torchrun=str(Path(_python()).parent / "torchrun"), identity_file=str(key),
+        known_hosts=str(known_hosts), python=python, login=spec.login,
+        torchrun=str(Path(python).parent / "torchrun"), identity_file=str(key),
         gpus=spec.base_gpus, gpu_model=captures.load(spec.base_model).query_gpu_fields()["name"],
         nodes=spec.nodes)
     inventory_path.parent.mkdir(parents=True, exist_ok=True)
     system.write_atomically(inventory_path, inventory_text)
     state = {"spec": asdict(spec), "inventory": str(inventory_path.absolute()),
              "inventory_sha256": _sha256(inventory_text.encode()),
-             "created_targets": sorted(created)}
+             "created_targets": sorted(created), "login_uid": uid}
     system.write_atomically(_state_file(spec.name), json.dumps(state, indent=2) + "\n", 0o600)
     return UpResult(spec, inventory_path, tuple(started), removed)
+
+
+def _prepare_login(spec: SandboxSpec, previous: dict[str, Any] | None, public_key: str
+                   ) -> int | None:
+    """The node user's uid and home(s), with the controller's key; None without one."""
+    if spec.login is None:
+        return None
+    uid = login.choose_uid(spec.login, previous.get("login_uid") if previous else None)
+    homes = [node.shared_home(spec.name)] if spec.login.shared_home else [
+        node.node_paths(spec, each).home for each in spec.nodes]
+    for home in homes:
+        login.ensure_home(home, uid, public_key)
+    return uid
+
+
+def _copy_library(name: str) -> None:
+    """gpucluster's own package where every node user can import it (the simulated
+    nvidia-smi runs from it), replaced whole on each `up`."""
+    source = Path(__file__).resolve().parents[1]
+    target = node.library_dir(name)
+    fresh = target.with_name("lib.new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    shutil.copytree(source, fresh / "gpucluster",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for path in [fresh, *fresh.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(target, ignore_errors=True)
+    fresh.rename(target)
 
 
 def _python() -> str:

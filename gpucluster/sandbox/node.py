@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +54,11 @@ class NodePaths:
         return self.root / "srv"
 
     @property
+    def home(self) -> Path:
+        """The node user's own home (--user without --shared-home)."""
+        return self.root / "home"
+
+    @property
     def bin(self) -> Path:
         return self.root / "bin"
 
@@ -83,6 +87,23 @@ def node_paths(spec: SandboxSpec, node: NodeSpec) -> NodePaths:
     return NodePaths(sandbox_dir(spec.name) / node.name)
 
 
+def shared_home(name: str) -> Path:
+    """The one home every node mounts with --shared-home, as an NFS home is."""
+    return sandbox_dir(name) / "home"
+
+
+def library_dir(name: str) -> Path:
+    """A copy of gpucluster every node user can import: the simulated nvidia-smi's."""
+    return sandbox_dir(name) / "lib"
+
+
+def home_source(spec: SandboxSpec, node: NodeSpec) -> Path | None:
+    """What the node mounts on the user's home, if the sandbox has a node user."""
+    if spec.login is None:
+        return None
+    return shared_home(spec.name) if spec.login.shared_home else node_paths(spec, node).home
+
+
 def netns_name(sandbox: str, node: str) -> str:
     return f"{sandbox}-{node}"
 
@@ -95,10 +116,13 @@ def bridge_name(sandbox: str) -> str:
     return f"{sandbox}-br"
 
 
-def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> None:
-    """The node's own /etc (hostname, hosts, sshd, host key), /root/.ssh, GPU state."""
+def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str, python: str
+                  ) -> None:
+    """The node's own /etc (hostname, hosts, sshd, host key), /root/.ssh, GPU state
+    (its nvidia-smi run by `python`)."""
     paths = node_paths(spec, node)
-    paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    paths.root.chmod(0o711)  # any node user reaches its GPU state; nobody lists the dir
     if not paths.host_public_key.exists():
         shutil.rmtree(paths.etc, ignore_errors=True)
         shutil.copytree("/etc", paths.etc, symlinks=True)
@@ -125,8 +149,8 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str) -> Non
     paths.containers.mkdir(mode=0o700, exist_ok=True)
     paths.container_run.mkdir(mode=0o700, exist_ok=True)
     paths.srv.mkdir(mode=0o755, exist_ok=True)
-    paths.bin.mkdir(exist_ok=True)
-    write_gpu_state(spec, node)
+    paths.bin.mkdir(mode=0o755, exist_ok=True)
+    write_gpu_state(spec, node, python)
 
 
 def simulates_gpu(node: NodeSpec) -> bool:
@@ -134,7 +158,9 @@ def simulates_gpu(node: NodeSpec) -> bool:
     return node.gpu_count > 0 or node.driver_fault is not None
 
 
-def write_gpu_state(spec: SandboxSpec, node: NodeSpec) -> None:
+def write_gpu_state(spec: SandboxSpec, node: NodeSpec, python: str) -> None:
+    """The simulated GPUs' state, and the nvidia-smi that replays it: readable and
+    runnable by every user of the node, as a real nvidia-smi is."""
     paths = node_paths(spec, node)
     state = {"model": node.gpu_model, "count": node.gpu_count, "driver": node.driver,
              "fault": node.driver_fault}
@@ -142,8 +168,8 @@ def write_gpu_state(spec: SandboxSpec, node: NodeSpec) -> None:
     wrapper = paths.bin / "nvidia-smi"
     if simulates_gpu(node):
         system.write_atomically(wrapper, render("sandbox/nvidia-smi.j2", node=node.name,
-                                                python=sys.executable, state=paths.gpu_state),
-                                0o755)
+                                                python=python, state=paths.gpu_state,
+                                                library=library_dir(spec.name)), 0o755)
     else:
         wrapper.unlink(missing_ok=True)
 
@@ -193,8 +219,10 @@ def start(spec: SandboxSpec, node: NodeSpec) -> None:
     """Start the node's sshd in fresh mount + UTS namespaces inside its netns."""
     paths = node_paths(spec, node)
     paths.pid_file.unlink(missing_ok=True)
+    home = home_source(spec, node)
     script = render("sandbox/node_init.sh.j2", node=node.name, paths=paths,
-                    simulate_gpu=simulates_gpu(node), cgroup_mounts=cgroup_mounts())
+                    simulate_gpu=simulates_gpu(node), cgroup_mounts=cgroup_mounts(),
+                    home=home, home_target=spec.login and f"/home/{spec.login.user}")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     with paths.log.open("ab") as log:
         subprocess.Popen(

@@ -22,6 +22,8 @@ _NAME = re.compile(r"[a-z][a-z0-9]{0,7}")  # short: interface names max 15 chars
 _RATE = re.compile(r"\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)")
 _LATENCY = re.compile(r"\d+(\.\d+)?(us|ms|s)")
 DRIVER_FAULTS = ("failed", "hung")
+SUDO_MODES = ("nopasswd", "password", "none")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
 _DRIVER = re.compile(r"\d+\.\d+(\.\d+)?")
 
 
@@ -40,6 +42,30 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class NodeLogin:
+    """An ordinary user the nodes are reached as, instead of root: how cloud images
+    (the `ubuntu` user) and most shared servers are."""
+
+    user: str
+    sudo: str  # nopasswd | password | none
+    shared_home: bool  # one home for all nodes, as an NFS home is
+
+
+def build_login(user: str | None, sudo: str, shared_home: bool) -> NodeLogin | None:
+    if user is None:
+        if shared_home or sudo != "nopasswd":
+            raise SandboxError("--sudo and --shared-home are about the node user: add "
+                               "--user NAME")
+        return None
+    if not _USER.fullmatch(user) or user == "root":
+        raise SandboxError(f"--user {user!r}: use a login name like gcuser (lowercase "
+                           f"letters, digits, - and _; not root, which is the default)")
+    if sudo not in SUDO_MODES:
+        raise SandboxError(f"--sudo {sudo!r}: use one of {', '.join(SUDO_MODES)}")
+    return NodeLogin(user, sudo, shared_home)
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """The whole sandbox as it should be."""
 
@@ -50,6 +76,11 @@ class SandboxSpec:
     controller_rate: str | None = None
     base_gpus: int = 8
     base_model: str = captures.DEFAULT_MODEL
+    login: NodeLogin | None = None  # None: root logs in, as before
+
+    @property
+    def user(self) -> str:
+        return self.login.user if self.login else "root"
 
     @property
     def bridge_address(self) -> str:
@@ -78,7 +109,8 @@ def parse_overrides(values: list[str], option: str, node_names: list[str]) -> tu
 
 
 def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
-          drivers: list[str], link_rates: list[str], latency: str) -> SandboxSpec:
+          drivers: list[str], link_rates: list[str], latency: str,
+          login: NodeLogin | None = None) -> SandboxSpec:
     """Validate the options of `sandbox up` into a spec; SandboxError says what is wrong."""
     if not _NAME.fullmatch(name):
         raise SandboxError(f"--name {name!r}: use 1-8 lowercase letters/digits, starting "
@@ -114,7 +146,8 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
         ))
     return SandboxSpec(name=name, subnet=str(network), nodes=tuple(node_specs),
                        latency=latency, controller_rate=base_rate,
-                       base_gpus=_gpu_count(base_gpus or "8"), base_model=gpu_model)
+                       base_gpus=_gpu_count(base_gpus or "8"), base_model=gpu_model,
+                       login=login)
 
 
 def _subnet(text: str) -> ipaddress.IPv4Network:

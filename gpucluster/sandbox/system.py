@@ -31,11 +31,12 @@ def require_root_and_tools() -> None:
         raise SandboxError("sandbox " + "; ".join(problems))
 
 
-def sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def sh(*argv: str, check: bool = True, timeout: float = 30, stdin: str | None = None
+       ) -> subprocess.CompletedProcess[str]:
     """Run a tool; a failure becomes SandboxError quoting the command and its error."""
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                check=False)
+                                check=False, input=stdin)
     except subprocess.TimeoutExpired:
         raise SandboxError(f"`{shlex.join(argv)}` did not finish in {timeout:g}s") from None
     if check and result.returncode != 0:

@@ -24,6 +24,7 @@ from gpucluster.torchrun import (
 )
 
 JOB = Path(__file__).with_name("allreduce_job.py")
+SCRIPT = "smoke_allreduce.py"  # its name in the work dir on each node
 MARKER = "GPUCLUSTER_SMOKE "
 SLOW_BANDWIDTH = 0.5  # a node below half the median of its peers is named slow
 SLOW_COMPUTE = 2.0  # ...or taking over twice the median time
@@ -50,7 +51,7 @@ class SmokeReport:
 def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int,
                 sizes: str, iterations: int) -> str:
     """cd to the work dir, point NCCL/gloo at the cluster interface, start torchrun."""
-    spec = TorchrunSpec(rendezvous_id, nproc, "smoke_allreduce.py",
+    spec = TorchrunSpec(rendezvous_id, nproc, SCRIPT,
                         ("--sizes", sizes, "--iterations", str(iterations)),
                         join_timeout_s=JOIN_TIMEOUT_S)
     argv = " ".join(shlex.quote(part) for part in torchrun_argv(inventory, spec))
@@ -68,8 +69,14 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
 
     def task(connection: Connection) -> CommandResult:
         host = inventory.host(connection.host)
-        connection.run(f"mkdir -p {work_dir} && cat > {work_dir}/smoke_allreduce.py",
-                       timeout=30, stdin=job)
+        # Written beside and renamed: on a work dir every node shares (an NFS home), a
+        # node still writing must not hand another's torchrun half a script.
+        written = connection.run(
+            f"mkdir -p {work_dir} && t=$(mktemp {work_dir}/.{SCRIPT}.XXXXXX) && "
+            f'cat > "$t" && chmod 644 "$t" && mv -f "$t" {work_dir}/{SCRIPT}',
+            timeout=30, stdin=job)
+        if not written.ok:
+            return written
         return connection.run(command_for(inventory, host, rendezvous_id,
                                           nproc_for(host, nproc), sizes, iterations),
                               timeout=timeout,

@@ -196,7 +196,7 @@ def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
         "relay": lambda: _relay_script("node-2"),
         "last-relay": lambda: _relay_script(None),
         "listing": lambda: workdir.listing_command(path),
-        "apply": lambda: workdir.apply_command(path, ("a b", "it's")),
+        "apply": lambda: workdir.apply_command(path, ("a b", "it's"), "node1"),
         "pairs": lambda: render("provision/ssh_pairs.sh.j2", timeout=5,
                                 peers=["node-2", "it's"]),
     }[script]()

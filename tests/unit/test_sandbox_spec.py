@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,53 @@ def test_a_mount_point_another_sandbox_still_uses_is_handed_over_not_removed(
     (tmp_path / "second").rename(tmp_path / "gone")
     (tmp_path / "gone" / "state.json").unlink()
     assert cluster._hand_over_targets("first", first) is False  # the last one: removes
+
+
+@pytest.mark.parametrize(("user", "sudo", "shared", "message"), [
+    (None, "nopasswd", True, "add --user NAME"),
+    (None, "none", False, "add --user NAME"),
+    ("root", "nopasswd", False, "not root"),
+    ("Bad User", "nopasswd", False, "use a login name"),
+    ("gcuser", "always", False, "use one of nopasswd, password, none"),
+])
+def test_bad_login_options(user: str | None, sudo: str, shared: bool, message: str) -> None:
+    with pytest.raises(SandboxError, match=re.escape(message)):
+        spec.build_login(user, sudo, shared)
+
+
+def test_a_login_travels_in_the_spec_and_names_the_user() -> None:
+    login = spec.build_login("gcuser", "password", True)
+    assert login == spec.NodeLogin("gcuser", "password", True)
+    built = spec.build("gcsb", spec.DEFAULT_SUBNET, 2, "h100", [], [], [], "50ms", login)
+    assert built.user == "gcuser" and built.login == login
+    assert spec.build("gcsb", spec.DEFAULT_SUBNET, 2, "h100", [], [], [], "50ms").user == "root"
+
+
+def test_node_python_takes_the_node_extras_pins_from_the_package_metadata() -> None:
+    from gpucluster.sandbox import node_python
+
+    wanted = node_python.requirements()
+    assert "torch==2.13.0" in wanted  # the CPU wheel's pin, not a range: no CUDA download
+    assert not any(name.startswith(("pytest", "mypy", "ansible")) for name in wanted)
+
+
+def test_usable_by_everyone_needs_every_directory_on_the_way() -> None:
+    import shutil
+    import tempfile
+
+    from gpucluster.sandbox import node_python
+
+    base = Path(tempfile.mkdtemp(dir="/var/tmp"))  # pytest's own tmp is private to root
+    try:
+        base.chmod(0o755)
+        closed = base / "closed"
+        closed.mkdir(mode=0o700)
+        tool = closed / "python"
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+        assert not node_python.usable_by_everyone(tool)  # as a pyenv build under /root is
+        closed.chmod(0o755)
+        assert node_python.usable_by_everyone(tool)
+        assert not node_python.usable_by_everyone(closed / "missing")
+    finally:
+        shutil.rmtree(base)

@@ -20,6 +20,11 @@ def print_up(console: Console, result: UpResult) -> None:
                   f"started: {started}")
     if result.removed:
         console.print(f"removed: {', '.join(result.removed)}")
+    if spec.login:
+        home = "one home shared by every node" if spec.login.shared_home else \
+            "a home of its own on each node"
+        console.print(f"nodes are reached as {spec.login.user} (sudo: {spec.login.sudo}; "
+                      f"{home})")
     console.print("GPUs are SIMULATED: each node's nvidia-smi replays a real capture.")
     console.print(f"inventory: {result.inventory}")
     console.print(f"try: gpucluster run -i {result.inventory} 'hostname; nproc'")
