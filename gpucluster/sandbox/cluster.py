@@ -68,7 +68,7 @@ def _spec_from_state(state: dict[str, Any]) -> SandboxSpec:
 
 def load_spec(name: str) -> SandboxSpec:
     state = _read_state(name)
-    if state is None:
+    if state is None or "spec" not in state:
         raise SandboxError(f"no sandbox {name!r} is up (start one with "
                            f"`sudo gpucluster sandbox up`)")
     return _spec_from_state(state)
@@ -89,6 +89,9 @@ def up(spec: SandboxSpec, inventory_path: Path,
     `say` hears about slow steps (making the node users' python)."""
     system.require_root_and_tools()
     previous = _read_state(spec.name)
+    created = set(previous.get("created_targets", [])) if previous else set()
+    if previous is not None and "spec" not in previous:
+        previous = None  # an `up` that failed early: only the targets it made count
     if previous is not None and previous["spec"]["subnet"] != spec.subnet:
         raise SandboxError(f"sandbox {spec.name!r} is up on {previous['spec']['subnet']}; "
                            f"run `gpucluster sandbox down --name {spec.name}` first")
@@ -96,7 +99,6 @@ def up(spec: SandboxSpec, inventory_path: Path,
     sandbox = node.sandbox_dir(spec.name)
     sandbox.mkdir(mode=0o711, parents=True, exist_ok=True)
     sandbox.chmod(0o711)  # node users reach their GPU state and library; nobody lists it
-    created = set(previous.get("created_targets", [])) if previous else set()
     python = str(node_python.ensure(say)) if spec.login else _python()
     _copy_library(spec.name)
     targets = list(node.BIND_TARGETS)
@@ -106,6 +108,10 @@ def up(spec: SandboxSpec, inventory_path: Path,
         if not target.exists():
             target.mkdir(mode=0o700, parents=True)
             created.add(str(target))
+            # Recorded at once: `down` removes it even if this `up` fails further on.
+            system.write_atomically(_state_file(spec.name), json.dumps(
+                {**(previous or {}), "created_targets": sorted(created)}, indent=2) + "\n",
+                0o600)
     key, public_key = _controller_key(spec)
     removed = _remove_extra_nodes(spec, previous)
     node.ensure_bridge(spec)
@@ -273,8 +279,8 @@ def _hand_over_targets(name: str, state: dict[str, Any]) -> bool:
 
 def _remove_files(state: dict[str, Any], targets_handed_over: bool) -> list[str]:
     removed = []
-    inventory = Path(state["inventory"])
-    if inventory.exists() and _sha256(inventory.read_bytes()) == state["inventory_sha256"]:
+    inventory = Path(state.get("inventory", "/nonexistent"))  # none: an `up` that failed early
+    if inventory.exists() and _sha256(inventory.read_bytes()) == state.get("inventory_sha256"):
         inventory.unlink()
         removed.append(f"inventory {inventory}")
     for target in map(Path, [] if targets_handed_over else state.get("created_targets", [])):

@@ -1,0 +1,173 @@
+"""The main flows as most real clusters are reached: an ordinary user with passwordless
+sudo (the `ubuntu` of cloud images), with a home per node or one home every node shares
+(an NFS home). Root with private homes is what every other sandbox module runs. Each
+configuration gets a 3-node sandbox of its own and runs its flow once: doctor,
+provision (every step, /etc/hosts, firewall and the image through sudo; the smoke
+test), launch, jobs, logs, stop. A user without sudo gets findings and a refusal that
+changes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import gpucluster
+from tests.sandbox import Sandbox, busybox_image
+
+pytestmark = pytest.mark.sandbox
+
+NAME, SUBNET, USER = "gpcuser", "198.19.6.0/24", "gcuser"
+TRAIN = Path(__file__).parents[2] / "examples" / "train.py"
+FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntrack --ctstate "
+            "ESTABLISHED,RELATED -j ACCEPT; iptables -A INPUT -p tcp --dport 22 -j ACCEPT; "
+            "iptables -P INPUT DROP")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with busybox_image(tmp_path_factory.mktemp("rootfs"), "localhost/gpcuser-img:1"
+                       ) as reference:
+        yield reference
+
+
+def bring_up(tmp: Path, *flags: str) -> Sandbox:
+    inventory = tmp / "cluster.yaml"
+    gpucluster("sandbox", "down", "--name", NAME)
+    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
+                    "--user", USER, *flags, "--write-inventory", str(inventory), timeout=600)
+    assert up.code == 0, up.stderr
+    data = yaml.safe_load(inventory.read_text())
+    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
+                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    for node in sandbox.nodes:  # fresh servers behind a default-drop firewall
+        sandbox.node_exec(node, FIREWALL)
+    return sandbox
+
+
+def doctor(sandbox: Sandbox) -> dict[tuple[str, str], str]:
+    found = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", timeout=120)
+    return {(r["check"], r["host"]): r["status"] for r in json.loads(found.stdout)["results"]}
+
+
+def as_user(sandbox: Sandbox, node: str, command: str) -> str:
+    """What the node user sees, run through SSH as the tool does."""
+    done = gpucluster("run", "-i", str(sandbox.inventory), "-w", node, command)
+    assert done.code == 0, done.stderr
+    return "\n".join(line.split(": ", 1)[1] if ": " in line else ""
+                     for line in done.stdout.splitlines())
+
+
+@pytest.mark.parametrize("shared_home", [False, True], ids=["private-homes", "shared-home"])
+def test_a_sudo_user_runs_the_whole_flow(tmp_path: Path, image: str,
+                                         shared_home: bool) -> None:
+    sandbox = bring_up(tmp_path, *(["--shared-home"] if shared_home else []))
+    try:
+        _whole_flow(sandbox, tmp_path, image, shared_home)
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
+
+
+def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> None:
+    inventory = str(sandbox.inventory)
+    assert as_user(sandbox, "node1", "id -un").strip() == USER
+    # doctor: what a fresh server behind a firewall lacks (peer names, the rendezvous
+    # port), nothing about the user or its GPUs
+    before = doctor(sandbox)
+    failing = {check for (check, _), status in before.items() if status == "FAIL"}
+    assert failing == {"name-resolution", "rendezvous-port"}, before
+    for check in ("sudo", "nvidia-smi", "gpu-count", "python", "torchrun", "torch"):
+        assert {before[(check, n)] for n in sandbox.nodes} == {"OK"}, check
+
+    # provision: every step, the root ones through sudo, the image into root's engine
+    with_image = sandbox.write_inventory(tmp / "with-image.yaml", cluster={
+        **sandbox.data["cluster"], "image": image})
+    done = gpucluster("provision", "-i", str(with_image), "--json", timeout=300)
+    payload = json.loads(done.stdout)
+    outcomes = {(r["step"], r["host"]): r["outcome"] for r in payload["results"]}
+    assert done.code == 0, (outcomes, done.stderr)
+    assert {o for (step, _), o in outcomes.items() if step != "smoke"} == {"changed"}
+    assert {o for (step, _), o in outcomes.items() if step == "smoke"} == {"passed"}
+    for node in sandbox.nodes:
+        rules = sandbox.node_exec(node, "iptables -S INPUT").stdout
+        assert len(re.findall(r"--comment gpucluster -j ACCEPT", rules)) == 2, rules
+        assert "# BEGIN gpucluster" in sandbox.node_exec(node, "cat /etc/hosts").stdout
+        assert sandbox.node_exec(node, f"podman image exists {image}", check=False
+                                 ).returncode == 0
+    again = gpucluster("provision", "-i", str(with_image), "--json", "--skip", "smoke")
+    assert {r["outcome"] for r in json.loads(again.stdout)["results"]} == {"already ok"}
+    after = doctor(sandbox)
+    assert {s for s in after.values()} <= {"OK", "SKIP"}, after
+
+    # launch: 3 nodes x 2 processes, as the user, in the user's work dir
+    project = tmp / "project"
+    project.mkdir()
+    shutil.copy(TRAIN, project / "train.py")
+    ran = gpucluster("launch", "-i", inventory, "--nproc-per-node", "2", "train.py", "--",
+                     "--epochs", "2", cwd=str(project), timeout=240)
+    assert ran.code == 0, ran.stderr
+    assert len(re.findall(r"rank \d/6 on node\d ready", ran.stdout)) == 6
+    job = re.search(r"job (\S+): exited 0 on node\[1-3\]", ran.stderr)
+    assert job, ran.stderr
+    owners = as_user(sandbox, "node2", f"stat -c '%U %a' ~/gpucluster/jobs/{job[1]}/node2")
+    assert owners.split() == [USER, "700"]
+    if shared_home:  # one home: every node's files side by side, none overwritten
+        listed = as_user(sandbox, "node1", f"ls ~/gpucluster/jobs/{job[1]}")
+        assert listed.split() == sandbox.nodes
+        for node in sandbox.nodes:
+            log = as_user(sandbox, "node1", f"cat ~/gpucluster/jobs/{job[1]}/{node}/node.log")
+            assert re.findall(r"rank \d/6 on (node\d) ready", log) == [node, node]
+
+    # detached, listed, its logs, stopped: nothing of it left
+    started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1",
+                         "train.py", "--", "--epochs", "300", "--step-delay", "0.05",
+                         cwd=str(project))
+    assert started.code == 0, started.stderr
+    detached = started.stdout.strip()
+    try:
+        listing = gpucluster("jobs", "-i", inventory, "--json").json()
+        states = {n["state"] for j in listing["jobs"] if j["id"] == detached
+                  for n in j["nodes"].values()}
+        assert states == {"running"}, listing
+        deadline = time.monotonic() + 90
+        while "rank 2/3 on node3 ready" not in (logs := gpucluster(
+                "logs", "-i", inventory, detached, "-w", "node3")).stdout:
+            assert time.monotonic() < deadline, logs.stdout + logs.stderr
+            time.sleep(0.5)
+        stopped = gpucluster("stop", "-i", inventory, detached, "--grace", "3")
+        assert stopped.code == 0, stopped.stderr
+        assert f"job {detached} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+    finally:
+        gpucluster("stop", "-i", inventory, detached)
+    logs = gpucluster("logs", "-i", inventory, detached, "-w", "node3")
+    assert re.search(r"^\[node3/2\] rank 2/3 on node3 ready$", logs.stdout, re.MULTILINE)
+    assert "stopped on node3" in logs.stderr
+    leftovers = gpucluster("run", "-i", inventory, f"pgrep -a -u {USER} -f '[t]rain.py' || :")
+    assert "train.py" not in leftovers.stdout
+
+
+def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
+        tmp_path: Path) -> None:
+    sandbox = bring_up(tmp_path, "--sudo", "none")
+    try:
+        found = doctor(sandbox)
+        assert {found[("sudo", n)] for n in sandbox.nodes} == {"WARN"}
+        assert {found[("nvidia-smi", n)] for n in sandbox.nodes} == {"OK"}
+        watched = "cat /etc/hosts; ls -a /home/gcuser/.ssh; iptables -S INPUT"
+        before = {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes}
+        refused = gpucluster("provision", "-i", str(sandbox.inventory), timeout=120)
+        assert refused.code != 0
+        message = refused.stderr.strip()
+        assert "\n" not in message and "Traceback" not in message
+        assert re.search(r"provision changed nothing: hosts, firewall need root on "
+                         r"node\[1-3\], where gcuser cannot sudo without a password .*"
+                         r"--skip hosts,firewall", message), message
+        assert {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes} == before
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
