@@ -13,6 +13,7 @@ from gpucluster.templating import render
 from gpucluster.torchrun import JOB_VARIABLE, is_image_file
 
 HEARTBEAT_S = 2
+SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
 # Set for every job so that output streams live and each line names its global rank.
 JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
 
@@ -53,9 +54,22 @@ def container_command(container: Container, torchrun: str, images_dir: str) -> s
     env_flags = " ".join(f"-e {name}" for name in container.env_names)
     gpus = ' $(case "$GPC_RT" in *docker) echo --gpus all;; ' \
            '*) echo --device nvidia.com/gpu=all;; esac)' if container.gpus else ""
-    return (f'"$GPC_RT" run --rm --name {shlex.quote(container.name)} --network host '
-            f'--ipc host{gpus} -v "$PWD:$PWD" -v "$GPC_JOB_DIR:$GPC_JOB_DIR" -w "$PWD" '
-            f"{env_flags} {shlex.quote(container.image)} {torchrun}")
+    # A node user that is not root runs the engine through sudo, where provision loaded
+    # the image (sudo -n podman load), keeping the job's variables, and is that user
+    # inside, so what the job writes in the work dir stays the user's.
+    sudo = (f'${{GPC_SUDO:+sudo -n --preserve-env={",".join(container.env_names)}}} '
+            if container.env_names else "${GPC_SUDO:+sudo -n} ")
+    as_user = ' ${GPC_SUDO:+--user "$(id -u):$(id -g)"}'
+    return (f'{sudo}"$GPC_RT" run --rm --name {shlex.quote(container.name)} --network host '
+            f'--ipc host{gpus}{as_user} -v "$PWD:$PWD" -v "$GPC_JOB_DIR:$GPC_JOB_DIR" '
+            f'-w "$PWD" {env_flags} {shlex.quote(container.image)} {torchrun}')
+
+
+def engine_command(runtime: str) -> str:
+    """The engine as start recorded it: `sudo:PATH` when it ran through sudo."""
+    if runtime.startswith(SUDO_RUNTIME):
+        return f"sudo -n {shlex.quote(runtime.removeprefix(SUDO_RUNTIME))}"
+    return shlex.quote(runtime)
 
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
@@ -80,7 +94,7 @@ def stop_script(record: JobRecord, node: str, grace_s: float,
                 runtime: str | None = None) -> str:
     # podman/docker containers are stopped by name; apptainer's processes are the
     # job's own, found by their marker like any other.
-    container = ({"runtime": shlex.quote(runtime), "name": record.container_name()}
+    container = ({"runtime": engine_command(runtime), "name": record.container_name()}
                  if record.image and runtime and not is_image_file(record.image) else None)
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,

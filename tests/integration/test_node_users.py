@@ -30,10 +30,19 @@ FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntrack -
             "iptables -P INPUT DROP")
 
 
+# Stands in for torchrun in a busybox image: says where it runs and writes a file into
+# the mounted work dir (whose owner must stay the node user).
+IMAGE_TORCHRUN = b"""#!/bin/sh
+echo "in container: pwd=$PWD marker=$GPUCLUSTER_JOB"
+echo made > "$PWD/made-in-container"
+sleep "${FAKE_SLEEP:-0}"
+"""
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with busybox_image(tmp_path_factory.mktemp("rootfs"), "localhost/gpcuser-img:1"
-                       ) as reference:
+    with busybox_image(tmp_path_factory.mktemp("rootfs"), "localhost/gpcuser-img:1",
+                       {"bin/torchrun": IMAGE_TORCHRUN}) as reference:
         yield reference
 
 
@@ -123,6 +132,32 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
         for node in sandbox.nodes:
             log = as_user(sandbox, "node1", f"cat ~/gpucluster/jobs/{job[1]}/{node}/node.log")
             assert re.findall(r"rank \d/6 on (node\d) ready", log) == [node, node]
+
+    # the pushed image, run by root's engine through sudo, as the user inside
+    boxed = gpucluster("launch", "-i", str(with_image), "--container", "train.py",
+                       cwd=str(project), timeout=120)
+    assert boxed.code == 0, boxed.stdout + boxed.stderr
+    code_dir = "~/gpucluster/project"
+    assert re.search(rf"in container: pwd=/home/{USER}/gpucluster/project marker=\S+@node3",
+                     boxed.stdout), boxed.stdout
+    made = as_user(sandbox, "node3", f"stat -c %U {code_dir}/made-in-container")
+    assert made.strip() == USER
+    # stopped as the user, although root's engine runs it (its processes are not the
+    # user's to see or signal): by name, through sudo
+    running = gpucluster("launch", "-i", str(with_image), "--container", "-d", "--env",
+                         "FAKE_SLEEP=300", "train.py", cwd=str(project), timeout=120)
+    assert running.code == 0, running.stderr
+    boxed_job = running.stdout.strip()
+    containers = "podman ps -q --filter name=gpucluster-"
+    deadline = time.monotonic() + 60
+    while len(sandbox.node_exec("node2", containers).stdout.split()) != 1:
+        assert time.monotonic() < deadline, "the container did not start"
+        time.sleep(0.3)
+    stopped = gpucluster("stop", "-i", inventory, boxed_job, "--grace", "2")
+    assert stopped.code == 0, stopped.stdout + stopped.stderr
+    assert f"job {boxed_job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+    for node in sandbox.nodes:
+        assert sandbox.node_exec(node, containers).stdout.strip() == ""
 
     # detached, listed, its logs, stopped: nothing of it left
     started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1",
