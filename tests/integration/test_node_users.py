@@ -187,9 +187,12 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
     assert "train.py" not in leftovers.stdout
 
 
+@pytest.mark.parametrize("sudo", ["none", "password"])
 def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
-        tmp_path: Path) -> None:
-    sandbox = bring_up(tmp_path, "--sudo", "none")
+        tmp_path: Path, sudo: str) -> None:
+    """No sudo rule at all, or one that asks for a password (gpucluster never types
+    one): the same finding and the same refusal."""
+    sandbox = bring_up(tmp_path, "--sudo", sudo)
     try:
         found = doctor(sandbox)
         assert {found[("sudo", n)] for n in sandbox.nodes} == {"WARN"}
@@ -204,5 +207,8 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
                          r"node\[1-3\], where gcuser cannot sudo without a password .*"
                          r"--skip hosts,firewall", message), message
         assert {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes} == before
+        sudoers = sandbox.node_exec("node1", "cat /etc/sudoers.d/gpucluster-sandbox",
+                                    check=False).stdout
+        assert ("gcuser ALL=(ALL) ALL" in sudoers) == (sudo == "password")
     finally:
         gpucluster("sandbox", "down", "--name", NAME)
