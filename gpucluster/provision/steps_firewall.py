@@ -11,6 +11,7 @@ touched: only ACCEPT rules are added.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass
@@ -52,14 +53,26 @@ def detect(connection: LoggedConnection, tag: str = TAG) -> Firewall:
 
 
 def peers_of(context: ProvisionContext, host: Host) -> list[str]:
-    return [p.address for p in context.inventory.hosts if p.name != host.name
-            and is_ip(p.address)]
+    """The other nodes' addresses, IPv6 ones in the compressed form firewalls print."""
+    return [ipaddress.ip_address(p.address).compressed for p in context.inventory.hosts
+            if p.name != host.name and is_ip(p.address)]
+
+
+def is_v6(address: str) -> bool:
+    return ":" in address
 
 
 def iptables_rule(address: str, port: int, ephemeral: str, tag: str = TAG) -> str:
-    """A rule as `iptables -S` prints it, so present and desired rules compare as text."""
-    return (f"-A INPUT -s {address}/32 -p tcp -m multiport --dports {port},{ephemeral} "
-            f"-m comment --comment {tag} -j ACCEPT")
+    """A rule as `iptables -S` (or `ip6tables -S`) prints it, so present and desired
+    rules compare as text."""
+    return (f"-A INPUT -s {address}/{128 if is_v6(address) else 32} -p tcp -m multiport "
+            f"--dports {port},{ephemeral} -m comment --comment {tag} -j ACCEPT")
+
+
+def _iptables_for(rule: str) -> str:
+    """iptables for an IPv4 source, ip6tables for an IPv6 one."""
+    source = re.search(r"-s (\S+)/", rule)
+    return "ip6tables" if source and is_v6(source.group(1)) else "iptables"
 
 
 def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
@@ -67,9 +80,9 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
     if firewall.kind == "iptables":
         desired = {iptables_rule(a, port, firewall.ephemeral, firewall.tag) for a in wanted}
         present = set(firewall.ours)
-        add = [f"iptables -I INPUT {r.removeprefix('-A INPUT ')}"
+        add = [f"{_iptables_for(r)} -I INPUT {r.removeprefix('-A INPUT ')}"
                for r in sorted(desired - present)]
-        drop = [f"iptables -D INPUT {r.removeprefix('-A INPUT ')}"
+        drop = [f"{_iptables_for(r)} -D INPUT {r.removeprefix('-A INPUT ')}"
                 for r in sorted(present - desired)]
         return drop + add
     if firewall.kind == "ufw":
@@ -97,7 +110,8 @@ def firewalld_commands(firewall: Firewall, wanted: list[str], port: int) -> list
     Permanent and runtime sets are brought to the same state without --reload, which
     would drop every runtime-only rule of the admin's."""
     def rule(address: str, ports: str) -> str:
-        return (f'rule family="ipv4" source address="{address}" port port="{ports}" '
+        family = "ipv6" if is_v6(address) else "ipv4"
+        return (f'rule family="{family}" source address="{address}" port port="{ports}" '
                 f'protocol="tcp" accept')
     listed = {kind: {line.partition(" ")[2] for line in firewall.ours
                      if line.startswith(kind + " ")} for kind in ("permanent", "runtime",
@@ -139,7 +153,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
     current: dict[str, str] = {}  # peer address -> handle of its rule for today's ports
     stale: list[str] = []  # handles of our rules for other peers or other ports
     for rule in rules:  # all tagged as ours by the detection
-        address = re.search(r"ip saddr (\S+) ", rule)
+        address = re.search(r"ip6? saddr (\S+) ", rule)
         handle = re.search(r"# handle (\d+)", rule)
         if not handle or f'comment "{firewall.tag}"' not in rule:  # never an admin's rule
             continue
@@ -149,8 +163,16 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
         else:
             stale.append(handle.group(1))
     drop = [f"nft delete rule {family} {table} {name} handle {h}" for h in stale]
-    add = [f"nft insert rule {family} {table} {name} ip saddr {a} tcp dport "
-           f"'{{ {port}, {ephemeral} }}' accept comment {firewall.tag}"
+    if family not in ("inet", "ip6") and any(map(is_v6, wanted)):
+        raise GpuclusterError(f"nftables: the input chain that drops is in an IPv4-only "
+                              f"table ({chain[0]} {chain[1]}), and peers have IPv6 addresses "
+                              f"(fix: use an inet table, or the peers' IPv4 addresses)")
+    if family == "ip6" and not all(map(is_v6, wanted)):
+        raise GpuclusterError(f"nftables: the input chain that drops is in an IPv6-only "
+                              f"table ({chain[0]} {chain[1]}), and peers have IPv4 addresses "
+                              f"(fix: use an inet table)")
+    add = [f"nft insert rule {family} {table} {name} {'ip6' if is_v6(a) else 'ip'} saddr {a} "
+           f"tcp dport '{{ {port}, {ephemeral} }}' accept comment {firewall.tag}"
            for a in wanted if a not in current]
     return drop + add
 

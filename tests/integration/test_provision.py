@@ -572,3 +572,61 @@ def test_docker_forward_drop_is_no_firewall_and_native_nftables_is_opened(sandbo
         assert sandbox.node_exec(node, "nft list ruleset").stdout == before
     finally:
         sandbox.node_exec(node, "nft delete table inet fw")
+
+
+def test_ipv6_peers_are_opened_by_ip6tables_and_nft_exactly_once_and_undone(
+        cluster: Sandbox, tmp_path: Path) -> None:
+    """The rules planned for IPv6 (and mixed) peers, run by the real tools in a node and
+    read back by the step's own detection: the next plan is empty (the text matches
+    what ip6tables and nft print), and undo removes exactly them."""
+    from gpucluster import inventory as inventory_module
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.provision.steps_firewall import detect, plan_commands
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
+
+    peers = ["fd00:9::12", "fd00:9::13", "198.19.2.12"]
+    loaded = inventory_module.load(cluster.inventory)
+    node = "node1"
+    saved = cluster.node_exec(node, "iptables-save; echo ---; ip6tables-save; echo ---; "
+                                    "nft list ruleset").stdout
+    try:
+        with Session(loaded, SshOptions(known_hosts=Path(loaded.cluster.known_hosts))) as s:
+            shell = LoggedConnection(s.connection(loaded.host(node)),
+                                     CommandLog(tmp_path / "log"))
+
+            def converge(wanted: list[str]) -> list[str]:
+                commands = plan_commands(detect(shell), wanted, 29500)
+                for command in commands:
+                    done = shell.run(command, timeout=30, sudo=True)
+                    assert done.ok, (command, done.stderr)
+                return commands
+
+            # iptables (the fixture's IPv4 default drop) with an IPv6 default drop beside it
+            cluster.node_exec(node, "ip6tables -P INPUT DROP")
+            added = converge(peers)
+            assert sorted(c.split()[0] for c in added) == ["ip6tables", "ip6tables",
+                                                           "iptables"]
+            v6 = cluster.node_exec(node, "ip6tables -S INPUT").stdout
+            assert "-A INPUT -s fd00:9::12/128 -p tcp -m multiport --dports 29500," in v6
+            assert converge(peers) == []  # read back as planned: nothing to do
+            assert len(converge([])) == 3  # undo
+            assert "gpucluster" not in cluster.node_exec(node, "ip6tables -S INPUT").stdout
+
+            # nftables: the node's own inet chain that drops, IPv4 and IPv6 peers in it
+            cluster.node_exec(node, "ip6tables -P INPUT ACCEPT; iptables -P INPUT ACCEPT; "
+                                    "iptables -F INPUT; nft add table inet site; nft 'add "
+                                    "chain inet site input { type filter hook input priority"
+                                    " 0; policy drop; }'; nft add rule inet site input tcp "
+                                    "dport 22 accept; nft add rule inet site input ct state "
+                                    "established,related accept")
+            added = converge(peers)
+            assert len(added) == 3 and sum("ip6 saddr" in c for c in added) == 2
+            assert converge(peers) == []
+            assert len(converge([])) == 3
+            assert "gpucluster" not in cluster.node_exec(node, "nft list ruleset").stdout
+    finally:
+        v4, v6, _ = saved.split("---\n")
+        cluster.node_exec(node, "nft delete table inet site 2>/dev/null; "
+                                f"iptables-restore <<'EOF'\n{v4}EOF\n"
+                                f"ip6tables-restore <<'EOF'\n{v6}EOF\n")

@@ -387,3 +387,25 @@ def test_image_file_hops_sharing_a_work_dir_each_rename_a_whole_copy(tmp_path: P
     assert (images / "model.sif").read_bytes() == data
     assert (images / "model.sif.sha256").read_text() == image.image_id + "\n"
     assert sorted(p.name for p in images.iterdir()) == ["model.sif", "model.sif.sha256"]
+
+
+def test_ipv6_peers_get_their_own_family_in_every_firewall() -> None:
+    v6 = "fd00::12"
+    rule = iptables_rule(v6, 29500, "1:2")
+    assert rule.startswith("-A INPUT -s fd00::12/128 ")
+    assert plan_commands(Firewall("iptables", "1:2", ()), [v6, "10.0.0.2"], 29500) == [
+        f"iptables -I INPUT {iptables_rule('10.0.0.2', 29500, '1:2')[9:]}",
+        f"ip6tables -I INPUT {rule[9:]}",
+    ]
+    assert plan_commands(Firewall("iptables", "1:2", (rule,)), [], 29500) == [
+        f"ip6tables -D INPUT {rule[9:]}"]
+    firewalld = plan_commands(Firewall("firewalld", "1:2", ("norecord",)), [v6], 29500)
+    assert all('family="ipv6" source address="fd00::12"' in c for c in firewalld[:4])
+    assert plan_commands(Firewall("ufw", "1:2", ()), [v6], 29500) == [
+        "ufw allow from fd00::12 to any port 29500,1:2 proto tcp comment gpucluster"]
+    with pytest.raises(GpuclusterError, match="IPv4-only table"):
+        nftables_commands(Firewall("nftables", "1:2", ("chain ip fw input",)), [v6], 29500)
+    kept = Firewall("nftables", "1:2", (
+        "chain inet fw input",
+        'ip6 saddr fd00::12 tcp dport { 29500, 1-2 } accept comment "gpucluster" # handle 4'))
+    assert nftables_commands(kept, [v6], 29500) == []
