@@ -407,3 +407,29 @@ def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, proj
     left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
     assert f"gpucluster-{job}" not in left.stdout
     assert job_processes(cluster) == {}
+
+
+def test_a_node_that_dies_mid_job_stops_the_job_everywhere(cluster: Sandbox,
+                                                           project: Path) -> None:
+    """node3 loses power: every process in its namespace, sshd included, is killed at
+    once. The job is stopped on the others and the dead node is named; `sandbox up`
+    brings it back for the tests after this one."""
+    process = start_attached(cluster, project, "train.py", "--", *SLOW)
+    wait_for_ranks(process, 6)
+    namespace = f"{NAME}-node3"
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                          text=True, check=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    try:
+        code, _, stderr, took = finish(process, 90)
+        assert code == 1, stderr
+        assert "first failure: node3, unreachable (connection lost while running)" in stderr
+        assert took < 45, f"took {took:.1f} s to notice the dead node"
+        assert {n for n in job_processes(cluster)} <= {"node3"} and not job_processes(
+            cluster).get("node3"), job_processes(cluster)
+    finally:
+        up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
+                        "--write-inventory", str(cluster.inventory), timeout=120)
+        assert up.code == 0, up.stderr
