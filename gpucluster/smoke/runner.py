@@ -124,8 +124,13 @@ def judge(found: dict[str, Any], errors: dict[str, str],
 
 
 def slow_nodes(per_node: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Nodes whose link, intra-node bandwidth or compute stands out from their peers."""
+    """Nodes whose link, intra-node bandwidth or compute stands out from their peers,
+    with every reason, the link's first (one reason must not hide another)."""
     slow: dict[str, str] = {}
+
+    def name(node: str, why: str) -> None:
+        slow[node] = f"{slow[node]}; {why}" if node in slow else why
+
     for metric, label, low_is_bad in (("link_gbps", "link to the head", True),
                                       ("intra_busbw_gbps", "intra-node all-reduce", True),
                                       ("compute_s", "compute kernel", False)):
@@ -136,7 +141,7 @@ def slow_nodes(per_node: dict[str, dict[str, Any]]) -> dict[str, str]:
             others = [v for n, v in values.items() if n != node]
             typical = statistics.median(others)
             if low_is_bad and typical > 0 and value < SLOW_BANDWIDTH * typical:
-                slow[node] = f"{label}: {value:.3f} Gbit/s, others about {typical:.3f}"
+                name(node, f"{label}: {value:.3f} Gbit/s, others about {typical:.3f}")
             elif not low_is_bad and value > SLOW_COMPUTE * typical:
-                slow[node] = f"{label}: {value:.3f} s, others about {typical:.3f} s"
+                name(node, f"{label}: {value:.3f} s, others about {typical:.3f} s")
     return slow
