@@ -1,8 +1,11 @@
 """A small DDP training job: gloo on CPUs, NCCL on GPUs; the loss falls as it learns.
 
-It fits a linear model to a fixed random target, so the loss must fall. Rank 0 saves
-a checkpoint after every epoch and the job resumes from it when restarted (torchrun
---max-restarts), so a node failure costs at most one epoch.
+It fits a linear model to a fixed random target, so the loss must fall. After every
+epoch, local rank 0 of every node saves a checkpoint into the node's own
+$GPUCLUSTER_CHECKPOINT_DIR (the weights are the same on every rank under DDP), so any
+node that survives a failure can resume the job (`gpucluster launch --recover`), which
+costs at most one epoch. Each step touches $GPUCLUSTER_HEARTBEAT_FILE: how recovery
+tells a hung job from a slow one.
 
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
         --rdzv-endpoint HEAD:29500 examples/train.py --epochs 5
@@ -26,10 +29,29 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per epoch")
-    parser.add_argument("--checkpoint", default="checkpoint.pt")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get(
+        "GPUCLUSTER_CHECKPOINT_DIR", "checkpoints"))
+    parser.add_argument("--fail-at-epoch", type=int, default=None,
+                        help="raise at this epoch, every attempt (a script's own bug)")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="sleep per step (to watch a run, or stop it halfway)")
     return parser.parse_args()
+
+
+def saved_epochs(directory: Path) -> list[int]:
+    names = directory.glob("epoch-*.pt") if directory.is_dir() else []
+    return [int(p.stem.split("-")[1]) for p in names if p.stem.split("-")[1].isdigit()]
+
+
+def save(directory: Path, epoch: int, state: dict[str, object], keep: int = 2) -> None:
+    """Written beside and renamed (a node killed mid-save leaves the last whole one);
+    the two newest are kept, so the ranks can agree on one every node has."""
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".epoch-{epoch}.pt.{os.getpid()}"
+    torch.save(state, temporary)
+    temporary.replace(directory / f"epoch-{epoch}.pt")
+    for old in sorted(saved_epochs(directory))[:-keep]:
+        (directory / f"epoch-{old}.pt").unlink(missing_ok=True)
 
 
 def finish(use_cuda: bool) -> None:
@@ -60,17 +82,19 @@ def main() -> None:
     inputs = torch.randn(512, 16)
     targets = inputs @ torch.randn(16, 1) + 0.1 * torch.randn(512, 1)
     model = torch.nn.Linear(16, 1).to(device)
-    # Only rank 0 reads the checkpoint (the nodes need not share a filesystem): it
-    # broadcasts where to resume, and DDP copies rank 0's weights to every rank.
-    checkpoint = Path(args.checkpoint)
+    # Every rank reads its own node's checkpoints (the nodes need not share a
+    # filesystem); all agree on the newest epoch every node has, and load that one.
+    checkpoints = Path(args.checkpoint_dir)
+    newest = torch.tensor([max(saved_epochs(checkpoints), default=-1)], device=device)
+    dist.all_reduce(newest, op=dist.ReduceOp.MIN)
     state = None
-    if rank == 0 and checkpoint.exists():
-        state = torch.load(checkpoint, map_location=device)
+    if newest.item() >= 0:
+        state = torch.load(checkpoints / f"epoch-{int(newest.item())}.pt", map_location=device)
         model.load_state_dict(state["model"])
-        print(f"resumed from {checkpoint} at epoch {state['epoch'] + 1}", flush=True)
-    start = torch.tensor([state["epoch"] + 1 if state else 0], device=device)
-    dist.broadcast(start, src=0)
-    start_epoch = int(start.item())
+        if rank == 0:
+            print(f"resumed from epoch {state['epoch']} (attempt "
+                  f"{os.environ.get('GPUCLUSTER_ATTEMPT', '1')})", flush=True)
+    start_epoch = int(newest.item()) + 1
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     if state is not None:
@@ -79,19 +103,25 @@ def main() -> None:
     shard = torch.arange(rank, len(inputs), world)  # each rank its own slice of the data
     x, y = inputs[shard].to(device), targets[shard].to(device)
     print(f"rank {rank}/{world} on {socket.gethostname()} ready", flush=True)
+    heartbeat = os.environ.get("GPUCLUSTER_HEARTBEAT_FILE")
     for epoch in range(start_epoch, args.epochs):
+        if epoch == args.fail_at_epoch:
+            raise RuntimeError(f"staged failure at epoch {epoch}")
         for _ in range(args.steps):
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             loss.backward()
             optimizer.step()
+            if heartbeat:
+                Path(heartbeat).touch()
             time.sleep(args.step_delay)
         total = loss.detach().clone()
         dist.all_reduce(total)
         if rank == 0:
             print(f"epoch {epoch} loss {total.item() / world:.4f}", flush=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch}, checkpoint)
+        if local_rank == 0:
+            save(checkpoints, epoch, {"model": model.state_dict(),
+                                      "optimizer": optimizer.state_dict(), "epoch": epoch})
     if rank == 0:
         print("done", flush=True)
     finish(use_cuda)

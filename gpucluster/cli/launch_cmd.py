@@ -32,7 +32,8 @@ from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
     from gpucluster.launch.jobs import JobRecord, JobStore
-    from gpucluster.launch.model import JobOutcome
+    from gpucluster.launch.model import JobOutcome, LaunchRequest
+    from gpucluster.launch.recover import RecoveryPolicy
     from gpucluster.remote.session import Session
 
 GraceOption = Annotated[float, typer.Option(
@@ -73,6 +74,23 @@ def launch(
         "--detach", "-d", help="Start the job and return; follow it with gpucluster logs.")
     ] = False,
     grace: GraceOption = 10.0,
+    recover: Annotated[bool, typer.Option(
+        "--recover", help="On a lost node, a hang or a worker error: re-check the nodes, "
+                          "quarantine the sick ones and relaunch on the healthy ones.")
+    ] = False,
+    min_nodes: Annotated[int, typer.Option(
+        "--min-nodes", min=1, metavar="N",
+        help="With --recover: relaunch only while this many nodes are healthy.")] = 1,
+    max_recoveries: Annotated[int, typer.Option(
+        "--max-recoveries", min=0, metavar="K", help="With --recover: at most K relaunches.")
+    ] = 3,
+    hang_timeout: Annotated[float, typer.Option(
+        "--hang-timeout", min=1, metavar="SECONDS",
+        help="With --recover: no progress (heartbeat file or output) this long is a hang.")
+    ] = 300.0,
+    node_timeout: Annotated[float, typer.Option(
+        "--node-timeout", min=1, metavar="SECONDS",
+        help="A node silent this long (not even its heartbeat) is lost.")] = 30.0,
     json_output: Annotated[bool, typer.Option(
         "--json", help="The outcome as JSON on stdout (schema 1); the job's lines go to "
                        "stderr.")] = False,
@@ -96,6 +114,16 @@ def launch(
                             nproc_per_node, max_restarts, _parse_env(env or []), chosen_image)
     err = stderr_console()
     store = _store(loaded)
+    if recover:
+        from gpucluster.launch.recover import RecoveryPolicy
+
+        if detach:
+            raise GpuclusterError("--recover needs the launcher attached for now: drop "
+                                  "--detach (run it under nohup or tmux to leave it)")
+        policy = RecoveryPolicy(min_nodes, max_recoveries, hang_timeout, node_timeout, grace)
+        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+            _recover(session, loaded, store, request, policy, err, json_output)
+        return
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         try:
             record = Attempt(session, loaded, store, request).start(
@@ -222,6 +250,34 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
                                   f"letters, digits and _ (fix: e.g. --env NCCL_DEBUG=INFO)")
         env[name] = value
     return env
+
+
+def _recover(session: Session, inventory: Inventory, store: JobStore,
+             request: LaunchRequest, policy: RecoveryPolicy, err: Console,
+             json_output: bool) -> None:
+    from gpucluster.cli.views.recovery import print_recovery, recovery_payload
+    from gpucluster.launch.model import LaunchRefused
+    from gpucluster.launch.recover import recover
+
+    try:
+        result = recover(session, inventory, store, request, policy,
+                         say=lambda text: err.print(f"[bold yellow]gpucluster: "
+                                                    f"{escape(text)}[/]"),
+                         on_output=view.line_printer(sys.stderr if json_output else sys.stdout),
+                         on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
+    except LaunchRefused as refused:
+        from gpucluster.cli.views.doctor import print_findings
+
+        print_findings(err, refused.findings, [f.name for f in refused.findings])
+        err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was "
+                  f"started[/]")
+        raise typer.Exit(EXIT_FAILED) from None
+    if result.outcome is not None:
+        view.print_outcome(err, result.outcome, store)
+    print_recovery(err, result)
+    if json_output:
+        common.print_json(stdout_console(), recovery_payload(result, store))
+    raise typer.Exit(result.exit_code)
 
 
 def _attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,

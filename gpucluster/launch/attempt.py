@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch.control import stop
-from gpucluster.launch.follow import follow
+from gpucluster.launch.follow import SILENT_NODE_S, follow
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
@@ -42,11 +42,15 @@ class Attempt:
 
     def follow(self, on_output: OutputCallback | None = None,
                grace_s: float = DEFAULT_GRACE_S,
-               on_stopping: Callable[[str], None] | None = None) -> JobOutcome:
-        """Stream until every node's part has ended; the first failure stops it all."""
+               on_stopping: Callable[[str], None] | None = None,
+               hang_timeout_s: float | None = None,
+               node_timeout_s: float = SILENT_NODE_S) -> JobOutcome:
+        """Stream until every node's part has ended; the first failure (or a hang) stops
+        it all."""
         return follow(self.session, self.inventory, self._started(), self.store, on_output,
                       live=True, fail_fast=True, stop_on_interrupt=True, grace_s=grace_s,
-                      on_stopping=on_stopping)
+                      on_stopping=on_stopping, hang_timeout_s=hang_timeout_s,
+                      node_timeout_s=node_timeout_s)
 
     def stop(self, grace_s: float = DEFAULT_GRACE_S,
              nodes: Sequence[str] | None = None) -> dict[str, StopResult]:

@@ -41,6 +41,9 @@ class _Follower:
         self.session, self.host, self.record = session, host, record
         self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
         self.last_heard = time.monotonic()
+        self.last_progress = time.monotonic()  # output, or a newer heartbeat file
+        self.progressed = False  # any progress yet (imports and rendezvous make none)
+        self.heartbeat_mtime = ""
         self.state: NodeState | None = None
 
     def start(self) -> None:
@@ -53,10 +56,14 @@ class _Follower:
                     self.last_heard = time.monotonic()
                     kind, rest = reports.parse(line) or ("", "")
                     if kind == "alive" and stream == "stderr":
+                        if rest.strip() not in ("", "-", self.heartbeat_mtime):
+                            self.heartbeat_mtime = rest.strip()
+                            self.last_progress, self.progressed = time.monotonic(), True
                         return
                     if kind == "state":
                         self.state = parse_state(self.host.name, rest)
                         return
+                    self.last_progress, self.progressed = time.monotonic(), True
                     copy.write(line + "\n")
                     copy.flush()
                     if self.on_output is not None:
@@ -79,10 +86,15 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
            on_output: OutputCallback | None = None, live: bool = True,
            fail_fast: bool = True, stop_on_interrupt: bool = True,
            grace_s: float = DEFAULT_GRACE_S, nodes: Sequence[str] | None = None,
-           on_stopping: Callable[[str], None] | None = None) -> JobOutcome:
+           on_stopping: Callable[[str], None] | None = None,
+           hang_timeout_s: float | None = None,
+           node_timeout_s: float = SILENT_NODE_S) -> JobOutcome:
     """Stream every node's log (live, or what is there when not) until each node's part
     of the job has ended. With fail_fast, the first node that fails gets the job stopped
-    everywhere; Ctrl-C stops it too when stop_on_interrupt."""
+    everywhere; Ctrl-C stops it too when stop_on_interrupt. A node silent (no output, no
+    heartbeat) for `node_timeout_s` is lost; with `hang_timeout_s`, a job where no node
+    made progress (output, or a touch of its heartbeat file) for that long is hung and
+    stopped."""
     hosts = hosts_of(inventory, record, nodes)
     done: queue.Queue[tuple[str, NodeState]] = queue.Queue()
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
@@ -108,7 +120,16 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
             try:
                 node, state = done.get(timeout=0.5)
             except queue.Empty:
-                _drop_silent(session, followers, outcome.states)
+                _drop_silent(session, followers, outcome.states, node_timeout_s)
+                # Armed once every node has made progress: starting up (imports, the
+                # rendezvous) is torchrun's join timeout's to judge, not a hang.
+                if hang_timeout_s is not None and stopper is None and live and all(
+                        f.progressed for f in followers.values()):
+                    quiet = time.monotonic() - max(f.last_progress for f in followers.values())
+                    if quiet > hang_timeout_s:
+                        outcome.hang = (f"no rank made progress for {quiet:.0f}s "
+                                        f"(--hang-timeout {hang_timeout_s:g})")
+                        stopper = stop_all(f"{outcome.hang}: stopping the job on every node")
                 continue
             outcome.states[node] = state
             if fail_fast and live and state.failed and stopper is None:
@@ -137,12 +158,12 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
 
 
 def _drop_silent(session: Session, followers: Mapping[str, _Follower],
-                 finished: Mapping[str, NodeState]) -> None:
-    """A node that sent neither output nor heartbeat for SILENT_NODE_S is gone: close its
+                 finished: Mapping[str, NodeState], limit_s: float) -> None:
+    """A node that sent neither output nor heartbeat for `limit_s` is gone: close its
     connection so that its follower ends as unreachable."""
     now = time.monotonic()
     for name, follower in followers.items():
-        if name not in finished and now - follower.last_heard > SILENT_NODE_S:
+        if name not in finished and now - follower.last_heard > limit_s:
             follower.last_heard = now
             session.connection(follower.host).close()
 

@@ -30,6 +30,9 @@ class JobRecord:
     nproc_per_node: dict[str, int]
     image: str | None = None
     container_runtime: dict[str, str] = field(default_factory=dict)
+    checkpoint_dir: str = ""  # on the nodes, kept across a recovery's attempts
+    attempt: int = 1  # under launch --recover: which attempt of its run this is
+    run: str = ""  # under launch --recover: the first attempt's id (names the run)
 
     def marker(self, node: str) -> str:
         """The environment value that tags every process of this job on `node`."""

@@ -35,6 +35,8 @@ class LaunchRequest:
     max_restarts: int = 0
     env: Mapping[str, str] = field(default_factory=dict)
     image: str | None = None
+    attempt: int = 1  # launch --recover: this attempt's number
+    run: str | None = None  # launch --recover: the run the attempt belongs to
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class JobOutcome:
     first_failure: FirstFailure | None = None
     stopped: dict[str, StopResult] = field(default_factory=dict)
     interrupted: bool = False
+    hang: str = ""  # why the job was taken for hung (no progress), else empty
 
     @property
     def exit_code(self) -> int:

@@ -15,7 +15,8 @@ from gpucluster.torchrun import JOB_VARIABLE, is_image_file
 HEARTBEAT_S = 2
 SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
 # Set for every job so that output streams live and each line names its global rank.
-JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+                 "GPUCLUSTER_CHECKPOINT_DIR", "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ def container_command(container: Container, torchrun: str, images_dir: str) -> s
         # Apptainer passes the host's environment in: the job's variables and marker.
         path = f"{images_dir}/{shlex.quote(container.image.rsplit('/', 1)[-1])}"
         return (f'"$GPC_RT" exec{" --nv" if container.gpus else ""} --bind "$PWD" '
-                f'--bind "$GPC_JOB_DIR" --pwd "$PWD" {path} {torchrun}')
+                f'--bind "$GPC_JOB_DIR" --bind "$GPUCLUSTER_CHECKPOINT_DIR" --pwd "$PWD" {path} '
+                f'{torchrun}')
     env_flags = " ".join(f"-e {name}" for name in container.env_names)
     gpus = ' $(case "$GPC_RT" in *docker) echo --gpus all;; ' \
            '*) echo --device nvidia.com/gpu=all;; esac)' if container.gpus else ""
@@ -62,7 +64,8 @@ def container_command(container: Container, torchrun: str, images_dir: str) -> s
     as_user = ' ${GPC_SUDO:+--user "$(id -u):$(id -g)"}'
     return (f'{sudo}"$GPC_RT" run --rm --name {shlex.quote(container.name)} --network host '
             f'--ipc host{gpus}{as_user} -v "$PWD:$PWD" -v "$GPC_JOB_DIR:$GPC_JOB_DIR" '
-            f'-w "$PWD" {env_flags} {shlex.quote(container.image)} {torchrun}')
+            f'-v "$GPUCLUSTER_CHECKPOINT_DIR:$GPUCLUSTER_CHECKPOINT_DIR" -w "$PWD" '
+            f"{env_flags} {shlex.quote(container.image)} {torchrun}")
 
 
 def engine_command(runtime: str) -> str:
@@ -81,6 +84,9 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   rendezvous_port=rendezvous_port, runtimes=runtimes,
                   jobs_dir=record.jobs_dir, code_dir=record.code_dir, command=command,
                   interface_exports=interface_exports, marker=record.marker(node),
+                  checkpoint_dir=record.checkpoint_dir or f"{record.jobs_dir}/../checkpoints/"
+                                                         f"{record.id}",
+                  attempt=record.attempt,
                   any_job_pattern=any_job_pattern(node), container=container)
 
 

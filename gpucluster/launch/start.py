@@ -117,13 +117,16 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
         raise GpuclusterError("sync failed on " + "; ".join(
             f"{n}: {f.message}" for n, f in synced.failures.items()))
     phase(sync_summary(synced.values))
+    job_id = new_job_id()
     record = JobRecord(
-        id=new_job_id(), script=script, args=list(request.args),
+        id=job_id, script=script, args=list(request.args),
         hosts=[h.name for h in inventory.hosts], code_dir=code_dir,
         jobs_dir=f"{shell_path(inventory.cluster.work_dir)}/jobs", started_at=time.time(),
         nproc_per_node={h.name: nproc_for(h, request.nproc_per_node)
                         for h in inventory.hosts},
-        image=request.image)
+        image=request.image, attempt=request.attempt, run=request.run or "",
+        checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"
+                       f"{request.run or job_id}")
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
     env = job_env(inventory, request.env)

@@ -215,8 +215,8 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     assert "-e GPUCLUSTER_JOB -e NCCL_SOCKET_IFNAME reg/img:1 torchrun --nnodes 2" in command
     sif = node_scripts.Container("/home/me/train.sif", "gpucluster-job1", False, [])
     assert node_scripts.container_command(sif, "torchrun x", "/srv/images") == (
-        '"$GPC_RT" exec --bind "$PWD" --bind "$GPC_JOB_DIR" --pwd "$PWD" '
-        "/srv/images/train.sif torchrun x")
+        '"$GPC_RT" exec --bind "$PWD" --bind "$GPC_JOB_DIR" --bind '
+        '"$GPUCLUSTER_CHECKPOINT_DIR" --pwd "$PWD" /srv/images/train.sif torchrun x')
 
 
 def test_sync_summary_folds_identical_nodes() -> None:
@@ -375,3 +375,27 @@ def test_nodes_syncing_into_one_shared_code_dir_never_expose_a_partial_file(
     assert seen <= {3, len(big)}, sorted(seen)
     assert (shared / "data/big.bin").read_bytes() == big
     assert sorted(p.name for p in shared.iterdir()) == [workdir.MANIFEST, "data", "train.py"]
+
+
+def test_recovery_classifies_what_ended_an_attempt(tmp_path: Path) -> None:
+    from gpucluster.launch.model import FirstFailure, JobOutcome, NodeState
+    from gpucluster.launch.recover import classify, signature
+
+    record = JobRecord("20260101-000000-abcd", "t.py", [], ["n1", "n2"], "/c", "/j", 0.0,
+                       {"n1": 1, "n2": 1})
+    lost = NodeState("n2", "unreachable", None, "connection lost while running")
+    outcome = JobOutcome(record, {"n2": lost}, FirstFailure("n2", lost, None, None, ()))
+    assert classify(outcome) == ("node lost", "n2: unreachable (connection lost while "
+                                              "running)")
+    error = NodeState("n1", "exited", 1)
+    failing = FirstFailure("n1", error, 1, 1, ("torchrun noise",),
+                           rank_tail=("Traceback", "[rank1]: RuntimeError: staged failure",
+                                      "rank 1/2 ready", ""))
+    outcome = JobOutcome(record, {"n1": error}, failing)
+    assert classify(outcome) == ("worker error", "rank 1 on n1: RuntimeError: staged failure")
+    assert signature(outcome) == (1, "RuntimeError: staged failure")
+    assert classify(JobOutcome(record, {}, hang="no rank made progress for 12s")) == (
+        "hang", "no rank made progress for 12s")
+    assert classify(JobOutcome(record, {"n1": NodeState("n1", "exited", 0)})) == (
+        "succeeded", "")
+    assert classify(JobOutcome(record, {}, interrupted=True))[0] == "interrupted"

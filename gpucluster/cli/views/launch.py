@@ -145,6 +145,7 @@ def jobs_payload(records: Sequence[JobRecord],
     return {"jobs": [{
         "id": r.id, "script": r.script, "args": list(r.args), "hosts": list(r.hosts),
         "started_at": r.started_at, "image": r.image,
+        "run": r.run or r.id, "attempt": r.attempt,  # launch --recover's attempts
         "nodes": {n: state_payload(s) for n, s in table[r.id].items()},
     } for r in records]}
 

@@ -1,0 +1,181 @@
+"""`launch --recover`: run a job as attempts, and after a failure decide from the
+controller, which sees every node, whether and where to try again.
+
+Each attempt is a fresh torchrun job (its own id, so its own rendezvous) on the nodes
+still healthy; all attempts of a run share one checkpoint dir per node, from which the
+script resumes. A failure is classified (node lost, hang, worker error, interrupt);
+every node of the attempt is re-checked with doctor's health checks, and one that fails
+them is quarantined for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpucluster import hostrange
+from gpucluster.doctor.model import REGISTRY, Status
+from gpucluster.doctor.runner import run_doctor
+from gpucluster.inventory import Inventory
+from gpucluster.launch.attempt import Attempt
+from gpucluster.launch.follow import SILENT_NODE_S
+from gpucluster.launch.jobs import JobStore
+from gpucluster.launch.model import (
+    DEFAULT_GRACE_S,
+    JobOutcome,
+    LaunchRefused,
+    LaunchRequest,
+    OutputCallback,
+)
+from gpucluster.remote.session import Session
+
+# What a node must pass to rejoin: reachable, its GPUs there and healthy, nothing of
+# ours or anyone's still holding them.
+HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "gpu-processes", "jobs")
+BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
+_ERROR_LINE = re.compile(r"(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)")
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    min_nodes: int = 1
+    max_recoveries: int = 3
+    hang_timeout_s: float | None = 300.0
+    node_timeout_s: float = SILENT_NODE_S
+    grace_s: float = DEFAULT_GRACE_S
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    number: int
+    job: str
+    nodes: tuple[str, ...]
+    ended: str  # succeeded, node lost, hang, worker error, interrupted
+    detail: str
+    duration_s: float
+    quarantined: dict[str, str] = field(default_factory=dict)  # node -> why
+
+
+@dataclass
+class RecoveryResult:
+    run: str
+    attempts: list[AttemptReport] = field(default_factory=list)
+    quarantined: dict[str, str] = field(default_factory=dict)
+    gave_up: str = ""  # why no further attempt was made, when the last one failed
+    outcome: JobOutcome | None = None  # the last attempt's
+
+    @property
+    def exit_code(self) -> int:
+        if self.outcome is None:
+            return 1
+        return self.outcome.exit_code if not self.gave_up else max(self.outcome.exit_code, 1)
+
+
+def classify(outcome: JobOutcome) -> tuple[str, str]:
+    """What ended the attempt, and in a few words how."""
+    if outcome.interrupted:
+        return "interrupted", "Ctrl-C"
+    if outcome.hang:
+        return "hang", outcome.hang
+    failure = outcome.first_failure
+    if failure is None:
+        return ("succeeded", "") if outcome.exit_code == 0 else ("worker error", "failed")
+    if failure.state.state in ("unreachable", "lost"):
+        return "node lost", f"{failure.node}: {failure.state.state}" + (
+            f" ({failure.state.detail})" if failure.state.detail else "")
+    rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
+    return "worker error", f"{rank} on {failure.node}: {signature(outcome)[1] or 'failed'}"
+
+
+def signature(outcome: JobOutcome) -> tuple[int | None, str]:
+    """A worker error's rank and last error line: the same line on two attempts in a row
+    is the script's bug, not a node's."""
+    failure = outcome.first_failure
+    if failure is None:
+        return None, ""
+    lines = [line.strip() for line in (failure.rank_tail or failure.tail) if line.strip()]
+    # The exception's line (a rank's stdout may still arrive after its traceback), without
+    # torch's "[rankN]: " prefix, so that the same error on another rank reads the same.
+    errors = [found.group(1) for line in lines if (found := _ERROR_LINE.fullmatch(line))]
+    return failure.rank, errors[-1] if errors else (lines[-1] if lines else "")
+
+
+def recover(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
+            policy: RecoveryPolicy, say: Callable[[str], None],
+            on_output: OutputCallback | None = None,
+            on_phase: Callable[[str], None] | None = None) -> RecoveryResult:
+    """Attempts until one succeeds, Ctrl-C, or no recovery is left (the bound, too few
+    healthy nodes, or the same worker error twice)."""
+    healthy = list(inventory.hosts)
+    result = RecoveryResult(run="")
+    previous_error: tuple[int | None, str] | None = None
+    for number in range(1, policy.max_recoveries + 2):
+        nodes = inventory.restricted_to(healthy)
+        attempt_request = dataclasses.replace(request, attempt=number,
+                                              run=result.run or None)
+        started = time.monotonic()
+        try:
+            record = Attempt(session, nodes, store, attempt_request).start(on_phase)
+        except LaunchRefused as refused:
+            if number == 1:
+                raise  # nothing ran: the caller shows the findings, as launch does
+            result.gave_up = f"attempt {number} could not start: {refused}: " + "; ".join(
+                f"{f.host} {f.name}: {f.message}" for f in refused.findings[:3])
+            return result
+        result.run = result.run or record.id
+        say(f"attempt {number}: job {record.id} on {hostrange.fold(record.hosts)} "
+            f"({len(record.hosts)} nodes)")
+        outcome = Attempt(session, nodes, store, attempt_request, record).follow(
+            on_output, policy.grace_s, on_stopping=say, hang_timeout_s=policy.hang_timeout_s,
+            node_timeout_s=policy.node_timeout_s)
+        result.outcome = outcome
+        ended, detail = classify(outcome)
+        report = AttemptReport(number, record.id, tuple(record.hosts), ended, detail,
+                               time.monotonic() - started)
+        if ended in ("succeeded", "interrupted"):
+            result.attempts.append(report)
+            return result
+        say(f"attempt {number} ended: {ended}: {detail}")
+        error = signature(outcome) if ended == "worker error" else None
+        # The same error line is the same failure: when every rank raises at once, which
+        # of them torchrun reports first changes from one attempt to the next.
+        if error is not None and previous_error is not None and error[1] and \
+                error[1] == previous_error[1]:
+            result.attempts.append(report)
+            result.gave_up = (f"the script fails the same way on two attempts in a row "
+                              f"(rank {error[0]}: {error[1]}): that is its bug, not a node's")
+            return result
+        previous_error = error
+        sick = health_findings(session, nodes)
+        report = dataclasses.replace(report, quarantined=sick)
+        result.attempts.append(report)
+        for node, why in sick.items():
+            say(f"{node} quarantined for the rest of the run: {why}")
+        result.quarantined.update(sick)
+        healthy = [h for h in healthy if h.name not in sick]
+        if number > policy.max_recoveries:
+            result.gave_up = f"no recovery left (--max-recoveries {policy.max_recoveries})"
+            return result
+        if len(healthy) < policy.min_nodes:
+            result.gave_up = (f"{len(healthy)} healthy nodes left, fewer than --min-nodes "
+                              f"{policy.min_nodes}")
+            return result
+        pause = BACKOFF_S[min(number - 1, len(BACKOFF_S) - 1)]
+        say(f"recovering: attempt {number + 1} on {hostrange.fold([h.name for h in healthy])}"
+            f" in {pause:g}s")
+        time.sleep(pause)
+    return result
+
+
+def health_findings(session: Session, nodes: Inventory) -> dict[str, str]:
+    """Doctor's health checks on every node of the attempt; the nodes that fail them,
+    with the first reason."""
+    report = run_doctor(session, nodes, [REGISTRY[name] for name in HEALTH_CHECKS])
+    sick: dict[str, str] = {}
+    for found in report.results:
+        if found.status is Status.FAIL and found.host in {h.name for h in nodes.hosts}:
+            sick.setdefault(found.host, f"{found.name}: {found.message}")
+    return sick

@@ -1,0 +1,162 @@
+"""launch --recover on a 4-node sandbox of its own, 2 processes per node, gloo: a hung
+rank, a script that fails the same way every time, and a node powered off mid-run.
+"Nothing left" is checked from outside SSH."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import gpucluster
+from tests.sandbox import Sandbox
+
+pytestmark = pytest.mark.sandbox
+
+NAME, SUBNET = "gpcrec", "198.19.7.0/24"
+TRAIN = Path(__file__).parents[2] / "examples" / "train.py"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    inventory = tmp_path_factory.mktemp("recover") / "cluster.yaml"
+    gpucluster("sandbox", "down", "--name", NAME)
+    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
+                    "--write-inventory", str(inventory), timeout=120)
+    assert up.code == 0, up.stderr
+    data = yaml.safe_load(inventory.read_text())
+    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
+                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts", timeout=120)
+    assert hosts.code == 0, hosts.stderr
+    try:
+        yield sandbox
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    directory = tmp_path / "project"
+    directory.mkdir()
+    shutil.copy(TRAIN, directory / "train.py")
+    return directory
+
+
+def start(cluster: Sandbox, project: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "launch", "-i", str(cluster.inventory),
+         "--nproc-per-node", "2", "--grace", "3", "--recover", "--json", *args],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for(process: subprocess.Popen[str], pattern: str, limit: float = 120) -> list[str]:
+    """Read the job's lines (on stderr under --json) until one matches."""
+    assert process.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + limit
+    while not any(re.search(pattern, line) for line in lines):
+        assert time.monotonic() < deadline, f"no {pattern!r} in:\n" + "".join(lines)
+        line = process.stderr.readline()
+        assert line, "the launcher ended early:\n" + "".join(lines)
+        lines.append(line)
+    return lines
+
+
+def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, dict, str]:
+    stdout, stderr = process.communicate(timeout=limit)
+    return process.returncode, json.loads(stdout), stderr
+
+
+def leftovers(cluster: Sandbox) -> list[str]:
+    """Job processes (by marker or command line) in any node's namespaces."""
+    found = []
+    for node in cluster.nodes:
+        pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
+                              text=True, check=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"GPUCLUSTER_JOB=" in environ or b"train.py" in cmdline:
+                    found.append(f"{node}:{pid}")
+    return found
+
+
+def rank_pids(cluster: Sandbox, node: str) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
+                          text=True, check=True).stdout.split()
+    return [int(p) for p in pids if b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes()
+            and b"torchrun" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_a_stopped_rank_is_a_hang_that_is_recovered(cluster: Sandbox, project: Path) -> None:
+    process = start(cluster, project, "--hang-timeout", "10", "train.py", "--", "--epochs",
+                    "8", "--step-delay", "0.05")
+    wait_for(process, r"epoch 1 loss")
+    os.kill(rank_pids(cluster, "node2")[0], signal.SIGSTOP)  # blocks every rank's step
+    wait_for(process, r"attempt 1 ended: hang: no rank made progress", limit=60)
+    code, payload, stderr = finish(process, 240)
+    assert code == 0, stderr
+    assert [a["ended"] for a in payload["attempts"]] == ["hang", "succeeded"]
+    assert payload["attempts"][1]["nodes"] == cluster.nodes  # the stopped rank was killed
+    assert re.search(r"resumed from epoch [1-7] \(attempt 2\)", stderr), stderr
+    assert leftovers(cluster) == []
+
+
+def test_a_script_that_fails_the_same_way_twice_is_not_retried(cluster: Sandbox,
+                                                                project: Path) -> None:
+    process = start(cluster, project, "train.py", "--", "--epochs", "5",
+                    "--fail-at-epoch", "1")
+    code, payload, stderr = finish(process, 300)
+    assert code != 0
+    assert [a["ended"] for a in payload["attempts"]] == ["worker error", "worker error"]
+    assert re.search(r"recovery gave up: the script fails the same way on two attempts in "
+                     r"a row \(rank \d: RuntimeError: staged failure at epoch 1\)", stderr), \
+        stderr
+    assert payload["quarantined"] == {}  # the nodes were healthy: the script was not
+    assert leftovers(cluster) == []
+
+
+def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
+        cluster: Sandbox, project: Path) -> None:
+    process = start(cluster, project, "--node-timeout", "10", "train.py", "--", "--epochs",
+                    "10", "--step-delay", "0.05")
+    wait_for(process, r"epoch 2 loss")
+    namespace = f"{NAME}-node4"
+    # power off: everything in it dies, sshd included, and its link drops all traffic
+    subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-I", "INPUT", "-j",
+                    "DROP"], check=True)
+    for pid in subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                              text=True, check=True).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    try:
+        code, payload, stderr = finish(process, 300)
+        assert code == 0, stderr
+        first, second = payload["attempts"]
+        assert first["ended"] == "node lost" and "node4" in first["detail"]
+        assert list(first["quarantined"]) == ["node4"]
+        assert second["ended"] == "succeeded" and second["nodes"] == cluster.nodes[:3]
+        resumed = re.search(r"resumed from epoch (\d) \(attempt 2\)", stderr)
+        assert resumed and int(resumed[1]) >= 1, stderr  # from a checkpoint, not epoch 0
+        assert "rank 5/6" in stderr  # 3 nodes x 2 processes
+        assert leftovers(cluster) == []
+    finally:
+        subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-D", "INPUT", "-j",
+                        "DROP"], check=False)
+        up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
+                        "--write-inventory", str(cluster.inventory), timeout=120)
+        assert up.code == 0, up.stderr
