@@ -124,6 +124,11 @@ def launch(
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             _recover(session, loaded, store, request, policy, err, json_output)
         return
+    # Spares wait for launch --recover to need them.
+    loaded = loaded.restricted_to([h for h in loaded.hosts if not h.spare])
+    if not loaded.hosts:
+        raise GpuclusterError(f"{loaded.path}: every selected host is a spare (fix: select "
+                              f"other hosts, or set spare: false)")
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         try:
             record = Attempt(session, loaded, store, request).start(

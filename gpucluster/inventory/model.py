@@ -32,6 +32,7 @@ class Host:
     proxy_command: str | None = None
     connect_timeout: float | None = None
     torch_device: str = "cuda"  # "cpu": jobs here run torch on the CPU, GPUs or not
+    spare: bool = False  # kept out of jobs; launch --recover puts it in for a lost node
     line: int | None = None
 
     @property

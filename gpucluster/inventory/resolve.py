@@ -44,6 +44,7 @@ def resolve_host(name: str, address: str | None, fields: dict[str, Any],
         groups=tuple(fields.get("groups", defaults.get("groups", ()))),
         connection=connection,
         torch_device=fields.get("torch_device", defaults.get("torch_device", "cuda")),
+        spare=fields.get("spare", False),
         line=line,
     )
 

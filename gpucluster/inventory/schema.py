@@ -61,6 +61,12 @@ def _torch_device(value: Any) -> str:
     return str(value)
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("use true or false")
+    return value
+
+
 def _labels(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ValueError("use a mapping of label: value")
@@ -128,8 +134,9 @@ HOST_KEYS: dict[str, tuple[str, Converter]] = {
     "groups": ("list", _group_names),
     "connection": ("string", _connection),
     "torch_device": ("string", _torch_device),
+    "spare": ("boolean", _flag),
 }
-DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "address")}
+DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "address", "spare")}
 # Keys a host may set to null to drop what `defaults` gave it.
 NULLABLE_KEYS = frozenset({"jump_host", "identity_file", "gpus", "gpu_model"})
 # Paths on the controller; paths on nodes (python, work_dir) are left as written.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from gpucluster import hostrange
 from gpucluster.doctor.model import REGISTRY, Status
 from gpucluster.doctor.runner import run_doctor
-from gpucluster.inventory import Inventory
+from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.attempt import Attempt
 from gpucluster.launch.follow import SILENT_NODE_S
 from gpucluster.launch.jobs import JobStore
@@ -36,6 +37,7 @@ from gpucluster.remote.session import Session
 # ours or anyone's still holding them.
 HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "gpu-processes", "jobs")
 BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
+COPY_TIMEOUT_S = 3600.0  # a checkpoint may be large
 _ERROR_LINE = re.compile(r"(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)")
 
 
@@ -108,8 +110,12 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             on_output: OutputCallback | None = None,
             on_phase: Callable[[str], None] | None = None) -> RecoveryResult:
     """Attempts until one succeeds, Ctrl-C, or no recovery is left (the bound, too few
-    healthy nodes, or the same worker error twice)."""
-    healthy = list(inventory.hosts)
+    healthy nodes, or the same worker error twice). Spares (`spare: true`) stay out
+    until a node is quarantined; each then takes a lost node's place, with the run's
+    newest checkpoint copied to it over the mesh."""
+    healthy = [h for h in inventory.hosts if not h.spare]
+    spares = [h for h in inventory.hosts if h.spare]
+    wanted = len(healthy)
     result = RecoveryResult(run="")
     previous_error: tuple[int | None, str] | None = None
     for number in range(1, policy.max_recoveries + 2):
@@ -149,25 +155,65 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
                               f"(rank {error[0]}: {error[1]}): that is its bug, not a node's")
             return result
         previous_error = error
-        sick = health_findings(session, nodes)
-        report = dataclasses.replace(report, quarantined=sick)
-        result.attempts.append(report)
-        for node, why in sick.items():
-            say(f"{node} quarantined for the rest of the run: {why}")
-        result.quarantined.update(sick)
-        healthy = [h for h in healthy if h.name not in sick]
-        if number > policy.max_recoveries:
-            result.gave_up = f"no recovery left (--max-recoveries {policy.max_recoveries})"
+        try:
+            sick = health_findings(session, nodes)
+            result.attempts.append(dataclasses.replace(report, quarantined=sick))
+            for node, why in sick.items():
+                say(f"{node} quarantined for the rest of the run: {why}")
+            result.quarantined.update(sick)
+            healthy = [h for h in healthy if h.name not in sick]
+            joined = _take_spares(session, inventory, spares, wanted - len(healthy), say)
+            if joined and healthy:  # a survivor has the run's checkpoints
+                _copy_checkpoints(session, inventory, record.checkpoint_dir, healthy[0],
+                                  joined, say)
+                healthy = [h for h in inventory.hosts if h in healthy or h in joined]
+            if number > policy.max_recoveries:
+                result.gave_up = f"no recovery left (--max-recoveries {policy.max_recoveries})"
+                return result
+            if len(healthy) < policy.min_nodes:
+                result.gave_up = (f"{len(healthy)} healthy nodes left, fewer than "
+                                  f"--min-nodes {policy.min_nodes}")
+                return result
+            pause = BACKOFF_S[min(number - 1, len(BACKOFF_S) - 1)]
+            say(f"recovering: attempt {number + 1} on "
+                f"{hostrange.fold([h.name for h in healthy])} in {pause:g}s")
+            time.sleep(pause)
+        except KeyboardInterrupt:  # between attempts: nothing of the job runs
+            result.outcome = dataclasses.replace(outcome, interrupted=True)
             return result
-        if len(healthy) < policy.min_nodes:
-            result.gave_up = (f"{len(healthy)} healthy nodes left, fewer than --min-nodes "
-                              f"{policy.min_nodes}")
-            return result
-        pause = BACKOFF_S[min(number - 1, len(BACKOFF_S) - 1)]
-        say(f"recovering: attempt {number + 1} on {hostrange.fold([h.name for h in healthy])}"
-            f" in {pause:g}s")
-        time.sleep(pause)
     return result
+
+
+def _take_spares(session: Session, inventory: Inventory, spares: list[Host], needed: int,
+                 say: Callable[[str], None]) -> list[Host]:
+    """Up to `needed` spares that pass the health checks, taken out of `spares`."""
+    joined: list[Host] = []
+    while spares and len(joined) < needed:
+        spare = spares.pop(0)
+        sick = health_findings(session, inventory.restricted_to([spare]))
+        if sick:
+            say(f"spare {spare.name} is not healthy either: {sick[spare.name]}")
+            continue
+        say(f"spare {spare.name} takes a lost node's place")
+        joined.append(spare)
+    return joined
+
+
+def _copy_checkpoints(session: Session, inventory: Inventory, checkpoint_dir: str,
+                      source: Host, targets: list[Host], say: Callable[[str], None]) -> None:
+    """The run's checkpoint dir from a node that has it to each joining node, node to
+    node over the SSH mesh (provision's ssh-mesh), never through the controller."""
+    for target in targets:
+        unpack = f"mkdir -p {checkpoint_dir} && tar -C {checkpoint_dir} -xf -"
+        command = (f"cd {checkpoint_dir} && tar -cf - . | ssh -o BatchMode=yes "
+                   f"{shlex.quote(target.name)} {shlex.quote(unpack)}")
+        done = session.connection(source).run(command, timeout=COPY_TIMEOUT_S)
+        if done.ok:
+            say(f"copied the run's checkpoints from {source.name} to {target.name}")
+        else:
+            say(f"could not copy the checkpoints from {source.name} to {target.name} "
+                f"({done.stderr.strip()[-200:] or f'exit {done.exit_code}'}): it starts "
+                f"without them (fix: gpucluster provision --only ssh-mesh)")
 
 
 def health_findings(session: Session, nodes: Inventory) -> dict[str, str]:

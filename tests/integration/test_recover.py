@@ -38,7 +38,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     data = yaml.safe_load(inventory.read_text())
     sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
                       {h["name"]: h["address"] for h in data["hosts"]}, data)
-    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts", timeout=120)
+    # names for torchrun, the mesh for copying checkpoints to a spare
+    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts,ssh-mesh",
+                       timeout=120)
     assert hosts.code == 0, hosts.stderr
     try:
         yield sandbox
@@ -54,10 +56,11 @@ def project(tmp_path: Path) -> Path:
     return directory
 
 
-def start(cluster: Sandbox, project: Path, *args: str) -> subprocess.Popen[str]:
+def start(cluster: Sandbox, project: Path, *args: str,
+          inventory: Path | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "gpucluster", "launch", "-i", str(cluster.inventory),
+        [sys.executable, "-m", "gpucluster", "launch", "-i", str(inventory or cluster.inventory),
          "--nproc-per-node", "2", "--grace", "3", "--recover", "--json", *args],
         cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -130,19 +133,55 @@ def test_a_script_that_fails_the_same_way_twice_is_not_retried(cluster: Sandbox,
     assert leftovers(cluster) == []
 
 
-def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
-        cluster: Sandbox, project: Path) -> None:
-    process = start(cluster, project, "--node-timeout", "10", "train.py", "--", "--epochs",
-                    "10", "--step-delay", "0.05")
-    wait_for(process, r"epoch 2 loss")
-    namespace = f"{NAME}-node4"
-    # power off: everything in it dies, sshd included, and its link drops all traffic
+def power_off(node: str) -> None:
+    """Everything in the node dies, sshd included, and its link drops all traffic."""
+    namespace = f"{NAME}-{node}"
     subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-I", "INPUT", "-j",
                     "DROP"], check=True)
     for pid in subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                               text=True, check=True).stdout.split():
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
+
+
+def power_on(cluster: Sandbox, node: str) -> None:
+    subprocess.run(["ip", "netns", "exec", f"{NAME}-{node}", "iptables", "-D", "INPUT", "-j",
+                    "DROP"], check=False)
+    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
+                    "--write-inventory", str(cluster.inventory), timeout=120)
+    assert up.code == 0, up.stderr
+
+
+def test_a_spare_takes_a_powered_off_nodes_place_with_the_checkpoints(
+        cluster: Sandbox, project: Path) -> None:
+    hosts = [dict(h) for h in cluster.data["hosts"]]
+    hosts[3]["spare"] = True  # node4 waits
+    inventory = cluster.write_inventory(cluster.inventory.parent / "spare.yaml", hosts=hosts)
+    process = start(cluster, project, "--node-timeout", "10", "train.py", "--", "--epochs",
+                    "10", "--step-delay", "0.05", inventory=inventory)
+    wait_for(process, r"epoch 2 loss")
+    power_off("node3")
+    try:
+        code, payload, stderr = finish(process, 300)
+        assert code == 0, stderr
+        first, second = payload["attempts"]
+        assert first["nodes"] == ["node1", "node2", "node3"]
+        assert list(first["quarantined"]) == ["node3"]
+        assert second["nodes"] == ["node1", "node2", "node4"]  # the world size is kept
+        assert "copied the run's checkpoints from node1 to node4" in stderr
+        resumed = re.search(r"resumed from epoch (\d) \(attempt 2\)", stderr)
+        assert resumed and int(resumed[1]) >= 1, stderr  # node4 had the checkpoint too
+        assert "rank 5/6" in stderr and leftovers(cluster) == []
+    finally:
+        power_on(cluster, "node3")
+
+
+def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
+        cluster: Sandbox, project: Path) -> None:
+    process = start(cluster, project, "--node-timeout", "10", "train.py", "--", "--epochs",
+                    "10", "--step-delay", "0.05")
+    wait_for(process, r"epoch 2 loss")
+    power_off("node4")
     try:
         code, payload, stderr = finish(process, 300)
         assert code == 0, stderr
@@ -155,8 +194,4 @@ def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         assert "rank 5/6" in stderr  # 3 nodes x 2 processes
         assert leftovers(cluster) == []
     finally:
-        subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-D", "INPUT", "-j",
-                        "DROP"], check=False)
-        up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
-                        "--write-inventory", str(cluster.inventory), timeout=120)
-        assert up.code == 0, up.stderr
+        power_on(cluster, "node4")

@@ -41,7 +41,7 @@ def test_an_installed_wheel_has_its_templates_example_and_licence(tmp_path: Path
     assert example.stdout == (ROOT / "inventory.example.yaml").read_text()
     (elsewhere / "inventory.yaml").write_text(example.stdout)
     checked = cli("inventory", "check")
-    assert checked.returncode == 0 and "OK, 7 hosts" in checked.stdout, checked.stderr
+    assert checked.returncode == 0 and "OK, 8 hosts" in checked.stdout, checked.stderr
     (elsewhere / "inventory.yaml").unlink()
     missing = cli("inventory", "check")
     assert missing.returncode == 2
