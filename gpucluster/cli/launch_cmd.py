@@ -32,8 +32,7 @@ from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
     from gpucluster.launch.jobs import JobRecord, JobStore
-    from gpucluster.launch.model import JobOutcome, LaunchRequest
-    from gpucluster.launch.recover import RecoveryPolicy
+    from gpucluster.launch.model import JobOutcome
     from gpucluster.remote.session import Session
 
 GraceOption = Annotated[float, typer.Option(
@@ -90,7 +89,8 @@ def launch(
     ] = 300.0,
     node_timeout: Annotated[float, typer.Option(
         "--node-timeout", min=1, metavar="SECONDS",
-        help="A node silent this long (not even its heartbeat) is lost.")] = 30.0,
+        help="With --recover: a node silent this long (not even its heartbeat, sent every "
+             "2 s) is lost.")] = 10.0,
     json_output: Annotated[bool, typer.Option(
         "--json", help="The outcome as JSON on stdout (schema 1); the job's lines go to "
                        "stderr.")] = False,
@@ -115,14 +115,15 @@ def launch(
     err = stderr_console()
     store = _store(loaded)
     if recover:
+        from gpucluster.cli import recovery_flow
         from gpucluster.launch.recover import RecoveryPolicy
 
         if detach:
-            raise GpuclusterError("--recover needs the launcher attached for now: drop "
-                                  "--detach (run it under nohup or tmux to leave it)")
+            recovery_flow.supervise(store, err, json_output)
+            return
         policy = RecoveryPolicy(min_nodes, max_recoveries, hang_timeout, node_timeout, grace)
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            _recover(session, loaded, store, request, policy, err, json_output)
+            recovery_flow.run(session, loaded, store, request, policy, err, json_output)
         return
     # Spares wait for launch --recover to need them.
     loaded = loaded.restricted_to([h for h in loaded.hosts if not h.spare])
@@ -173,15 +174,18 @@ def jobs(
     records = [store.load(i) for i in store.ids()[-limit:]]
     if not records:
         if json_output:
-            common.print_json(stdout_console(), view.jobs_payload([], {}))
+            common.print_json(stdout_console(), view.jobs_payload([], {}, {}))
         stderr_console().print(f"no jobs recorded in {store.root}")
         return
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         table = states(session, loaded, records)
+    from gpucluster.launch.supervisor import supervisor_of
+
+    supervisors = {r.id: supervisor_of(store, r.id) for r in records}
     if json_output:
-        common.print_json(stdout_console(), view.jobs_payload(records, table))
+        common.print_json(stdout_console(), view.jobs_payload(records, table, supervisors))
     else:
-        view.print_jobs(stdout_console(), records, table)
+        view.print_jobs(stdout_console(), records, table, supervisors)
 
 
 def logs(
@@ -222,10 +226,19 @@ def stop(
 ) -> None:
     """End a job on every node: TERM, then KILL after the grace period; confirms that
     nothing of it is left."""
+    from gpucluster.launch import supervisor
     from gpucluster.launch.control import stop as stop_job
 
     loaded = load_inventory(inventory)
-    record = _store(loaded).load(job)
+    store = _store(loaded)
+    record = store.load(job)
+    watcher = supervisor.supervisor_of(store, record.id)
+    if watcher is not None:  # first, or it would start the next attempt
+        if not supervisor.end(watcher, grace + 60):
+            raise GpuclusterError(f"the recovery supervisor of job {record.id} (pid "
+                                  f"{watcher}) did not end (fix: kill {watcher}, then stop "
+                                  f"again)")
+        stderr_console().print(f"gpucluster: ended the recovery supervisor (pid {watcher})")
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         results = stop_job(session, loaded, record, grace)
     if json_output:
@@ -255,34 +268,6 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
                                   f"letters, digits and _ (fix: e.g. --env NCCL_DEBUG=INFO)")
         env[name] = value
     return env
-
-
-def _recover(session: Session, inventory: Inventory, store: JobStore,
-             request: LaunchRequest, policy: RecoveryPolicy, err: Console,
-             json_output: bool) -> None:
-    from gpucluster.cli.views.recovery import print_recovery, recovery_payload
-    from gpucluster.launch.model import LaunchRefused
-    from gpucluster.launch.recover import recover
-
-    try:
-        result = recover(session, inventory, store, request, policy,
-                         say=lambda text: err.print(f"[bold yellow]gpucluster: "
-                                                    f"{escape(text)}[/]"),
-                         on_output=view.line_printer(sys.stderr if json_output else sys.stdout),
-                         on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
-    except LaunchRefused as refused:
-        from gpucluster.cli.views.doctor import print_findings
-
-        print_findings(err, refused.findings, [f.name for f in refused.findings])
-        err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was "
-                  f"started[/]")
-        raise typer.Exit(EXIT_FAILED) from None
-    if result.outcome is not None:
-        view.print_outcome(err, result.outcome, store)
-    print_recovery(err, result)
-    if json_output:
-        common.print_json(stdout_console(), recovery_payload(result, store))
-    raise typer.Exit(result.exit_code)
 
 
 def _attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,

@@ -23,6 +23,7 @@ from gpucluster.launch.model import (
     JobOutcome,
     NodeState,
     OutputCallback,
+    StopResult,
     parse_state,
 )
 from gpucluster.remote.result import RemoteError
@@ -88,13 +89,14 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
            grace_s: float = DEFAULT_GRACE_S, nodes: Sequence[str] | None = None,
            on_stopping: Callable[[str], None] | None = None,
            hang_timeout_s: float | None = None,
-           node_timeout_s: float = SILENT_NODE_S) -> JobOutcome:
+           node_timeout_s: float = SILENT_NODE_S, stop_lost: bool = True) -> JobOutcome:
     """Stream every node's log (live, or what is there when not) until each node's part
     of the job has ended. With fail_fast, the first node that fails gets the job stopped
     everywhere; Ctrl-C stops it too when stop_on_interrupt. A node silent (no output, no
     heartbeat) for `node_timeout_s` is lost; with `hang_timeout_s`, a job where no node
     made progress (output, or a touch of its heartbeat file) for that long is hung and
-    stopped."""
+    stopped. Without `stop_lost`, a node already lost is not waited for when stopping
+    (its connect timeout): the caller deals with it (recovery re-checks it)."""
     hosts = hosts_of(inventory, record, nodes)
     done: queue.Queue[tuple[str, NodeState]] = queue.Queue()
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
@@ -109,8 +111,14 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
         if on_stopping is not None:
             on_stopping(why)
 
+        lost = [] if stop_lost else [n for n, s in outcome.states.items()
+                                     if s.state == "unreachable"]
+
         def run() -> None:
-            outcome.stopped.update(stop(session, inventory, record, grace_s))
+            outcome.stopped.update(stop(session, inventory, record, grace_s,
+                                        [h.name for h in hosts if h.name not in lost]))
+            outcome.stopped.update({n: StopResult(n, 0, "unreachable", (), "lost: not tried")
+                                    for n in lost})
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         return thread

@@ -22,8 +22,7 @@ from gpucluster.doctor.model import REGISTRY, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.attempt import Attempt
-from gpucluster.launch.follow import SILENT_NODE_S
-from gpucluster.launch.jobs import JobStore
+from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     JobOutcome,
@@ -31,6 +30,7 @@ from gpucluster.launch.model import (
     LaunchRequest,
     OutputCallback,
 )
+from gpucluster.launch.node_scripts import HEARTBEAT_S
 from gpucluster.remote.session import Session
 
 # What a node must pass to rejoin: reachable, its GPUs there and healthy, nothing of
@@ -38,6 +38,9 @@ from gpucluster.remote.session import Session
 HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "gpu-processes", "jobs")
 BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
 COPY_TIMEOUT_S = 3600.0  # a checkpoint may be large
+# Five missed heartbeats: quicker than a plain launch's SILENT_NODE_S, since a node
+# wrongly taken for lost costs a relaunch here, not the job.
+RECOVER_SILENT_NODE_S = 5 * HEARTBEAT_S
 _ERROR_LINE = re.compile(r"(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)")
 
 
@@ -46,7 +49,7 @@ class RecoveryPolicy:
     min_nodes: int = 1
     max_recoveries: int = 3
     hang_timeout_s: float | None = 300.0
-    node_timeout_s: float = SILENT_NODE_S
+    node_timeout_s: float = RECOVER_SILENT_NODE_S
     grace_s: float = DEFAULT_GRACE_S
 
 
@@ -108,7 +111,8 @@ def signature(outcome: JobOutcome) -> tuple[int | None, str]:
 def recover(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
             policy: RecoveryPolicy, say: Callable[[str], None],
             on_output: OutputCallback | None = None,
-            on_phase: Callable[[str], None] | None = None) -> RecoveryResult:
+            on_phase: Callable[[str], None] | None = None,
+            on_attempt: Callable[[JobRecord], None] | None = None) -> RecoveryResult:
     """Attempts until one succeeds, Ctrl-C, or no recovery is left (the bound, too few
     healthy nodes, or the same worker error twice). Spares (`spare: true`) stay out
     until a node is quarantined; each then takes a lost node's place, with the run's
@@ -132,11 +136,16 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
                 f"{f.host} {f.name}: {f.message}" for f in refused.findings[:3])
             return result
         result.run = result.run or record.id
+        if on_attempt is not None:
+            on_attempt(record)
         say(f"attempt {number}: job {record.id} on {hostrange.fold(record.hosts)} "
             f"({len(record.hosts)} nodes)")
-        outcome = Attempt(session, nodes, store, attempt_request, record).follow(
-            on_output, policy.grace_s, on_stopping=say, hang_timeout_s=policy.hang_timeout_s,
-            node_timeout_s=policy.node_timeout_s)
+        attempt = Attempt(session, nodes, store, attempt_request, record)
+        # A lost node is not waited for (its connect timeout) when stopping the others:
+        # the health checks below re-check it, and stop it if it answers after all.
+        outcome = attempt.follow(on_output, policy.grace_s, on_stopping=say,
+                                 hang_timeout_s=policy.hang_timeout_s,
+                                 node_timeout_s=policy.node_timeout_s, stop_lost=False)
         result.outcome = outcome
         ended, detail = classify(outcome)
         report = AttemptReport(number, record.id, tuple(record.hosts), ended, detail,
@@ -156,10 +165,8 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             return result
         previous_error = error
         try:
-            sick = health_findings(session, nodes)
+            sick = _quarantine(session, attempt, nodes, policy, say)
             result.attempts.append(dataclasses.replace(report, quarantined=sick))
-            for node, why in sick.items():
-                say(f"{node} quarantined for the rest of the run: {why}")
             result.quarantined.update(sick)
             healthy = [h for h in healthy if h.name not in sick]
             joined = _take_spares(session, inventory, spares, wanted - len(healthy), say)
@@ -182,6 +189,19 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             result.outcome = dataclasses.replace(outcome, interrupted=True)
             return result
     return result
+
+
+def _quarantine(session: Session, attempt: Attempt, nodes: Inventory, policy: RecoveryPolicy,
+                say: Callable[[str], None]) -> dict[str, str]:
+    """The attempt's nodes that fail the health checks, each with why. One that still
+    answers is stopped there too: nothing of the attempt may go on."""
+    sick = health_findings(session, nodes)
+    answering = [n for n, why in sick.items() if not why.startswith("ssh:")]
+    if answering:
+        attempt.stop(policy.grace_s, answering)
+    for node, why in sick.items():
+        say(f"{node} quarantined for the rest of the run: {why}")
+    return sick
 
 
 def _take_spares(session: Session, inventory: Inventory, spares: list[Host], needed: int,

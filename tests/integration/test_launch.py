@@ -297,7 +297,7 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         assert set(listed) == {"schema", "jobs"}
         entry = next(j for j in listed["jobs"] if j["id"] == job)
         assert set(entry) == {"id", "script", "args", "hosts", "started_at", "image", "run",
-                              "attempt", "nodes"}
+                              "attempt", "supervisor", "nodes"}
         assert (entry["run"], entry["attempt"]) == (job, 1)
         assert {n["state"] for n in entry["nodes"].values()} == {"running"}
         stopped = gpucluster("stop", "-i", inventory, job, "--json", "--grace", "5")

@@ -98,6 +98,14 @@ def leftovers(cluster: Sandbox) -> list[str]:
     return found
 
 
+def gone(pid: int) -> bool:
+    """Exited (a zombie left for whoever reaps orphans counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def rank_pids(cluster: Sandbox, node: str) -> list[int]:
     pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
                           text=True, check=True).stdout.split()
@@ -134,10 +142,12 @@ def test_a_script_that_fails_the_same_way_twice_is_not_retried(cluster: Sandbox,
 
 
 def power_off(node: str) -> None:
-    """Everything in the node dies, sshd included, and its link drops all traffic."""
+    """Its link drops all traffic both ways (no FIN or RST ever leaves it), then
+    everything in it dies, sshd included."""
     namespace = f"{NAME}-{node}"
-    subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-I", "INPUT", "-j",
-                    "DROP"], check=True)
+    for chain in ("INPUT", "OUTPUT"):
+        subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-I", chain, "-j",
+                        "DROP"], check=True)
     for pid in subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                               text=True, check=True).stdout.split():
         with contextlib.suppress(ProcessLookupError):
@@ -145,8 +155,9 @@ def power_off(node: str) -> None:
 
 
 def power_on(cluster: Sandbox, node: str) -> None:
-    subprocess.run(["ip", "netns", "exec", f"{NAME}-{node}", "iptables", "-D", "INPUT", "-j",
-                    "DROP"], check=False)
+    for chain in ("INPUT", "OUTPUT"):
+        subprocess.run(["ip", "netns", "exec", f"{NAME}-{node}", "iptables", "-D", chain,
+                        "-j", "DROP"], check=False)
     up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
                     "--write-inventory", str(cluster.inventory), timeout=120)
     assert up.code == 0, up.stderr
@@ -157,7 +168,7 @@ def test_a_spare_takes_a_powered_off_nodes_place_with_the_checkpoints(
     hosts = [dict(h) for h in cluster.data["hosts"]]
     hosts[3]["spare"] = True  # node4 waits
     inventory = cluster.write_inventory(cluster.inventory.parent / "spare.yaml", hosts=hosts)
-    process = start(cluster, project, "--node-timeout", "10", "train.py", "--", "--epochs",
+    process = start(cluster, project, "train.py", "--", "--epochs",
                     "10", "--step-delay", "0.05", inventory=inventory)
     wait_for(process, r"epoch 2 loss")
     power_off("node3")
@@ -178,7 +189,7 @@ def test_a_spare_takes_a_powered_off_nodes_place_with_the_checkpoints(
 
 def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         cluster: Sandbox, project: Path) -> None:
-    process = start(cluster, project, "--node-timeout", "10", "train.py", "--", "--epochs",
+    process = start(cluster, project, "train.py", "--", "--epochs",
                     "10", "--step-delay", "0.05")
     wait_for(process, r"epoch 2 loss")
     power_off("node4")
@@ -195,3 +206,29 @@ def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         assert leftovers(cluster) == []
     finally:
         power_on(cluster, "node4")
+
+
+def test_a_detached_recovering_job_has_a_supervisor_that_stop_ends(cluster: Sandbox,
+                                                                  project: Path) -> None:
+    inventory = str(cluster.inventory)
+    started = gpucluster("launch", "-i", inventory, "-d", "--recover", "--nproc-per-node",
+                         "1", "train.py", "--", "--epochs", "300", "--step-delay", "0.05",
+                         cwd=str(project), timeout=330)
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    supervisor = int(re.search(r"recovery supervisor \(pid (\d+)", started.stderr)[1])
+    try:
+        listed = gpucluster("jobs", "-i", inventory, "--json").json()
+        entry = next(j for j in listed["jobs"] if j["id"] == job)
+        assert entry["supervisor"] == supervisor and entry["attempt"] == 1
+        assert {n["state"] for n in entry["nodes"].values()} == {"running"}
+        stopped = gpucluster("stop", "-i", inventory, job, "--grace", "3", timeout=120)
+        assert stopped.code == 0, stopped.stdout + stopped.stderr
+        assert f"ended the recovery supervisor (pid {supervisor})" in stopped.stderr
+        assert f"job {job} stopped: nothing of it is left on node[1-4]" in stopped.stdout
+        assert gone(supervisor)  # not starting attempt 2
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGKILL)
+        gpucluster("stop", "-i", inventory, job)
+    assert leftovers(cluster) == []

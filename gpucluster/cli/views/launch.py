@@ -107,7 +107,8 @@ def print_stopped(console: Console, record: JobRecord,
 
 
 def print_jobs(console: Console, records: Sequence[JobRecord],
-               table: Mapping[str, Mapping[str, NodeState]]) -> None:
+               table: Mapping[str, Mapping[str, NodeState]],
+               supervisors: Mapping[str, int | None]) -> None:
     from gpucluster.cli.views.common import print_table
 
     rows = []
@@ -118,6 +119,10 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
             by_state.setdefault("?" if state is None else state_label(state), []).append(node)
         summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
                             for label, nodes in by_state.items())
+        if record.run:
+            summary += f"; attempt {record.attempt} of run {record.run}"
+        if supervisors.get(record.id):
+            summary += f"; recovery supervisor pid {supervisors[record.id]}"
         rows.append((record.id, " ".join([record.script, *record.args]),
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at)),
                      summary))
@@ -141,11 +146,13 @@ def stop_payload(record: JobRecord, results: Mapping[str, StopResult]) -> dict[s
 
 
 def jobs_payload(records: Sequence[JobRecord],
-                 table: Mapping[str, Mapping[str, NodeState]]) -> dict[str, Any]:
+                 table: Mapping[str, Mapping[str, NodeState]],
+                 supervisors: Mapping[str, int | None]) -> dict[str, Any]:
     return {"jobs": [{
         "id": r.id, "script": r.script, "args": list(r.args), "hosts": list(r.hosts),
         "started_at": r.started_at, "image": r.image,
         "run": r.run or r.id, "attempt": r.attempt,  # launch --recover's attempts
+        "supervisor": supervisors.get(r.id),
         "nodes": {n: state_payload(s) for n, s in table[r.id].items()},
     } for r in records]}
 

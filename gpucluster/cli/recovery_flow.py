@@ -1,0 +1,74 @@
+"""`launch --recover`, attached (the attempts streamed here, a summary at the end) or
+detached (the same, run by a supervisor process)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gpucluster.cli.options import stdout_console
+from gpucluster.cli.views import common
+from gpucluster.cli.views import launch as view
+from gpucluster.errors import EXIT_FAILED
+from gpucluster.inventory import Inventory
+from gpucluster.launch.jobs import JobStore
+from gpucluster.launch.model import LaunchRequest
+from gpucluster.launch.recover import RecoveryPolicy
+from gpucluster.remote.session import Session
+
+
+def supervise(store: JobStore, err: Console, json_output: bool) -> None:
+    """launch -d --recover: the attached launch --recover, as a supervisor process."""
+    import time
+
+    from gpucluster.launch import supervisor
+
+    log = store.root.parent / "supervisors" / f"{time.strftime('%Y%m%d-%H%M%S')}.log"
+    process = supervisor.spawn([sys.executable, "-m", "gpucluster",
+                                *supervisor.supervised_argv(sys.argv[1:])], log)
+    job = supervisor.wait_for_first_job(process, log)
+    if json_output:
+        common.print_json(stdout_console(), {"job": job, "detached": True,
+                                             "supervisor": process.pid, "log": str(log)})
+    else:
+        stdout_console().print(job)
+    err.print(f"job {job} started under a recovery supervisor (pid {process.pid}, log "
+              f"{log}); gpucluster jobs lists its attempts; gpucluster stop ends it")
+
+
+def run(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
+        policy: RecoveryPolicy, err: Console, json_output: bool) -> None:
+    """The attempts, streamed; the run's summary at the end; the exit code is the last
+    attempt's (non-zero when recovery gave up). Each attempt's job dir names this
+    process, so `stop` from another shell ends the run, not just the attempt."""
+    import os
+
+    from gpucluster.cli.views.recovery import print_recovery, recovery_payload
+    from gpucluster.launch import supervisor
+    from gpucluster.launch.model import LaunchRefused
+    from gpucluster.launch.recover import recover
+
+    try:
+        result = recover(session, inventory, store, request, policy,
+                         on_attempt=lambda record: supervisor.record_pid(
+                             store, record.id, os.getpid()),
+                         say=lambda text: err.print(f"[bold yellow]gpucluster: "
+                                                    f"{escape(text)}[/]"),
+                         on_output=view.line_printer(sys.stderr if json_output else sys.stdout),
+                         on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
+    except LaunchRefused as refused:
+        from gpucluster.cli.views.doctor import print_findings
+
+        print_findings(err, refused.findings, [f.name for f in refused.findings])
+        err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was "
+                  f"started[/]")
+        raise typer.Exit(EXIT_FAILED) from None
+    if result.outcome is not None:
+        view.print_outcome(err, result.outcome, store)
+    print_recovery(err, result)
+    if json_output:
+        common.print_json(stdout_console(), recovery_payload(result, store))
+    raise typer.Exit(result.exit_code)
