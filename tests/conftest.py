@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox import sandbox  # noqa: F401 - the session's shared sandbox fixture
+# The session's shared sandbox, and a work dir with examples/train.py, for every test
+from tests.sandbox import project, sandbox  # noqa: F401
 
 SYSTEM_PACKAGES = Path(__file__).parent.parent / "scripts" / "system-packages"
 REQUIRE_ENV = "GPUCLUSTER_TEST_SANDBOX"

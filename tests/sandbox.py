@@ -69,6 +69,36 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         assert down.code == 0, down.stderr
 
 
+TRAIN = Path(__file__).parents[1] / "examples" / "train.py"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A work dir holding examples/train.py, for launch tests."""
+    directory = tmp_path / "project"
+    directory.mkdir()
+    shutil.copy(TRAIN, directory / "train.py")
+    return directory
+
+
+def start_sandbox(inventory: Path, name: str, subnet: str, nodes: int, *flags: str,
+                  provision: str | None = None) -> Sandbox:
+    """A sandbox of a test module's own (for tests that change nodes in ways the shared
+    one must not see), fresh, optionally provisioned with `provision`'s steps."""
+    gpucluster("sandbox", "down", "--name", name)  # leftovers of an interrupted run
+    up = gpucluster("sandbox", "up", "--name", name, "--subnet", subnet, "--nodes",
+                    str(nodes), *flags, "--write-inventory", str(inventory), timeout=600)
+    assert up.code == 0, up.stderr
+    data = yaml.safe_load(inventory.read_text())
+    sandbox = Sandbox(name, inventory, [h["name"] for h in data["hosts"]],
+                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    if provision:
+        done = gpucluster("provision", "-i", str(inventory), "--only", provision,
+                          timeout=180)
+        assert done.code == 0, done.stderr
+    return sandbox
+
+
 @contextmanager
 def busybox_image(root: Path, reference: str,
                   files: dict[str, bytes] | None = None) -> Iterator[str]:

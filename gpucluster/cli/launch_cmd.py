@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from gpucluster import hostrange
 from gpucluster.cli.options import (
@@ -135,11 +134,7 @@ def launch(
             record = Attempt(session, loaded, store, request).start(
                 on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
         except LaunchRefused as refused:
-            from gpucluster.cli.views.doctor import print_findings
-
-            print_findings(err, refused.findings, [f.name for f in refused.findings])
-            err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was "
-                      f"started[/]")
+            view.print_refusal(err, refused)
             raise typer.Exit(EXIT_FAILED) from None
         if detach:
             if json_output:

@@ -60,11 +60,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
                          on_output=view.line_printer(sys.stderr if json_output else sys.stdout),
                          on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
     except LaunchRefused as refused:
-        from gpucluster.cli.views.doctor import print_findings
-
-        print_findings(err, refused.findings, [f.name for f in refused.findings])
-        err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was "
-                  f"started[/]")
+        view.print_refusal(err, refused)
         raise typer.Exit(EXIT_FAILED) from None
     if result.outcome is not None:
         view.print_outcome(err, result.outcome, store)

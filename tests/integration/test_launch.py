@@ -21,41 +21,23 @@ import pytest
 import yaml
 
 from tests.cli import gpucluster
-from tests.sandbox import Sandbox, busybox_image
+from tests.sandbox import Sandbox, busybox_image, start_sandbox
 
 pytestmark = pytest.mark.sandbox
 
 NAME, SUBNET = "gpclnch", "198.19.3.0/24"
-TRAIN = Path(__file__).parents[2] / "examples" / "train.py"
 SLOW = ("--epochs", "200", "--step-delay", "0.05")  # long enough to interrupt
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    inventory = tmp_path_factory.mktemp("launch") / "cluster.yaml"
-    gpucluster("sandbox", "down", "--name", NAME)
-    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
-                    "--write-inventory", str(inventory), timeout=120)
-    assert up.code == 0, up.stderr
-    data = yaml.safe_load(inventory.read_text())
-    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
-                      {h["name"]: h["address"] for h in data["hosts"]}, data)
     # torchrun resolves node names (the /etc/hosts block); the image relay needs the mesh
-    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts,ssh-mesh",
-                       timeout=120)
-    assert hosts.code == 0, hosts.stderr
+    sandbox = start_sandbox(tmp_path_factory.mktemp("launch") / "cluster.yaml", NAME, SUBNET,
+                            3, provision="hosts,ssh-mesh")
     try:
         yield sandbox
     finally:
         gpucluster("sandbox", "down", "--name", NAME)
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    directory = tmp_path / "project"
-    directory.mkdir()
-    shutil.copy(TRAIN, directory / "train.py")
-    return directory
 
 
 def job_processes(sandbox: Sandbox) -> dict[str, list[str]]:

@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.cli import gpucluster
-from tests.sandbox import Sandbox, busybox_image
+from tests.sandbox import Sandbox, busybox_image, start_sandbox
 
 pytestmark = pytest.mark.sandbox
 
@@ -47,14 +46,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def bring_up(tmp: Path, *flags: str) -> Sandbox:
-    inventory = tmp / "cluster.yaml"
-    gpucluster("sandbox", "down", "--name", NAME)
-    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
-                    "--user", USER, *flags, "--write-inventory", str(inventory), timeout=600)
-    assert up.code == 0, up.stderr
-    data = yaml.safe_load(inventory.read_text())
-    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
-                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    sandbox = start_sandbox(tmp / "cluster.yaml", NAME, SUBNET, 3, "--user", USER, *flags)
     for node in sandbox.nodes:  # fresh servers behind a default-drop firewall
         sandbox.node_exec(node, FIREWALL)
     return sandbox

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,43 +16,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.cli import gpucluster
-from tests.sandbox import Sandbox
+from tests.sandbox import Sandbox, start_sandbox
 
 pytestmark = pytest.mark.sandbox
 
 NAME, SUBNET = "gpcrec", "198.19.7.0/24"
-TRAIN = Path(__file__).parents[2] / "examples" / "train.py"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    inventory = tmp_path_factory.mktemp("recover") / "cluster.yaml"
-    gpucluster("sandbox", "down", "--name", NAME)
-    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
-                    "--write-inventory", str(inventory), timeout=120)
-    assert up.code == 0, up.stderr
-    data = yaml.safe_load(inventory.read_text())
-    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
-                      {h["name"]: h["address"] for h in data["hosts"]}, data)
     # names for torchrun, the mesh for copying checkpoints to a spare
-    hosts = gpucluster("provision", "-i", str(inventory), "--only", "hosts,ssh-mesh",
-                       timeout=120)
-    assert hosts.code == 0, hosts.stderr
+    sandbox = start_sandbox(tmp_path_factory.mktemp("recover") / "cluster.yaml", NAME,
+                            SUBNET, 4, provision="hosts,ssh-mesh")
     try:
         yield sandbox
     finally:
         gpucluster("sandbox", "down", "--name", NAME)
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    directory = tmp_path / "project"
-    directory.mkdir()
-    shutil.copy(TRAIN, directory / "train.py")
-    return directory
 
 
 def start(cluster: Sandbox, project: Path, *args: str,

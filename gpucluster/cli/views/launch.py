@@ -17,6 +17,7 @@ from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     FirstFailure,
     JobOutcome,
+    LaunchRefused,
     NodeState,
     OutputCallback,
     StopResult,
@@ -83,6 +84,14 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
               + f"; logs in {store.directory(record.id)}")
     if outcome.stopped:
         print_stopped(err, record, outcome.stopped)
+
+
+def print_refusal(err: Console, refused: LaunchRefused) -> None:
+    """Doctor's findings that refused the launch, then the refusal."""
+    from gpucluster.cli.views.doctor import print_findings
+
+    print_findings(err, refused.findings, [f.name for f in refused.findings])
+    err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was started[/]")
 
 
 def stopped_cleanly(results: Mapping[str, StopResult]) -> bool:
