@@ -27,6 +27,7 @@ pytestmark = pytest.mark.sandbox
 
 NAME, SUBNET = "gpclnch", "198.19.3.0/24"
 SLOW = ("--epochs", "200", "--step-delay", "0.05")  # long enough to interrupt
+FIRST_RUN = "/srv/gpucluster/first-run"  # checkpoints kept from one launch to the next
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, str, str,
 
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
-                      "train.py", "--", "--epochs", "3", "--checkpoint", "first.pt",
+                      "train.py", "--", "--epochs", "3", "--checkpoint-dir", FIRST_RUN,
                       cwd=str(project), timeout=180)
     assert done.code == 0, done.stdout + done.stderr
     ready = re.findall(r"^\[(node\d)/(\d)\] rank (\d)/6 on (node\d) ready$", done.stdout,
@@ -109,13 +110,13 @@ def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) 
     assert re.search(rf"{job.group(1)}.*exited 0: node\[1-3\]", jobs.stdout), jobs.stdout
     assert job_processes(cluster) == {}
 
-    # Run it again for more epochs: it resumes from the checkpoint rank 0 wrote on node1
-    # (the nodes share no filesystem: rank 0 broadcasts where to resume)
+    # Run it again for more epochs: it resumes from the checkpoints every node's local
+    # rank 0 wrote on its own node (the nodes share no filesystem)
     again = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
-                       "train.py", "--", "--epochs", "5", "--checkpoint", "first.pt",
+                       "train.py", "--", "--epochs", "5", "--checkpoint-dir", FIRST_RUN,
                        cwd=str(project), timeout=180)
     assert again.code == 0, again.stdout + again.stderr
-    assert "[node1/0] resumed from first.pt at epoch 3" in again.stdout
+    assert "[node1/0] resumed from epoch 2 (attempt 1)" in again.stdout
     resumed = re.findall(r"^\[node1/0\] epoch (\d) loss ([0-9.]+)$", again.stdout, re.MULTILINE)
     assert [epoch for epoch, _ in resumed] == ["3", "4"]
     assert float(resumed[-1][1]) <= losses[-1] * 1.5  # it went on from where it was

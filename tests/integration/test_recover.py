@@ -212,3 +212,16 @@ def test_a_detached_recovering_job_has_a_supervisor_that_stop_ends(cluster: Sand
             os.kill(supervisor, signal.SIGKILL)
         gpucluster("stop", "-i", inventory, job)
     assert leftovers(cluster) == []
+
+
+def test_ctrl_c_while_recovering_ends_the_run_with_nothing_left(cluster: Sandbox,
+                                                                project: Path) -> None:
+    process = start(cluster, project, "train.py", "--", "--epochs", "5", "--fail-at-epoch",
+                    "1")
+    wait_for(process, r"recovering: attempt 2 on node\[1-4\] in")
+    process.send_signal(signal.SIGINT)  # in the backoff: no attempt 2 may start
+    code, payload, stderr = finish(process, 120)
+    assert code == 130, stderr
+    assert [a["ended"] for a in payload["attempts"]] == ["worker error"]
+    assert "attempt 2: job" not in stderr
+    assert leftovers(cluster) == []
