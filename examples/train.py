@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per epoch")
     parser.add_argument("--checkpoint-dir", default=os.environ.get(
