@@ -37,6 +37,7 @@ from gpucluster.torchrun import (
 PREFLIGHT_CHECKS = ("jobs", "gpu-processes", "rendezvous-port")
 TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"  # per-rank logs, inside the node's job dir
 TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
+RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
 
 
 def preflight(session: Session, inventory: Inventory) -> list[CheckResult]:
@@ -130,6 +131,10 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
     env = job_env(inventory, request.env)
+    if request.max_restarts and RESTARTABLE_STORE not in env:
+        # Without it, a torchrun restart's workers dial the previous round's store and
+        # peers and the job never re-forms (pytorch/pytorch#135712; seen on the sandbox).
+        env[RESTARTABLE_STORE] = "1"
     try:
         started = session.map(inventory.hosts, lambda c: _start_on(
             c, inventory, record, request, env))

@@ -167,6 +167,33 @@ def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
     assert job_processes(cluster) == {}
 
 
+def test_max_restarts_re_forms_the_job_after_a_nodes_workers_die(cluster: Sandbox,
+                                                                 project: Path) -> None:
+    """torchrun's own restart, with the store variable launch sets for --max-restarts:
+    the job re-forms, resumes from its checkpoint and finishes (without it, the new
+    workers dial the old round's peers and the job fails)."""
+    process = start_attached(cluster, project, "--max-restarts", "1", "train.py", "--",
+                             "--epochs", "12", "--step-delay", "0.05", "--checkpoint-dir",
+                             "/srv/gpucluster/restarted")
+    assert process.stdout is not None
+    seen = []
+    while not any("epoch 2 loss" in line for line in seen):
+        line = process.stdout.readline()
+        assert line, "the launcher ended early:\n" + "".join(seen)
+        seen.append(line)
+    for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-node2"], capture_output=True,
+                              text=True, check=True).stdout.split():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"train.py" in cmdline and b"torchrun" not in cmdline:
+            os.kill(int(pid), signal.SIGKILL)
+    code, stdout, stderr, _ = finish(process, 240)
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert re.search(r"^\[node1/0\] resumed from epoch [2-9] \(attempt 1\)$", stdout,
+                     re.MULTILINE), stdout[-3000:]
+    assert "[node1/0] done" in stdout
+    assert job_processes(cluster) == {}
+
+
 def test_ctrl_c_stops_the_job_on_every_node(cluster: Sandbox, project: Path) -> None:
     process = start_attached(cluster, project, "train.py", "--", *SLOW)
     wait_for_ranks(process, 6)
