@@ -80,6 +80,18 @@ def wait_for_ranks(process: subprocess.Popen[str], count: int, limit: float = 90
     return lines
 
 
+def kill_workers(node: str) -> list[str]:
+    """SIGKILL the node's train.py workers (not their torchrun); their pids."""
+    killed = []
+    for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
+                              text=True, check=True).stdout.split():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"train.py" in cmdline and b"torchrun" not in cmdline:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
 def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, str, str, float]:
     started = time.monotonic()
     stdout, stderr = process.communicate(timeout=limit)
@@ -150,14 +162,7 @@ def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
                                                             project: Path) -> None:
     process = start_attached(cluster, project, "train.py", "--", *SLOW)
     wait_for_ranks(process, 6)
-    killed = []
-    for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-node2"], capture_output=True,
-                              text=True, check=True).stdout.split():
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"train.py" in cmdline and b"torchrun" not in cmdline:
-            os.kill(int(pid), signal.SIGKILL)
-            killed.append(pid)
-    assert len(killed) == 2
+    assert len(kill_workers("node2")) == 2
     code, _, stderr, took = finish(process, 60)
     assert code == 1, stderr
     assert re.search(r"first failure: rank [23] on node2, worker killed by signal 9 "
@@ -181,11 +186,7 @@ def test_max_restarts_re_forms_the_job_after_a_nodes_workers_die(cluster: Sandbo
         line = process.stdout.readline()
         assert line, "the launcher ended early:\n" + "".join(seen)
         seen.append(line)
-    for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-node2"], capture_output=True,
-                              text=True, check=True).stdout.split():
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"train.py" in cmdline and b"torchrun" not in cmdline:
-            os.kill(int(pid), signal.SIGKILL)
+    assert len(kill_workers("node2")) == 2
     code, stdout, stderr, _ = finish(process, 240)
     assert code == 0, stdout[-3000:] + stderr[-3000:]
     assert re.search(r"^\[node1/0\] resumed from epoch [2-9] \(attempt 1\)$", stdout,
