@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -71,7 +72,10 @@ def finish(use_cuda: bool) -> None:
 def main() -> None:
     args = parse_args()
     use_cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    # Under `launch --recover`, a collective blocked on a dead peer ends in bounded time.
+    timeout = os.environ.get("GPUCLUSTER_COLLECTIVE_TIMEOUT_S")
+    dist.init_process_group("nccl" if use_cuda else "gloo",
+                            timeout=timedelta(seconds=float(timeout)) if timeout else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -107,13 +111,13 @@ def main() -> None:
     for epoch in range(start_epoch, args.epochs):
         if epoch == args.fail_at_epoch:
             raise RuntimeError(f"staged failure at epoch {epoch}")
-        for _ in range(args.steps):
+        for step in range(epoch * args.steps + 1, (epoch + 1) * args.steps + 1):
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             loss.backward()
             optimizer.step()
-            if heartbeat:
-                Path(heartbeat).touch()
+            if heartbeat:  # progress, and the step reached (recovery's report shows it)
+                Path(heartbeat).write_text(f"{step}\n")
             time.sleep(args.step_delay)
         total = loss.detach().clone()
         dist.all_reduce(total)

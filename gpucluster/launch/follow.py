@@ -23,6 +23,7 @@ from gpucluster.launch.model import (
     JobOutcome,
     NodeState,
     OutputCallback,
+    Progress,
     StopResult,
     parse_state,
 )
@@ -45,6 +46,7 @@ class _Follower:
         self.last_progress = time.monotonic()  # output, or a newer heartbeat file
         self.progressed = False  # any progress yet (imports and rendezvous make none)
         self.heartbeat_mtime = ""
+        self.heartbeat: Progress | None = None
         self.state: NodeState | None = None
 
     def start(self) -> None:
@@ -57,9 +59,11 @@ class _Follower:
                     self.last_heard = time.monotonic()
                     kind, rest = reports.parse(line) or ("", "")
                     if kind == "alive" and stream == "stderr":
-                        if rest.strip() not in ("", "-", self.heartbeat_mtime):
-                            self.heartbeat_mtime = rest.strip()
+                        mtime, step = [*rest.split(), "", ""][:2]
+                        if mtime not in ("", "-") and rest.strip() != self.heartbeat_mtime:
+                            self.heartbeat_mtime = rest.strip()  # a new mtime or step
                             self.last_progress, self.progressed = time.monotonic(), True
+                            self._beat(int(step) if step.isdigit() else None)
                         return
                     if kind == "state":
                         self.state = parse_state(self.host.name, rest)
@@ -81,6 +85,17 @@ class _Follower:
         except RemoteError as error:
             state = NodeState(self.host.name, "unreachable", None, error.message)
         self.done.put((self.host.name, state))
+
+    def _beat(self, step: int | None) -> None:
+        now = time.time()
+        if self.heartbeat is None:
+            self.heartbeat = Progress(now, now, step, step)
+        else:
+            self.heartbeat.last_at = now
+            if step is not None:
+                self.heartbeat.last_step = step
+                if self.heartbeat.first_step is None:
+                    self.heartbeat.first_step = step
 
 
 def follow(session: Session, inventory: Inventory, record: JobRecord, store: JobStore,
@@ -162,6 +177,7 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     failures = [failure_of(n, s, followers[n].log) for n, s in outcome.states.items()
                 if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
+    outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     return outcome
 
 

@@ -87,6 +87,18 @@ class FirstFailure:
 
 
 @dataclass
+class Progress:
+    """A node's heartbeat as the controller saw it: the first and last step the script
+    wrote in its heartbeat file (None when it only touches it), and when (controller
+    clock) the first and last touch arrived."""
+
+    first_at: float
+    last_at: float
+    first_step: int | None = None
+    last_step: int | None = None
+
+
+@dataclass
 class JobOutcome:
     record: JobRecord
     states: dict[str, NodeState] = field(default_factory=dict)
@@ -94,6 +106,7 @@ class JobOutcome:
     stopped: dict[str, StopResult] = field(default_factory=dict)
     interrupted: bool = False
     hang: str = ""  # why the job was taken for hung (no progress), else empty
+    progress: dict[str, Progress] = field(default_factory=dict)  # nodes with a heartbeat
 
     @property
     def exit_code(self) -> int:

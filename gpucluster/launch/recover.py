@@ -41,6 +41,7 @@ COPY_TIMEOUT_S = 3600.0  # a checkpoint may be large
 # Five missed heartbeats: quicker than a plain launch's SILENT_NODE_S, since a node
 # wrongly taken for lost costs a relaunch here, not the job.
 RECOVER_SILENT_NODE_S = 5 * HEARTBEAT_S
+COLLECTIVE_TIMEOUT = "GPUCLUSTER_COLLECTIVE_TIMEOUT_S"
 _ERROR_LINE = re.compile(r"(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)")
 
 
@@ -53,6 +54,18 @@ class RecoveryPolicy:
     grace_s: float = DEFAULT_GRACE_S
 
 
+def watchdog_env(policy: RecoveryPolicy) -> dict[str, str]:
+    """Set on every rank of a recovering NCCL job, so that a rank blocked on a dead peer
+    ends in bounded time even when no controller watches: torch tears a rank down on a
+    watchdog timeout or error (3, its default, stated), the monitor thread ends one whose
+    watchdog is itself stuck in a CUDA/NCCL call, and the script is told a collective
+    timeout for `init_process_group` (torch has no variable for it). Twice the hang
+    timeout: the controller's own hang detection comes first."""
+    bound = str(max(int(2 * (policy.hang_timeout_s or 300.0)), 60))
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "1",
+            "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": bound, COLLECTIVE_TIMEOUT: bound}
+
+
 @dataclass(frozen=True)
 class AttemptReport:
     number: int
@@ -62,6 +75,22 @@ class AttemptReport:
     detail: str
     duration_s: float
     quarantined: dict[str, str] = field(default_factory=dict)  # node -> why
+    # From the nodes' heartbeats: the first and last step the script wrote (None when it
+    # writes none), and when the first and last progress arrived (controller clock).
+    first_step: int | None = None
+    last_step: int | None = None
+    first_progress_at: float | None = None
+    last_progress_at: float | None = None
+
+    def resumed(self, previous: AttemptReport) -> tuple[int | None, int | None, float | None]:
+        """After `previous` failed: the step this attempt resumed at, the steps done
+        again, and the time without progress between the two."""
+        redone = (max(previous.last_step - self.first_step + 1, 0)
+                  if previous.last_step is not None and self.first_step is not None else None)
+        lost = (self.first_progress_at - previous.last_progress_at
+                if self.first_progress_at is not None and previous.last_progress_at is not None
+                else None)
+        return self.first_step, redone, lost
 
 
 @dataclass
@@ -121,6 +150,10 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
     spares = [h for h in inventory.hosts if h.spare]
     wanted = len(healthy)
     result = RecoveryResult(run="")
+    # The inventory's env and --env win over the watchdog's defaults.
+    request = dataclasses.replace(request, env={
+        **{n: v for n, v in watchdog_env(policy).items() if n not in inventory.cluster.env},
+        **request.env})
     previous_error: tuple[int | None, str] | None = None
     for number in range(1, policy.max_recoveries + 2):
         nodes = inventory.restricted_to(healthy)
@@ -148,8 +181,8 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
                                  node_timeout_s=policy.node_timeout_s, stop_lost=False)
         result.outcome = outcome
         ended, detail = classify(outcome)
-        report = AttemptReport(number, record.id, tuple(record.hosts), ended, detail,
-                               time.monotonic() - started)
+        report = _with_progress(AttemptReport(number, record.id, tuple(record.hosts), ended,
+                                              detail, time.monotonic() - started), outcome)
         if ended in ("succeeded", "interrupted"):
             result.attempts.append(report)
             return result
@@ -174,12 +207,8 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
                 _copy_checkpoints(session, inventory, record.checkpoint_dir, healthy[0],
                                   joined, say)
                 healthy = [h for h in inventory.hosts if h in healthy or h in joined]
-            if number > policy.max_recoveries:
-                result.gave_up = f"no recovery left (--max-recoveries {policy.max_recoveries})"
-                return result
-            if len(healthy) < policy.min_nodes:
-                result.gave_up = (f"{len(healthy)} healthy nodes left, fewer than "
-                                  f"--min-nodes {policy.min_nodes}")
+            result.gave_up = _no_recovery(number, len(healthy), policy)
+            if result.gave_up:
                 return result
             pause = BACKOFF_S[min(number - 1, len(BACKOFF_S) - 1)]
             say(f"recovering: attempt {number + 1} on "
@@ -189,6 +218,27 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             result.outcome = dataclasses.replace(outcome, interrupted=True)
             return result
     return result
+
+
+def _no_recovery(number: int, healthy: int, policy: RecoveryPolicy) -> str:
+    """Why attempt `number` is the last, or nothing."""
+    if number > policy.max_recoveries:
+        return f"no recovery left (--max-recoveries {policy.max_recoveries})"
+    if healthy < policy.min_nodes:
+        return f"{healthy} healthy nodes left, fewer than --min-nodes {policy.min_nodes}"
+    return ""
+
+
+def _with_progress(report: AttemptReport, outcome: JobOutcome) -> AttemptReport:
+    """The attempt's progress over all its nodes: its resume step is the lowest first
+    step, how far it got the highest last step."""
+    beats = outcome.progress.values()
+    return dataclasses.replace(
+        report,
+        first_step=min((p.first_step for p in beats if p.first_step is not None), default=None),
+        last_step=max((p.last_step for p in beats if p.last_step is not None), default=None),
+        first_progress_at=min((p.first_at for p in beats), default=None),
+        last_progress_at=max((p.last_at for p in beats), default=None))
 
 
 def _quarantine(session: Session, attempt: Attempt, nodes: Inventory, policy: RecoveryPolicy,

@@ -97,6 +97,10 @@ def test_a_stopped_rank_is_a_hang_that_is_recovered(cluster: Sandbox, project: P
     process = start(cluster, project, "--hang-timeout", "10", "train.py", "--", "--epochs",
                     "8", "--step-delay", "0.05")
     wait_for(process, r"epoch 1 loss")
+    environ = Path(f"/proc/{rank_pids(cluster, 'node2')[0]}/environ").read_bytes().split(b"\0")
+    # The NCCL watchdog bounds: twice the hang timeout, at least 60 s.
+    assert b"GPUCLUSTER_COLLECTIVE_TIMEOUT_S=60" in environ
+    assert b"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=60" in environ
     os.kill(rank_pids(cluster, "node2")[0], signal.SIGSTOP)  # blocks every rank's step
     wait_for(process, r"attempt 1 ended: hang: no rank made progress", limit=60)
     code, payload, stderr = finish(process, 240)
@@ -182,6 +186,13 @@ def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         assert second["ended"] == "succeeded" and second["nodes"] == cluster.nodes[:3]
         resumed = re.search(r"resumed from epoch (\d) \(attempt 2\)", stderr)
         assert resumed and int(resumed[1]) >= 1, stderr  # from a checkpoint, not epoch 0
+        # The report's resume step, from the heartbeat file (20 steps per epoch): the
+        # first step after the checkpoint, give or take the 0.1 s the file is polled.
+        first_new = (int(resumed[1]) + 1) * 20 + 1
+        assert first_new <= second["resumed_step"] <= first_new + 2, second
+        assert second["steps_redone"] == first["last_step"] - second["resumed_step"] + 1
+        assert 0 < second["lost_s"] < 60, second
+        assert f"resumed at step {second['resumed_step']}" in stderr
         assert "rank 5/6" in stderr  # 3 nodes x 2 processes
         assert leftovers(cluster) == []
     finally:

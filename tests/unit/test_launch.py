@@ -399,3 +399,25 @@ def test_recovery_classifies_what_ended_an_attempt(tmp_path: Path) -> None:
     assert classify(JobOutcome(record, {"n1": NodeState("n1", "exited", 0)})) == (
         "succeeded", "")
     assert classify(JobOutcome(record, {}, interrupted=True))[0] == "interrupted"
+
+
+def test_recovery_reports_the_step_each_attempt_resumed_at() -> None:
+    from gpucluster.launch.recover import AttemptReport
+
+    failed = AttemptReport(1, "j1", ("n1",), "node lost", "", 30.0, first_step=1,
+                           last_step=57, first_progress_at=100.0, last_progress_at=130.0)
+    resumed = AttemptReport(2, "j2", ("n1",), "succeeded", "", 20.0, first_step=41,
+                            last_step=100, first_progress_at=149.5, last_progress_at=170.0)
+    assert resumed.resumed(failed) == (41, 17, 19.5)  # steps 41..57 done again
+    touch_only = AttemptReport(2, "j2", ("n1",), "succeeded", "", 20.0,
+                               first_progress_at=149.5)
+    assert touch_only.resumed(failed) == (None, None, 19.5)
+
+
+def test_recovery_bounds_nccl_waits() -> None:
+    from gpucluster.launch.recover import COLLECTIVE_TIMEOUT, RecoveryPolicy, watchdog_env
+
+    env = watchdog_env(RecoveryPolicy(hang_timeout_s=10))
+    assert env[COLLECTIVE_TIMEOUT] == env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "60"
+    assert watchdog_env(RecoveryPolicy(hang_timeout_s=300))[COLLECTIVE_TIMEOUT] == "600"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"

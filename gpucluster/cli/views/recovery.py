@@ -11,24 +11,42 @@ from rich.markup import escape
 from gpucluster import hostrange
 from gpucluster.cli.views.launch import outcome_payload
 from gpucluster.launch.jobs import JobStore
-from gpucluster.launch.recover import RecoveryResult
+from gpucluster.launch.recover import AttemptReport, RecoveryResult
 
 
 def print_recovery(err: Console, result: RecoveryResult) -> None:
     err.print(f"run {result.run}: {len(result.attempts)} attempt"
               f"{'s' if len(result.attempts) != 1 else ''}")
+    previous: AttemptReport | None = None
     for attempt in result.attempts:
         ended = attempt.ended + (f" ({attempt.detail})" if attempt.detail else "")
         err.print(f"  attempt {attempt.number}: job {attempt.job} on "
                   f"{hostrange.fold(list(attempt.nodes))}, {attempt.duration_s:.0f}s, "
                   f"{escape(ended)}")
+        if previous is not None:
+            err.print(f"    {_resumed_text(*attempt.resumed(previous))}")
+        previous = attempt
         for node, why in attempt.quarantined.items():
             err.print(f"    {node} quarantined: {escape(why)}")
     if result.gave_up:
         err.print(f"[bold red]recovery gave up: {escape(result.gave_up)}[/]")
 
 
+def _resumed_text(step: int | None, redone: int | None, lost_s: float | None) -> str:
+    where = (f"resumed at step {step}" + (f" ({redone} steps done again)" if redone else "")
+             if step is not None else "resume step unknown (the script writes no step in "
+                                      "its heartbeat file)")
+    return where + (f", {lost_s:.0f}s without progress" if lost_s is not None else "")
+
+
 def recovery_payload(result: RecoveryResult, store: JobStore) -> dict[str, Any]:
+    def resumed(index: int, attempt: AttemptReport) -> dict[str, Any]:
+        if index == 0:
+            return {"resumed_step": attempt.first_step, "steps_redone": None, "lost_s": None}
+        step, redone, lost = attempt.resumed(result.attempts[index - 1])
+        return {"resumed_step": step, "steps_redone": redone,
+                "lost_s": round(lost, 1) if lost is not None else None}
+
     return {
         "schema": 1,
         "run": result.run,
@@ -37,7 +55,8 @@ def recovery_payload(result: RecoveryResult, store: JobStore) -> dict[str, Any]:
         "quarantined": result.quarantined,
         "attempts": [{"number": a.number, "job": a.job, "nodes": list(a.nodes),
                       "ended": a.ended, "detail": a.detail,
-                      "duration_s": round(a.duration_s, 1), "quarantined": a.quarantined}
-                     for a in result.attempts],
+                      "duration_s": round(a.duration_s, 1), "quarantined": a.quarantined,
+                      "first_step": a.first_step, "last_step": a.last_step, **resumed(i, a)}
+                     for i, a in enumerate(result.attempts)],
         "last": outcome_payload(result.outcome, store) if result.outcome else None,
     }
