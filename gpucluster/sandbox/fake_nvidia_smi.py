@@ -3,7 +3,10 @@ node's staged GPU count and driver version.
 
 It answers the forms the project uses: `--version`, `-L`, `-q`, `topo -m`, the default
 table, `--query-gpu=...` and `--query-compute-apps=...` with `--format=csv[,noheader]
-[,nounits]`, and `-i` to pick GPUs. Anything else exits 2 saying it is simulated.
+[,nounits]`, `-i` to pick GPUs, and the streaming loops `-l SEC`/`-lms MS` (the header
+once, then the rows every period until killed). Anything else exits 2 saying it is
+simulated. The GPUs' processes, memory, utilisation, temperature and power follow the
+node's torchrun workers (gpu_load).
 The node's state file (JSON) is written by `gpucluster sandbox up`:
 
     {"model": "h100", "count": 8, "driver": "535.104.05", "fault": null}
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucluster.sandbox.captures import Capture, load
+from gpucluster.sandbox.gpu_load import GpuProcess, Load, planted, workers
 
 DRIVER_FAILURE = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -124,9 +128,29 @@ def _timestamp() -> str:
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{milliseconds:03d}"
 
 
+def _loaded(values: dict[str, str], index: int, apps: list[GpuProcess],
+            busy: list[int]) -> dict[str, str]:
+    """The capture's idle values with this GPU's processes' memory and load on top."""
+    used = sum(p.used_mib for p in apps if p.gpu == index)
+    if not used and not busy[index]:
+        return {}
+    total = int(float(_strip_unit(values["memory.total"])))
+    idle_used = int(float(_strip_unit(values["memory.used"])))
+    memory_used = min(total, idle_used + used)
+    idle_power = float(_strip_unit(values["power.draw"]))
+    limit = float(_strip_unit(values.get("power.limit", values["power.draw"])))
+    power = idle_power + (limit - idle_power) * 0.8 * busy[index] / 100
+    temperature = int(_strip_unit(values["temperature.gpu"])) + busy[index] * 45 // 100
+    return {"utilization.gpu": f"{busy[index]} %", "memory.used": f"{memory_used} MiB",
+            "memory.free": f"{total - memory_used} MiB", "temperature.gpu": str(temperature),
+            "power.draw": f"{power:.2f} W", "power.draw.instant": f"{power:.2f} W"}
+
+
 def query_gpu(node: SimulatedNode, fields: list[str], indices: list[int],
-              options: set[str]) -> str:
+              options: set[str], load: Load | None = None) -> str:
     values = node.capture.query_gpu_fields()
+    apps = live_apps(node)
+    busy = (load or Load()).utilisation(apps, node.count)
     headers = node.capture.query_gpu_units()
     header: list[str] = []
     canonical: list[str] = []
@@ -138,25 +162,17 @@ def query_gpu(node: SimulatedNode, fields: list[str], indices: list[int],
         header.append(headers[name])
     rows = []
     for index in indices:
-        per_gpu = {**values, "index": str(index), "count": str(node.count),
+        per_gpu = {**values, **_loaded(values, index, apps, busy),
+                   "index": str(index), "count": str(node.count),
                    "pci.bus_id": node.bus_id(index), "uuid": node.uuid(index),
                    "driver_version": node.driver, "timestamp": _timestamp()}
         rows.append([per_gpu[name] for name in canonical])
     return _csv(header, rows, options)
 
 
-def live_apps(node: SimulatedNode) -> list[tuple[int, int, int, str]]:
-    """(pid, gpu index, MiB, name) of registered processes that are still running."""
-    if not node.apps_file.is_file():
-        return []
-    apps = []
-    for line in node.apps_file.read_text().splitlines():
-        parts = line.split(maxsplit=3)
-        if len(parts) == 4 and all(p.isdigit() for p in parts[:3]):
-            pid, index, mib = (int(p) for p in parts[:3])
-            if Path(f"/proc/{pid}").exists() and index < node.count:
-                apps.append((pid, index, mib, parts[3]))
-    return apps
+def live_apps(node: SimulatedNode) -> list[GpuProcess]:
+    """The node's workers and the registered processes, those still running."""
+    return planted(node.apps_file, node.count) + workers(node.count)
 
 
 def query_apps(node: SimulatedNode, fields: list[str], options: set[str]) -> str:
@@ -167,10 +183,11 @@ def query_apps(node: SimulatedNode, fields: list[str], options: set[str]) -> str
             raise UsageError(f'Field "{field}" is not a valid field to query.')
     header = ["used_gpu_memory [MiB]" if f == "used_gpu_memory" else f for f in canonical]
     rows = []
-    for pid, index, mib, process in live_apps(node):
-        record = {"timestamp": _timestamp(), "gpu_name": name, "gpu_bus_id": node.bus_id(index),
-                  "gpu_serial": "0000000000000", "gpu_uuid": node.uuid(index), "pid": str(pid),
-                  "process_name": process, "used_gpu_memory": f"{mib} MiB"}
+    for app in live_apps(node):
+        record = {"timestamp": _timestamp(), "gpu_name": name,
+                  "gpu_bus_id": node.bus_id(app.gpu), "gpu_serial": "0000000000000",
+                  "gpu_uuid": node.uuid(app.gpu), "pid": str(app.pid),
+                  "process_name": app.name, "used_gpu_memory": f"{app.used_mib} MiB"}
         rows.append([record[f] for f in canonical])
     return _csv(header, rows, options)
 
@@ -199,7 +216,38 @@ def _option_value(args: list[str], index: int) -> tuple[str, int]:
     return args[index + 1], index + 2
 
 
-def answer(node: SimulatedNode, args: list[str]) -> str:  # noqa: PLR0912 - a branch per option
+def loop_period(args: list[str]) -> tuple[float | None, list[str]]:
+    """`-l SEC`/`--loop=SEC`/`-lms MS`/`--loop-ms=MS`: the period in seconds, and the
+    arguments without it."""
+    for index, arg in enumerate(args):
+        name = arg.split("=", 1)[0]
+        if name in ("-l", "--loop", "-lms", "--loop-ms"):
+            value, after = _option_value(args, index)
+            if not value.isdigit() or int(value) == 0:
+                raise UsageError(f"{name} needs a positive whole number")
+            seconds = int(value) / (1000 if name in ("-lms", "--loop-ms") else 1)
+            return seconds, args[:index] + args[after:]
+    return None, args
+
+
+def stream(node: SimulatedNode, args: list[str], period: float) -> None:
+    """Print the answer every `period` seconds (the header only the first time), as
+    nvidia-smi's loop does, until killed or its reader goes away."""
+    load = Load()
+    first = True
+    while True:
+        text = answer(node, args, load)
+        if not first and args and any(a.startswith("--format") and "noheader" not in a
+                                      for a in args):
+            text = text.split("\n", 1)[1]
+        first = False
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        time.sleep(period)
+
+
+def answer(node: SimulatedNode, args: list[str],  # noqa: PLR0912 - a branch per option
+           load: Load | None = None) -> str:
     """The text nvidia-smi would print for `args`; raises UsageError otherwise."""
     query_fields: list[str] | None = None
     app_fields: list[str] | None = None
@@ -235,7 +283,7 @@ def answer(node: SimulatedNode, args: list[str]) -> str:  # noqa: PLR0912 - a br
         else:
             raise UsageError(f"unsupported arguments: {' '.join(args)}")
     if query_fields is not None:
-        return query_gpu(node, query_fields, indices, options)
+        return query_gpu(node, query_fields, indices, options, load)
     if app_fields is not None:
         return query_apps(node, app_fields, options)
     if not args:
@@ -256,10 +304,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("No devices were found\n")
         return 6
     try:
-        sys.stdout.write(answer(node, args[2:]))
+        period, rest = loop_period(args[2:])
+        if period is not None:
+            stream(node, rest, period)
+        sys.stdout.write(answer(node, rest))
     except UsageError as error:
         sys.stderr.write(f"nvidia-smi (simulated by gpucluster sandbox): {error}\n")
         return 2
+    except (BrokenPipeError, KeyboardInterrupt):  # the reader went away, or Ctrl-C
+        return 0
     return 0
 
 

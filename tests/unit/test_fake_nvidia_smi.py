@@ -116,3 +116,54 @@ def test_unsupported_forms_exit_2_saying_simulated(
 def test_cuda_for_driver_table() -> None:
     assert fake_nvidia_smi.cuda_for_driver("550.54.15", "x") == "12.4"
     assert fake_nvidia_smi.cuda_for_driver("999.1", "13.1") == "13.1"
+
+
+def test_a_worker_with_local_rank_is_a_busy_compute_process_on_its_gpu(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+    import sys
+
+    state = _state(tmp_path, model="h200")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            env={**os.environ, "LOCAL_RANK": "1"})
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "LOCAL_RANK": "0"})
+    try:
+        _run(state, "--query-compute-apps=pid,gpu_uuid,used_memory",  # both started
+             "--format=csv,noheader,nounits", capsys=capsys)
+        code, out, _ = _run(state, "--query-compute-apps=pid,gpu_uuid,used_memory",
+                            "--format=csv,noheader,nounits", capsys=capsys)
+        assert code == 0
+        apps = {int(pid): (uuid, int(mib)) for pid, uuid, mib in
+                (line.split(", ") for line in out.strip().splitlines())}
+        assert apps[spin.pid][0].endswith("0001") and apps[idle.pid][0].endswith("0000")
+        assert apps[spin.pid][1] > 0  # its resident memory
+        _, out, _ = _run(state, "--query-gpu=index,utilization.gpu,memory.used",
+                            "--format=csv,noheader,nounits", capsys=capsys)
+        busy = {int(i): (int(u), int(m)) for i, u, m in
+                (line.split(", ") for line in out.strip().splitlines())}
+        # Follows the CPU use (how much the spinner gets depends on the machine's load).
+        assert busy[1][0] >= 5 and busy[0][0] == 0, busy
+        assert busy[1][1] >= apps[spin.pid][1]
+    finally:
+        spin.kill()
+        idle.kill()
+
+
+def test_the_streaming_loop_prints_rows_every_period(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    state = _state(tmp_path, model="h200")
+    loop = subprocess.Popen([sys.executable, "-m", "gpucluster.sandbox.fake_nvidia_smi",
+                             "--state", str(state), "--query-gpu=index,utilization.gpu",
+                             "--format=csv", "-lms", "200"], stdout=subprocess.PIPE,
+                            text=True)
+    assert loop.stdout is not None
+    started = time.monotonic()
+    lines = [loop.stdout.readline() for _ in range(7)]
+    loop.kill()
+    assert lines[0].startswith("index, utilization.gpu")  # the header once
+    assert [line.split(",")[0] for line in lines[1:]] == ["0", "1"] * 3
+    assert time.monotonic() - started >= 0.4  # three rounds, 200 ms apart
