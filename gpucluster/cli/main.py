@@ -15,9 +15,11 @@ from gpucluster.cli import (
     inventory_cmd,
     launch_cmd,
     provision_cmd,
+    reap_cmd,
     run_cmd,
     sandbox_cmd,
     smoke_cmd,
+    top_cmd,
 )
 from gpucluster.errors import GpuclusterError
 
@@ -38,6 +40,9 @@ app.command("launch")(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
 app.command("logs")(launch_cmd.logs)
 app.command("stop")(launch_cmd.stop)
+app.command("top")(top_cmd.top)
+app.command("exporter")(top_cmd.exporter)
+app.command("reap")(reap_cmd.reap)
 app.command("demo")(demo_cmd.demo)
 
 

@@ -143,8 +143,9 @@ def gpu_processes(context: Context) -> list[CheckResult]:
         pids = " ".join(str(p.pid) for p in processes)
         results.append(CheckResult(
             "gpu-processes", host.name, Status.FAIL, f"GPUs held by: {listed}",
-            f"stop them if they are leftovers of an earlier job: kill {pids} "
-            f"(or gpucluster stop JOB); a new job would run out of memory or hang",
+            f"see whose they are and end the leftovers: gpucluster reap (then "
+            f"gpucluster reap --yes; or kill {pids}); a new job would run out of memory "
+            f"or hang",
             {"processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
                             "bus_id": p.bus_id} for p in processes]}))
     return results

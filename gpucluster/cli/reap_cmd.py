@@ -1,0 +1,117 @@
+"""`gpucluster reap`: stray GPU processes on every node; a dry run unless --yes."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    GroupOption,
+    HostsOption,
+    InventoryOption,
+    JsonOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.errors import EXIT_FAILED
+from gpucluster.observe.model import GpuProcess
+
+if TYPE_CHECKING:
+    from gpucluster.observe.reap import Ended, NodeProcesses
+
+_OWNER_TEXT = {"running": "running (never touched)", "leftover": "ended: a leftover",
+               "foreign": "foreign (not gpucluster's)"}
+
+
+def reap(
+    inventory: InventoryOption = None,
+    hosts: HostsOption = None,
+    group: GroupOption = None,
+    yes: Annotated[bool, typer.Option(
+        "--yes", "-y", help="End the leftovers (TERM, grace, KILL); without it, only list.")
+    ] = False,
+    foreign: Annotated[bool, typer.Option(
+        "--foreign", help="With --yes, end processes that are not gpucluster's too.")] = False,
+    grace: Annotated[float, typer.Option(
+        "--grace", min=0, max=600, metavar="SECONDS",
+        help="Between TERM and KILL.")] = 10.0,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """List every process holding a GPU on every node: whether it belongs to a running
+    gpucluster job (never touched), an ended one (a leftover) or nothing of ours
+    (foreign). --yes ends the leftovers and confirms their GPU memory is freed;
+    --foreign adds the foreign ones."""
+    from gpucluster.observe import reap as core
+
+    loaded = load_inventory(inventory)
+    selected = loaded.select(hosts, group)
+    out, err = stdout_console(), stderr_console()
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        listed = core.list_processes(session, loaded, selected)
+        ended = core.end(session, loaded, listed, foreign, grace) if yes else {}
+    failed = False
+    payload: dict[str, Any] = {"schema": 1, "dry_run": not yes, "nodes": []}
+    for host, node in listed.items():
+        done = ended.get(host)
+        left = {p.pid: why for p, why in done.left} if done else {}
+        mine = {p.pid for p in done.targets} if done else set()
+        failed = failed or bool(node.error) or bool(left) or bool(done and done.error)
+        payload["nodes"].append({
+            "host": host, "error": node.error or (done.error if done else "") or None,
+            "freed_mib": done.freed_mib if done else 0,
+            "processes": [{**_process_json(p), "ended": p.pid in mine and p.pid not in left,
+                           "left": left.get(p.pid)} for p in node.processes]})
+        if not json_output:
+            _print_node(err, host, node, done, left, mine, yes, foreign)
+    if json_output:
+        out.file.write(json.dumps(payload, indent=2) + "\n")
+    if failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _process_json(process: GpuProcess) -> dict[str, Any]:
+    return {"pid": process.pid, "user": process.user, "gpu_uuid": process.gpu_uuid,
+            "used_mib": process.used_mib, "state": process.state, "job": process.job,
+            "rank": process.rank, "owner": process.owner}
+
+
+def _print_node(err: Console, host: str, node: NodeProcesses, done: Ended | None,
+                left: dict[int, str], mine: set[int], yes: bool, foreign: bool) -> None:
+    if node.error:
+        err.print(f"[bold red]{escape(host)}[/]: {escape(node.error)}")
+    if not node.processes:
+        if not node.error:
+            err.print(f"{escape(host)}: no GPU processes")
+        return
+    for p in node.processes:
+        gpu = p.gpu_uuid[-12:]
+        job = f"job {p.job} rank {p.rank}, " if p.job else ""
+        action = ""
+        if p.pid in left:
+            action = f" [bold red]LEFT: {escape(left[p.pid])}[/]"
+        elif p.pid in mine:
+            action = " [green]ended[/]"
+        elif not yes and (p.owner == "leftover" or (p.owner == "foreign" and foreign)):
+            action = " (would end with --yes)"
+        elif p.owner == "foreign" and not foreign:
+            action = " (left alone: --foreign to end it)"
+        err.print(f"{escape(host)} pid {p.pid} {escape(p.user)} GPU …{gpu} "
+                  f"{p.used_mib or 0} MiB state {p.state}: {job}{_OWNER_TEXT[p.owner]}"
+                  f"{action}")
+    if done is not None and done.freed_mib:
+        err.print(f"{escape(host)}: freed {done.freed_mib} MiB of GPU memory (confirmed by "
+                  f"nvidia-smi)")
+    if done is not None and done.error:
+        err.print(f"[bold red]{escape(host)}[/]: {escape(done.error)}")

@@ -1,0 +1,127 @@
+"""`gpucluster top` (the cluster's GPUs live) and `gpucluster exporter` (the same samples
+as Prometheus metrics)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    GroupOption,
+    HostsOption,
+    InventoryOption,
+    JsonOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.errors import EXIT_FAILED, GpuclusterError
+
+if TYPE_CHECKING:
+    from gpucluster.observe.streams import ClusterStreams
+
+IntervalOption = Annotated[float, typer.Option(
+    "--interval", min=0.1, max=60, metavar="SECONDS", help="Seconds between samples.")]
+
+
+def top(
+    inventory: InventoryOption = None,
+    hosts: HostsOption = None,
+    group: GroupOption = None,
+    interval: IntervalOption = 1.0,
+    once: Annotated[bool, typer.Option(
+        "--once", help="Print one snapshot (every node's first sample) and exit.")] = False,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Every node's GPUs live: utilisation, memory, temperature, power, ECC/Xid errors,
+    the job and rank of each GPU process, and the cluster network's rates.
+
+    One SSH connection and one sampler per node; a node that stops answering is marked
+    stale with its age. --json prints one JSON snapshot per interval (one per line), or
+    one with --once."""
+    from gpucluster.cli.views.top import render
+    from gpucluster.observe.snapshot import take, to_json
+    from gpucluster.observe.streams import ClusterStreams
+
+    loaded = load_inventory(inventory)
+    selected = loaded.select(hosts, group)
+    out = stdout_console()
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+            ClusterStreams(session, loaded, selected, interval) as streams:
+        streams.wait_first(max(h.connect_timeout or 10.0 for h in selected) + 20.0)
+        if once:
+            snapshot = take(streams)
+            if json_output:
+                out.file.write(json.dumps(to_json(snapshot), indent=2) + "\n")
+            else:
+                out.print(render(snapshot))
+            if any(n.sample is None for n in snapshot.nodes):
+                raise typer.Exit(EXIT_FAILED)
+            return
+        try:
+            if json_output:
+                while True:
+                    out.file.write(json.dumps(to_json(take(streams))) + "\n")
+                    out.file.flush()
+                    time.sleep(interval)
+            _live(streams, interval)
+        except KeyboardInterrupt:
+            return
+
+
+def _live(streams: ClusterStreams, interval: float) -> None:
+    from rich.live import Live
+
+    from gpucluster.cli.views.top import render
+    from gpucluster.observe.snapshot import take
+
+    with Live(render(take(streams)), console=stdout_console(), auto_refresh=False,
+              screen=False, transient=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(render(take(streams)), refresh=True)
+
+
+def exporter(
+    listen: Annotated[str, typer.Option(
+        "--listen", metavar="ADDRESS:PORT",
+        help="Where to serve /metrics (keep it on a trusted network).")] = "127.0.0.1:9400",
+    inventory: InventoryOption = None,
+    hosts: HostsOption = None,
+    group: GroupOption = None,
+    interval: IntervalOption = 1.0,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Serve the whole cluster's GPU metrics for Prometheus, from the controller: DCGM
+    exporter's metric names and labels (NVIDIA's Grafana dashboard works unchanged), plus
+    gpucluster_* metrics for jobs and ranks, NIC rates and node staleness. Nothing is
+    installed on the nodes. Runs until Ctrl-C."""
+    from gpucluster.observe.exporter import serve
+    from gpucluster.observe.streams import ClusterStreams
+
+    address, _, port = listen.rpartition(":")
+    if not port.isdigit() or not address:
+        raise GpuclusterError(f"--listen {listen!r}: expected ADDRESS:PORT, e.g. "
+                              f"127.0.0.1:9400")
+    loaded = load_inventory(inventory)
+    selected = loaded.select(hosts, group)
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+            ClusterStreams(session, loaded, selected, interval) as streams:
+        try:
+            serve(streams, address.strip("[]"), int(port),
+                  lambda url: stderr_console().print(f"serving {url} for "
+                                                     f"{len(selected)} nodes; Ctrl-C ends"))
+        except KeyboardInterrupt:
+            return

@@ -1,0 +1,125 @@
+"""`gpucluster exporter`: the samplers' latest frames as Prometheus metrics, under DCGM
+exporter's names and labels (so that NVIDIA's Grafana dashboard works unchanged) plus
+gpucluster_* metrics for jobs and ranks, NIC rates and staleness."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpucluster.observe.model import Gpu, NodeSample
+from gpucluster.observe.snapshot import NodeView, take
+from gpucluster.observe.streams import ClusterStreams
+
+GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
+# name, help (DCGM exporter's default-counters.csv), the frame's value
+DCGM_GAUGES: tuple[tuple[str, str, Callable[[NodeView, NodeSample, Gpu], float | None]], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda n, s, g: g.util),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda n, s, g: g.mem_used),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
+     lambda n, s, g: g.mem_total - g.mem_used
+     if g.mem_total is not None and g.mem_used is not None else None),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda n, s, g: g.temp),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda n, s, g: g.power),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.",
+     lambda n, s, g: g.ecc),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
+     lambda n, s, g: (s.xid_on(g) or [0])[-1] if s.xid is not None else None),
+)
+
+
+class ClusterCollector(Collector):
+    """Reads the streams' latest frames at each scrape: nothing is sampled for it. The
+    gpucluster job is the label `job_id`: Prometheus keeps `job` for its scrape job."""
+
+    def __init__(self, streams: ClusterStreams) -> None:
+        self.streams = streams
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = take(self.streams)
+        fresh = [n for n in snapshot.nodes if n.sample is not None and not n.stale]
+        for name, help_text, value_of in DCGM_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=GPU_LABELS)
+            for node in fresh:
+                assert node.sample is not None
+                for gpu in node.sample.gpus:
+                    value = value_of(node, node.sample, gpu)
+                    if value is not None:
+                        family.add_metric(_gpu_labels(node, gpu), float(value))
+            yield family
+        yield from _node_families(snapshot.nodes)
+        yield from _job_families(fresh)
+
+
+def _gpu_labels(node: NodeView, gpu: Gpu) -> list[str]:
+    return [str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name, node.host, gpu.bus_id]
+
+
+def _node_families(nodes: tuple[NodeView, ...]) -> Iterator[Metric]:
+    up = GaugeMetricFamily("gpucluster_node_up", "1 when the node's sampler sends fresh "
+                           "frames, 0 when it is stale or unreachable.", labels=["Hostname"])
+    age = GaugeMetricFamily("gpucluster_node_sample_age_seconds",
+                            "Seconds since the node's latest frame.", labels=["Hostname"])
+    load = GaugeMetricFamily("gpucluster_node_load1", "The node's 1-minute load average.",
+                             labels=["Hostname"])
+    receive = GaugeMetricFamily("gpucluster_node_network_receive_bytes_per_second",
+                                "Receive rate of the cluster interface or an InfiniBand "
+                                "port.", labels=["Hostname", "interface"])
+    transmit = GaugeMetricFamily("gpucluster_node_network_transmit_bytes_per_second",
+                                 "Transmit rate of the cluster interface or an InfiniBand "
+                                 "port.", labels=["Hostname", "interface"])
+    for node in nodes:
+        up.add_metric([node.host], 0.0 if node.stale else 1.0)
+        if node.age_s is not None:
+            age.add_metric([node.host], node.age_s)
+        if node.sample is None or node.stale:
+            continue
+        if node.sample.load1 is not None:
+            load.add_metric([node.host], node.sample.load1)
+        for interface, (rx, tx) in node.sample.rates.items():
+            receive.add_metric([node.host, interface], float(rx))
+            transmit.add_metric([node.host, interface], float(tx))
+    yield from (up, age, load, receive, transmit)
+
+
+def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
+    job = GaugeMetricFamily(
+        "gpucluster_gpu_job_info", "1 for each gpucluster job and rank on a GPU (join on "
+        "Hostname and gpu with the DCGM metrics).", labels=["Hostname", "gpu", "UUID",
+                                                            "job_id", "rank", "local_rank"])
+    memory = GaugeMetricFamily(
+        "gpucluster_gpu_process_memory_used_mib", "GPU memory held by each process, with "
+        "its gpucluster job and rank (empty for a foreign process).",
+        labels=["Hostname", "gpu", "UUID", "pid", "user", "job_id", "rank"])
+    for node in nodes:
+        assert node.sample is not None
+        for gpu in node.sample.gpus:
+            for process in node.sample.processes_on(gpu):
+                rank = "" if process.rank is None else str(process.rank)
+                if process.job:
+                    local = "" if process.local_rank is None else str(process.local_rank)
+                    job.add_metric([node.host, str(gpu.index), gpu.uuid, process.job, rank,
+                                    local], 1.0)
+                if process.used_mib is not None:
+                    memory.add_metric([node.host, str(gpu.index), gpu.uuid, str(process.pid),
+                                       process.user, process.job or "", rank],
+                                      float(process.used_mib))
+    yield from (job, memory)
+
+
+def serve(streams: ClusterStreams, address: str, port: int,
+          on_ready: Callable[[str], None]) -> None:
+    """Serve /metrics until Ctrl-C."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(streams))
+    server, _ = start_http_server(port, addr=address, registry=registry)
+    host = f"[{address}]" if ":" in address else address
+    on_ready(f"http://{host}:{port}/metrics")
+    try:
+        threading.Event().wait()
+    finally:
+        server.shutdown()

@@ -1,0 +1,112 @@
+"""What a node's sampler reports (templates/observe/node_gpus.py), as the controller
+keeps it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu_uuid: str
+    pid: int
+    used_mib: int | None
+    user: str
+    state: str  # R, S, D... from /proc
+    job: str | None  # the gpucluster job whose marker it carries
+    rank: int | None
+    local_rank: int | None
+    readable: bool = True  # its environment could be read (else: another user's)
+    job_running: bool | None = None  # reap's listing only: the job's torchrun still runs
+
+    @property
+    def owner(self) -> str:
+        """running (a job of ours that runs), leftover (of one that ended) or foreign."""
+        if self.job is None:
+            return "foreign"
+        return "leftover" if self.job_running is False else "running"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    bus_id: str
+    util: int | None
+    mem_used: int | None
+    mem_total: int | None
+    temp: int | None
+    power: float | None
+    ecc: int | None  # uncorrected, volatile (since the driver loaded)
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """One frame of one node."""
+
+    time: float  # the node's clock
+    gpus: tuple[Gpu, ...]
+    processes: tuple[GpuProcess, ...]
+    interface: str | None
+    rates: dict[str, tuple[int, int]]  # interface or IB port -> (rx, tx) bytes/s
+    load1: float | None
+    cpus: int | None
+    error: str  # nvidia-smi's, when no GPU answered
+    xid: tuple[tuple[str, int | None], ...] | None  # (bus, code) since the sampler began
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def processes_on(self, gpu: Gpu) -> list[GpuProcess]:
+        return [p for p in self.processes if p.gpu_uuid == gpu.uuid]
+
+    def xid_on(self, gpu: Gpu) -> list[int | None]:
+        """The Xid codes logged for this GPU."""
+        return [code for bus, code in self.xid or () if bus_key(bus) == bus_key(gpu.bus_id)]
+
+
+def bus_key(bus_id: str) -> tuple[int, ...]:
+    """Domain, bus, device: the kernel writes 0000:18:00 where nvidia-smi writes
+    00000000:18:00.0."""
+    try:
+        return tuple(int(part, 16) for part in bus_id.partition(".")[0].split(":")[-3:])
+    except ValueError:
+        return ()
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def process_of(raw: dict[str, Any]) -> GpuProcess:
+    return GpuProcess(str(raw["gpu_uuid"]), int(raw["pid"]), _int(raw.get("used_mib")),
+                      str(raw.get("user", "?")), str(raw.get("state", "?")),
+                      raw.get("job") or None, _int(raw.get("rank")),
+                      _int(raw.get("local_rank")), bool(raw.get("readable", True)),
+                      raw.get("job_running"))
+
+
+def parse_frame(line: str) -> NodeSample | None:
+    """A sampler's JSON line, or None for anything else (a login banner...)."""
+    try:
+        raw = json.loads(line)
+        gpus = tuple(Gpu(int(g["index"]), str(g["uuid"]), str(g["name"]), str(g["bus_id"]),
+                         _int(g["util"]), _int(g["mem_used"]), _int(g["mem_total"]),
+                         _int(g["temp"]), _float(g["power"]), _int(g["ecc"]))
+                     for g in raw["gpus"])
+        processes = tuple(process_of(p) for p in raw["processes"])
+        rates = {str(k): (int(v[0]), int(v[1])) for k, v in raw["rates"].items()}
+        load = raw.get("load") or [None]
+        xid = raw.get("xid")
+        return NodeSample(float(raw["t"]), tuple(sorted(gpus, key=lambda g: g.index)),
+                          processes, raw.get("interface"), rates, _float(load[0]),
+                          _int(raw.get("cpus")), str(raw.get("error") or ""),
+                          tuple((str(b), _int(c)) for b, c in xid) if xid is not None
+                          else None)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None

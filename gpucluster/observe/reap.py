@@ -1,0 +1,118 @@
+"""`gpucluster reap`: the processes holding GPUs on every node, each told apart as a
+running job's (never touched), a leftover of an ended job of ours, or foreign; and the
+ending of those asked for, confirmed by listing the GPUs' processes again."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shlex
+from dataclasses import dataclass
+
+from gpucluster.inventory import Host, Inventory
+from gpucluster.observe.model import GpuProcess, process_of
+from gpucluster.remote.connection import Connection, shell_path
+from gpucluster.remote.result import HostFailure
+from gpucluster.remote.session import Session
+from gpucluster.templating import script_text
+
+LIST_TIMEOUT_S = 60.0
+D_STATE_REMEDY = ("it is in uninterruptible sleep (D), waiting on the driver or a device: "
+                  "it ends when that returns; if it does not, reset the GPU once nothing "
+                  "else uses it (nvidia-smi --gpu-reset -i GPU) or reboot the node")
+
+
+@dataclass(frozen=True)
+class NodeProcesses:
+    host: str
+    processes: tuple[GpuProcess, ...] = ()
+    error: str = ""  # nvidia-smi's or the connection's, when nothing could be listed
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What `--yes` did on one node."""
+
+    host: str
+    targets: tuple[GpuProcess, ...]
+    left: tuple[tuple[GpuProcess, str], ...] = ()  # still there, and what to do
+    freed_mib: int = 0
+    error: str = ""
+
+
+def _script(inventory: Inventory, *args: str) -> str:
+    return (f"{shlex.quote(inventory.cluster.python)} -c "
+            f"{shlex.quote(script_text('observe/node_gpus.py'))} " + " ".join(args))
+
+
+def _list_on(connection: Connection, inventory: Inventory) -> NodeProcesses:
+    jobs_dir = f"{shell_path(inventory.cluster.work_dir)}/jobs"
+    done = connection.run(_script(inventory, "processes", jobs_dir,
+                                  shlex.quote(connection.host)), timeout=LIST_TIMEOUT_S)
+    try:
+        payload = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return NodeProcesses(connection.host, error=(done.stderr.strip()[-300:] or
+                                                     f"exit {done.exit_code}"))
+    return NodeProcesses(connection.host, tuple(process_of(p) for p in payload["processes"]),
+                         str(payload.get("error") or ""))
+
+
+def list_processes(session: Session, inventory: Inventory,
+                   hosts: list[Host]) -> dict[str, NodeProcesses]:
+    result = session.map(hosts, lambda c: _list_on(c, inventory))
+    listed = dict(result.values)
+    for host, failure in result.failures.items():
+        listed[host] = NodeProcesses(host, error=failure.message)
+    return {h.name: listed[h.name] for h in hosts}
+
+
+def targets(listed: NodeProcesses, foreign: bool) -> list[GpuProcess]:
+    """Leftovers, and foreign processes when asked; never a running job's."""
+    wanted = ("leftover", "foreign") if foreign else ("leftover",)
+    return [p for p in listed.processes if p.owner in wanted]
+
+
+def end(session: Session, inventory: Inventory, listed: dict[str, NodeProcesses],
+        foreign: bool, grace_s: float) -> dict[str, Ended]:
+    """TERM, `grace_s`, KILL each target, then list again: what is gone freed its memory."""
+    hosts = [h for h in inventory.hosts if h.name in listed and targets(listed[h.name],
+                                                                          foreign)]
+    result = session.map(hosts, lambda c: _end_on(c, inventory, targets(listed[c.host],
+                                                                         foreign), grace_s))
+    ended = dict(result.values)
+    ended.update({h: _failed(h, listed[h], foreign, f) for h, f in result.failures.items()})
+    return ended
+
+
+def _failed(host: str, listed: NodeProcesses, foreign: bool, failure: HostFailure) -> Ended:
+    return Ended(host, tuple(targets(listed, foreign)), error=failure.message)
+
+
+def _end_on(connection: Connection, inventory: Inventory, doomed: list[GpuProcess],
+            grace_s: float) -> Ended:
+    host = inventory.host(connection.host)
+    # Another user's process (a root job's leftover, a foreign one) needs sudo to end.
+    sudo = any(p.user != _login(host) for p in doomed)
+    done = connection.run(_script(inventory, "end", f"{grace_s:g}",
+                                  *(str(p.pid) for p in doomed)),
+                          timeout=grace_s + LIST_TIMEOUT_S, sudo=sudo)
+    try:
+        left_pids = {int(p["pid"]): str(p.get("state", "?"))
+                     for p in json.loads(done.stdout.strip().splitlines()[-1])["left"]}
+    except (ValueError, IndexError, KeyError, TypeError):
+        return Ended(connection.host, tuple(doomed), error=(
+            done.stderr.strip()[-300:] or f"exit {done.exit_code}"))
+    after = _list_on(connection, inventory)
+    holding = {p.pid for p in after.processes}
+    left = tuple((p, D_STATE_REMEDY if left_pids.get(p.pid) == "D" else
+                  "it did not end on KILL: " + ("not permitted (no sudo?)" if not sudo
+                                                else "look at it with ps"))
+                 for p in doomed if p.pid in left_pids or p.pid in holding)
+    freed = sum(p.used_mib or 0 for p in doomed if p.pid not in holding
+                and p.pid not in left_pids)
+    return Ended(connection.host, tuple(doomed), left, freed, after.error)
+
+
+def _login(host: Host) -> str:
+    return host.user or getpass.getuser()

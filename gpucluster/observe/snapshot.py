@@ -1,0 +1,130 @@
+"""The cluster at one moment, from every node's latest frame: what `top` shows, `--json`
+prints and the exporter serves; and the one-line summary that points at a straggler."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpucluster.observe.model import Gpu, GpuProcess, NodeSample
+from gpucluster.observe.streams import ClusterStreams, stale_after
+
+SCHEMA = 1
+IDLE_UTIL = 5  # a GPU of a running job below this is idle (a straggler hint)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    host: str
+    sample: NodeSample | None
+    age_s: float | None  # since its latest frame came
+    stale: bool
+    error: str
+    ecc_base: dict[str, int]
+
+    def new_ecc(self, gpu: Gpu) -> int | None:
+        """Uncorrected ECC errors since `top` first saw the GPU."""
+        if gpu.ecc is None:
+            return None
+        return gpu.ecc - self.ecc_base.get(gpu.uuid, gpu.ecc)
+
+    @property
+    def mean_util(self) -> float | None:
+        utils = [g.util for g in self.sample.gpus if g.util is not None] if self.sample else []
+        return sum(utils) / len(utils) if utils else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    slowest: tuple[str, float] | None  # node, mean GPU utilisation (of 2+ nodes)
+    busiest: tuple[str, str, int] | None  # node, interface, rx + tx bytes/s
+    idle_in_jobs: tuple[tuple[str, int, str], ...]  # node, GPU, job
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    interval_s: float
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def summary(self) -> Summary:
+        fresh = [n for n in self.nodes if n.sample is not None and not n.stale]
+        utils = [(n.host, u) for n in fresh if (u := n.mean_util) is not None]
+        links = [(n.host, name, rx + tx) for n in fresh if n.sample
+                 for name, (rx, tx) in n.sample.rates.items() if rx + tx > 0]
+        # The slowest node matters when some GPUs work: among idle ones there is none.
+        busy = len(utils) > 1 and max(u for _, u in utils) >= IDLE_UTIL
+        return Summary(min(utils, key=lambda x: x[1]) if busy else None,
+                       max(links, key=lambda x: x[2]) if links else None,
+                       tuple(_idle_in_jobs(fresh)))
+
+
+def _idle_in_jobs(nodes: list[NodeView]) -> list[tuple[str, int, str]]:
+    idle = []
+    for node in nodes:
+        assert node.sample is not None
+        for gpu in node.sample.gpus:
+            jobs = {p.job for p in node.sample.processes_on(gpu) if p.job}
+            if jobs and gpu.util is not None and gpu.util < IDLE_UTIL:
+                idle.append((node.host, gpu.index, sorted(jobs)[0]))
+    return idle
+
+
+def take(streams: ClusterStreams) -> Snapshot:
+    views = []
+    for host, stream in streams.nodes.items():
+        sample, age, error, ecc_base = stream.view()
+        stale = sample is None or age is None or age > stale_after(streams.interval_s)
+        views.append(NodeView(host, sample, age, stale, error if stale or not sample
+                              or not sample.gpus else "", ecc_base))
+    return Snapshot(time.time(), streams.interval_s, tuple(views))
+
+
+def _process_json(process: GpuProcess) -> dict[str, Any]:
+    return {"pid": process.pid, "user": process.user, "used_mib": process.used_mib,
+            "job": process.job, "rank": process.rank, "local_rank": process.local_rank,
+            "foreign": process.job is None}
+
+
+def _gpu_json(node: NodeView, sample: NodeSample, gpu: Gpu) -> dict[str, Any]:
+    return {"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "bus_id": gpu.bus_id,
+            "util_pct": gpu.util, "mem_used_mib": gpu.mem_used, "mem_total_mib": gpu.mem_total,
+            "temp_c": gpu.temp, "power_w": gpu.power, "ecc_errors": node.new_ecc(gpu),
+            "xid_errors": sample.xid_on(gpu) if sample.xid is not None else None,
+            "processes": [_process_json(p) for p in sample.processes_on(gpu)]}
+
+
+def node_json(node: NodeView) -> dict[str, Any]:
+    sample = node.sample
+    rates = sample.rates if sample else {}
+    nic = rates.get(sample.interface or "") if sample else None
+    return {
+        "host": node.host, "stale": node.stale,
+        "age_s": round(node.age_s, 1) if node.age_s is not None else None,
+        "error": node.error or None,
+        "interface": sample.interface if sample else None,
+        "rx_bytes_per_s": nic[0] if nic else None, "tx_bytes_per_s": nic[1] if nic else None,
+        "infiniband": {name: {"rx_bytes_per_s": rx, "tx_bytes_per_s": tx}
+                       for name, (rx, tx) in rates.items() if "/" in name},
+        "load1": sample.load1 if sample else None, "cpus": sample.cpus if sample else None,
+        "gpus": [_gpu_json(node, sample, g) for g in sample.gpus] if sample else [],
+    }
+
+
+def to_json(snapshot: Snapshot) -> dict[str, Any]:
+    summary = snapshot.summary
+    return {
+        "schema": SCHEMA, "time": round(snapshot.taken_at, 3),
+        "interval_s": snapshot.interval_s,
+        "nodes": [node_json(n) for n in snapshot.nodes],
+        "summary": {
+            "slowest_node": {"host": summary.slowest[0], "util_pct": round(summary.slowest[1])}
+            if summary.slowest else None,
+            "busiest_link": {"host": summary.busiest[0], "interface": summary.busiest[1],
+                             "bytes_per_s": summary.busiest[2]} if summary.busiest else None,
+            "idle_gpus_in_jobs": [{"host": h, "gpu": g, "job": j}
+                                  for h, g, j in summary.idle_in_jobs],
+        },
+    }

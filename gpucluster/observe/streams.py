@@ -1,0 +1,132 @@
+"""One SSH connection and one long-running sampler per node, streaming a frame every
+interval; a node that falls silent is marked stale, and reconnected to when it answers
+again."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+
+from gpucluster.inventory import Host, Inventory
+from gpucluster.observe.model import NodeSample, parse_frame
+from gpucluster.remote.result import RemoteError
+from gpucluster.remote.session import Session
+from gpucluster.templating import script_text
+
+STREAM_LIMIT_S = 30 * 24 * 3600.0  # `top` and the exporter may run for weeks
+RETRY_S = 1.0  # between a failed connection and the next try
+
+
+def stale_after(interval_s: float) -> float:
+    """No frame for this long and a node is stale: two missed frames, at least 2 s, so
+    that a silent node shows as such within 3 s at the default interval."""
+    return max(2.0, 2 * interval_s)
+
+
+def sampler_command(inventory: Inventory, host: Host, interval_s: float) -> str:
+    # The interface that carries the cluster's traffic is the one towards a peer.
+    peers = [h for h in inventory.hosts if h.name != host.name]
+    peer = peers[0].address if peers else ""
+    return (f"exec {shlex.quote(inventory.cluster.python)} -u -c "
+            f"{shlex.quote(script_text('observe/node_gpus.py'))} stream "
+            f"{max(100, round(interval_s * 1000))} {shlex.quote(peer)}")
+
+
+class NodeStream:
+    """A node's sampler, restarted whenever its connection ends."""
+
+    def __init__(self, session: Session, inventory: Inventory, host: Host,
+                 interval_s: float) -> None:
+        self.session, self.host, self.interval_s = session, host, interval_s
+        self.command = sampler_command(inventory, host, interval_s)
+        self.latest: NodeSample | None = None
+        self.received_at: float | None = None  # monotonic, when the latest frame came
+        self.error = ""  # why it has no fresh frame, when known
+        self.ecc_base: dict[str, int] = {}  # each GPU's error count when first seen
+        self.dropped: float | None = None  # the last frame before the watchdog closed
+        self._stderr = ""
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True, name=f"top-{self.host.name}").start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._stderr = ""
+            try:
+                done = self.session.connection(self.host).run(
+                    self.command, timeout=STREAM_LIMIT_S, on_line=self._line)
+                self.error = self._stderr or f"the sampler ended (exit {done.exit_code})"
+            except RemoteError as error:
+                self.error = error.message
+            self._stopped.wait(RETRY_S)
+
+    def _line(self, stream: str, line: str) -> None:
+        if stream != "stdout":
+            self._stderr = line.strip() or self._stderr  # the last words of a failure
+            return
+        sample = parse_frame(line)
+        if sample is None:
+            return
+        with self._lock:
+            for gpu in sample.gpus:
+                if gpu.ecc is not None:
+                    self.ecc_base.setdefault(gpu.uuid, gpu.ecc)
+            self.latest, self.received_at = sample, time.monotonic()
+            self.error = sample.error
+
+    def view(self) -> tuple[NodeSample | None, float | None, str, dict[str, int]]:
+        """The latest frame, its age in seconds, the error, the ECC baselines."""
+        with self._lock:
+            age = time.monotonic() - self.received_at if self.received_at else None
+            return self.latest, age, self.error, dict(self.ecc_base)
+
+    def silent_for(self) -> float:
+        with self._lock:
+            return time.monotonic() - self.received_at if self.received_at else 0.0
+
+
+class ClusterStreams:
+    """Every node's stream, and a watchdog that drops the connection of a node silent for
+    longer than a few frames, so that its stream reconnects once it answers again."""
+
+    def __init__(self, session: Session, inventory: Inventory, hosts: list[Host],
+                 interval_s: float) -> None:
+        self.inventory, self.interval_s = inventory, interval_s
+        self.session = session
+        self.nodes = {h.name: NodeStream(session, inventory, h, interval_s) for h in hosts}
+        self._stopped = threading.Event()
+
+    def __enter__(self) -> ClusterStreams:
+        for stream in self.nodes.values():
+            stream.start()
+        threading.Thread(target=self._watch, daemon=True, name="top-watchdog").start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stopped.set()
+        for stream in self.nodes.values():
+            stream.stop()
+
+    def wait_first(self, limit_s: float) -> None:
+        """Until every node has sent a frame or failed (or `limit_s`)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and not self._stopped.is_set():
+            views = [s.view() for s in self.nodes.values()]
+            if all(sample is not None or error for sample, _, error, _ in views):
+                return
+            time.sleep(0.05)
+
+    def _watch(self) -> None:
+        limit = max(5.0, 3 * self.interval_s)  # the connection is taken for dead
+        while not self._stopped.wait(0.5):
+            for stream in self.nodes.values():
+                if stream.silent_for() > limit and stream.dropped != stream.received_at:
+                    stream.dropped = stream.received_at  # one close per silence
+                    stream.error = f"no frame for {limit:g}s: reconnecting"
+                    self.session.connection(stream.host).close()

@@ -1,0 +1,271 @@
+# gpucluster: a node's GPUs, their processes and its network, for `top`, `exporter`
+# and `reap`. Runs with the node's python3 and nothing else of ours.
+#   stream INTERVAL_MS [PEER]               one JSON frame per line, every interval, from
+#                                           nvidia-smi's own loops (-lms): no process
+#                                           is started per sample; PEER's route names
+#                                           the cluster interface
+#   processes JOBS_DIR NODE                 one JSON object: the GPU processes, with the
+#                                           job (and whether it still runs) of each
+#   end GRACE_S PID...                      TERM, grace, KILL; what is left, as JSON
+import contextlib
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+MARKER = "GPUCLUSTER_JOB="
+GPU_FIELDS = ("index,uuid,name,pci.bus_id,utilization.gpu,memory.used,memory.total,"
+              "temperature.gpu,power.draw,ecc.errors.uncorrected.volatile.total")
+APP_FIELDS = "gpu_uuid,pid,used_memory"
+FORMAT = "--format=csv,noheader,nounits"
+IB = "/sys/class/infiniband"
+
+
+def number(text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None  # [N/A], [Not Supported]
+    return int(value) if value.is_integer() else value
+
+
+def read(path, default=""):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return default
+
+
+def owner(pid):
+    """User, state (R, S, D...), and from the environment the job marker and ranks."""
+    status = read(f"/proc/{pid}/status")
+    uid = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")),
+               None)
+    try:
+        user = pwd.getpwuid(int(uid)).pw_name if uid is not None else "?"
+    except KeyError:
+        user = uid
+    state = read(f"/proc/{pid}/stat").rpartition(")")[2].split()[:1]
+    environ = {}
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            for entry in handle.read().split(b"\0"):
+                name, _, value = entry.decode(errors="replace").partition("=")
+                if name in ("GPUCLUSTER_JOB", "RANK", "LOCAL_RANK"):
+                    environ[name] = value
+        readable = True
+    except OSError:
+        readable = False  # another user's: not ours to attribute
+    return {"user": user, "state": state[0] if state else "?", "readable": readable,
+            "job": environ.get("GPUCLUSTER_JOB", "").split("@")[0] or None,
+            "rank": number(environ.get("RANK", "-")),
+            "local_rank": number(environ.get("LOCAL_RANK", "-"))}
+
+
+def job_running(jobs_dir, job, node):
+    """The job's torchrun leader on this node is alive and still carries its marker."""
+    leader = read(f"{jobs_dir}/{job}/{node}/leader.pid").strip()
+    marker = f"{MARKER}{job}@{node}".encode()
+    try:
+        with open(f"/proc/{leader}/environ", "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except (OSError, ValueError):
+        return False
+
+
+def apps_now():
+    done = subprocess.run(["nvidia-smi", f"--query-compute-apps={APP_FIELDS}", FORMAT],
+                          check=False, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError((done.stdout + done.stderr).strip()[-300:] or "nvidia-smi failed")
+    return [line.split(", ") for line in done.stdout.splitlines() if line.count(", ") == 2]
+
+
+def processes(jobs_dir, node):
+    try:
+        rows = apps_now()
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
+        return {"error": str(error), "processes": []}
+    found, running = [], {}
+    for uuid, pid, mib in rows:
+        info = owner(pid)
+        job = info["job"]
+        if job and job not in running:
+            running[job] = job_running(jobs_dir, job, node)
+        found.append({"pid": int(pid), "gpu_uuid": uuid, "used_mib": number(mib), **info,
+                      "job_running": running.get(job) if job else None})
+    return {"processes": found}
+
+
+def end(grace_s, pids):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 3)
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.1)
+    left = [{"pid": p, **owner(p)} for p in pids if alive(p)]
+    return {"left": left}
+
+
+def alive(pid):
+    state = read(f"/proc/{pid}/stat").rpartition(")")[2].split()[:1]
+    return bool(state) and state[0] not in ("Z", "X")
+
+
+class Loop(threading.Thread):
+    """One nvidia-smi loop; keeps the newest row per key and when it came."""
+
+    def __init__(self, query, key, width, interval_ms):
+        super().__init__(daemon=True)
+        self.rows, self.error = {}, ""
+        self.key, self.width = key, width
+        self.process = subprocess.Popen(
+            ["nvidia-smi", query, FORMAT, "-lms", str(interval_ms)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def run(self):
+        for line in self.process.stdout:
+            fields = line.rstrip("\n").split(", ")
+            if len(fields) == self.width:
+                self.rows[fields[self.key]] = (fields, time.monotonic())
+            else:
+                self.error = line.strip()
+        self.error = self.error or f"nvidia-smi exited {self.process.wait()}"
+
+    def fresh(self, within_s):
+        now = time.monotonic()
+        return [fields for fields, came in list(self.rows.values()) if now - came <= within_s]
+
+
+def interface_to(peer):
+    try:
+        address = socket.getaddrinfo(peer, None)[0][4][0]  # a name, or an address
+    except OSError:
+        return None
+    done = subprocess.run(["ip", "-o", "route", "get", address], check=False,
+                          capture_output=True, text=True)
+    words = done.stdout.split()
+    return words[words.index("dev") + 1] if "dev" in words else None
+
+
+def counters(interface):
+    """(rx, tx) bytes of the interface, and of each InfiniBand port."""
+    found = {}
+    for line in read("/proc/net/dev").splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        if name.strip() == interface:
+            fields = rest.split()
+            found[interface] = (int(fields[0]), int(fields[8]))
+    for device in os.listdir(IB) if os.path.isdir(IB) else []:
+        for port in os.listdir(f"{IB}/{device}/ports"):
+            base = f"{IB}/{device}/ports/{port}/counters"
+            rx = number(read(f"{base}/port_rcv_data", "x"))
+            tx = number(read(f"{base}/port_xmit_data", "x"))
+            if rx is not None and tx is not None:
+                found[f"{device}/{port}"] = (rx * 4, tx * 4)  # counted in 4-byte words
+    return found
+
+
+class Xid(threading.Thread):
+    """New NVRM Xid lines from the kernel log (/dev/kmsg, root or dmesg_restrict=0)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.readable, self.events = True, []
+        try:
+            self.handle = open("/dev/kmsg", "rb", buffering=0)
+            self.handle.seek(0, os.SEEK_END)
+        except OSError:
+            self.readable = False
+
+    def run(self):
+        while self.readable:
+            try:
+                record = self.handle.read(8192).decode(errors="replace")
+            except OSError:
+                continue  # EPIPE: records overwritten before we read them
+            message = record.partition(";")[2]
+            if "NVRM: Xid" in message:  # NVRM: Xid (PCI:0000:18:00): 79, ...
+                bus = message.partition("PCI:")[2].partition(")")[0]
+                code = number(message.partition("): ")[2].partition(",")[0].strip())
+                self.events.append([bus, code])
+
+
+def stream(interval_ms, peer):
+    interval = interval_ms / 1000
+    gpus = Loop(f"--query-gpu={GPU_FIELDS}", 0, GPU_FIELDS.count(",") + 1, interval_ms)
+    apps = Loop(f"--query-compute-apps={APP_FIELDS}", 1, 3, interval_ms)
+    xid = Xid()
+    for thread in (gpus, apps, xid):
+        thread.start()
+
+    def quit_with_the_controller():  # stdin ends when the SSH session does
+        sys.stdin.read()
+        for loop in (gpus, apps):
+            loop.process.kill()
+        os._exit(0)
+    threading.Thread(target=quit_with_the_controller, daemon=True).start()
+    interface = interface_to(peer) if peer else None
+    before, owners = counters(interface), {}
+    # The processes loop prints nothing while there are none, so its silence cannot say
+    # "none yet": one query of its own makes the first frames complete.
+    with contextlib.suppress(OSError, RuntimeError, subprocess.TimeoutExpired):
+        for row in apps_now():
+            apps.rows.setdefault(row[1], (row, time.monotonic()))
+    last = time.monotonic()
+    deadline = last + max(5.0, 3 * interval)
+    while not gpus.rows and not gpus.error and time.monotonic() < deadline:
+        time.sleep(0.02)  # the first frame as soon as the GPUs have answered
+    try:
+        while True:
+            now = time.monotonic()
+            after = counters(interface)
+            rates = {name: [round((after[name][0] - old[0]) / (now - last)),
+                            round((after[name][1] - old[1]) / (now - last))]
+                     for name, old in before.items() if name in after and now > last}
+            before, last = after, now
+            rows = gpus.fresh(1.5 * interval + 1)
+            running = apps.fresh(1.5 * interval + 1)
+            owners = {pid: owners.get(pid) or owner(pid) for _, pid, _ in running}
+            frame = {
+                "t": time.time(), "interface": interface, "rates": rates,
+                "load": [number(v) for v in read("/proc/loadavg").split()[:3]],
+                "cpus": os.cpu_count(), "error": "" if rows else gpus.error,
+                "gpus": [dict(zip(("index", "uuid", "name", "bus_id", "util", "mem_used",
+                                   "mem_total", "temp", "power", "ecc"),
+                                  [number(f[0]), f[1], f[2], f[3],
+                                   *[number(v) for v in f[4:]]], strict=True)) for f in rows],
+                "processes": [{"gpu_uuid": u, "pid": int(p), "used_mib": number(m),
+                               **owners[p]} for u, p, m in running],
+                "xid": xid.events if xid.readable else None,
+            }
+            sys.stdout.write(json.dumps(frame) + "\n")
+            sys.stdout.flush()
+            time.sleep(max(0.0, interval - (time.monotonic() - now)))
+    finally:
+        for loop in (gpus, apps):
+            loop.process.kill()
+
+
+def main(args):
+    if args[0] == "stream":
+        stream(int(args[1]), args[2] if len(args) > 2 else "")
+    elif args[0] == "processes":
+        print(json.dumps(processes(args[1], args[2])))
+    elif args[0] == "end":
+        print(json.dumps(end(float(args[1]), [int(p) for p in args[2:]])))
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (BrokenPipeError, KeyboardInterrupt):
+        os._exit(0)

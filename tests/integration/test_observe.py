@@ -1,0 +1,309 @@
+"""top, the exporter (scraped by a real Prometheus) and reap, on a 3-node sandbox of
+their own while a real 3-node torchrun job (2 ranks per node) runs: its workers are the
+simulated GPUs' compute processes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli import gpucluster
+from tests.sandbox import Sandbox, start_sandbox
+
+pytestmark = pytest.mark.sandbox
+
+NAME, SUBNET = "gpcobs", "198.19.8.0/24"
+GPUS = 8  # the sandbox's default staging
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    sandbox = start_sandbox(tmp_path_factory.mktemp("observe") / "cluster.yaml", NAME,
+                            SUBNET, 3, provision="hosts")
+    try:
+        yield sandbox
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
+
+
+def start_job(cluster: Sandbox, project: Path, *hosts: str) -> str:
+    """A long job (on `hosts`, else every node), once every rank has started stepping."""
+    selection = ["-w", ",".join(hosts)] if hosts else []
+    started = gpucluster("launch", "-i", str(cluster.inventory), *selection, "-d",
+                         "--nproc-per-node", "2", "train.py", "--", "--epochs", "100000",
+                         cwd=str(project), timeout=180)
+    assert started.code == 0, started.stderr
+    job_id = started.stdout.strip().splitlines()[-1]
+    deadline = time.monotonic() + 120
+    while "epoch 1 loss" not in gpucluster("logs", "-i", str(cluster.inventory),
+                                           job_id).stdout:
+        assert time.monotonic() < deadline, "the job never got going"
+        time.sleep(2)
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("project")
+    train = Path(__file__).parents[2] / "examples" / "train.py"
+    (directory / "train.py").write_bytes(train.read_bytes())
+    return directory
+
+
+@pytest.fixture(scope="module")
+def job(cluster: Sandbox, project: Path) -> Iterator[str]:
+    job_id = start_job(cluster, project)
+    try:
+        yield job_id
+    finally:
+        gpucluster("stop", "-i", str(cluster.inventory), job_id)
+
+
+def top_once(cluster: Sandbox, *args: str) -> dict:
+    done = gpucluster("top", "-i", str(cluster.inventory), "--once", "--json", *args)
+    assert done.code == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox,
+                                                                job: str) -> None:
+    snapshot = top_once(cluster)
+    # The schema, pinned: a change here is a new schema number.
+    assert snapshot["schema"] == 1
+    assert set(snapshot) == {"schema", "time", "interval_s", "nodes", "summary"}
+    node = snapshot["nodes"][0]
+    assert set(node) == {"host", "stale", "age_s", "error", "interface", "rx_bytes_per_s",
+                         "tx_bytes_per_s", "infiniband", "load1", "cpus", "gpus"}
+    assert set(node["gpus"][0]) == {"index", "uuid", "name", "bus_id", "util_pct",
+                                    "mem_used_mib", "mem_total_mib", "temp_c", "power_w",
+                                    "ecc_errors", "xid_errors", "processes"}
+    assert set(snapshot["summary"]) == {"slowest_node", "busiest_link", "idle_gpus_in_jobs"}
+
+    assert [n["host"] for n in snapshot["nodes"]] == cluster.nodes
+    ranks: dict[int, str] = {}
+    for node in snapshot["nodes"]:
+        assert not node["stale"] and node["interface"] == "eth0", node
+        assert [g["index"] for g in node["gpus"]] == list(range(GPUS))
+        for gpu in node["gpus"]:
+            ours = [p for p in gpu["processes"] if p["job"] == job]
+            # LOCAL_RANK k holds GPU k, with its memory; no other GPU holds anything.
+            assert len(ours) == (1 if gpu["index"] < 2 else 0), gpu
+            for process in ours:
+                assert process["local_rank"] == gpu["index"] and not process["foreign"]
+                assert process["used_mib"] > 0 and gpu["mem_used_mib"] >= process["used_mib"]
+                ranks[process["rank"]] = node["host"]
+    assert sorted(ranks) == list(range(6))
+    assert all(len({r for r, h in ranks.items() if h == host}) == 2 for host in cluster.nodes)
+    # -w selects hosts.
+    assert [n["host"] for n in top_once(cluster, "-w", "node2")["nodes"]] == ["node2"]
+
+
+def _read_snapshots(process: subprocess.Popen[str], until: object, limit: float) -> dict:
+    """Snapshots from `top --json` until `until(snapshot)` is true."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        snapshot = json.loads(process.stdout.readline())
+        if until(snapshot):  # type: ignore[operator]
+            return snapshot
+    raise AssertionError("the snapshot awaited never came")
+
+
+def test_a_silent_node_turns_stale_within_3s_and_comes_back(cluster: Sandbox,
+                                                             job: str) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "top", "-i", str(cluster.inventory), "--json",
+         "--interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    namespace = f"{NAME}-node3"
+    try:
+        _read_snapshots(process, lambda s: all(not n["stale"] for n in s["nodes"]), 60)
+        for chain in ("INPUT", "OUTPUT"):
+            subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-I", chain, "-j",
+                            "DROP"], check=True)
+        dropped = time.monotonic()
+        stale = _read_snapshots(process, lambda s: s["nodes"][2]["stale"], 30)
+        assert time.monotonic() - dropped <= 3.0 + 1.0  # + one snapshot's interval
+        assert not stale["nodes"][0]["stale"] and not stale["nodes"][1]["stale"]
+        assert stale["nodes"][2]["age_s"] >= 2
+    finally:
+        for chain in ("INPUT", "OUTPUT"):
+            subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-D", chain, "-j",
+                            "DROP"], check=False)
+    try:
+        back = _read_snapshots(process, lambda s: not s["nodes"][2]["stale"], 40)
+        assert len(back["nodes"][2]["gpus"]) == GPUS  # reconnected, a new sampler
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+
+
+def test_the_live_view_renders_every_node_and_rank_on_a_terminal(cluster: Sandbox,
+                                                                 job: str) -> None:
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 140, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("COLUMNS", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "top", "-i", str(cluster.inventory)],
+        stdin=follower, stdout=follower, stderr=follower, env=env, start_new_session=True)
+    os.close(follower)
+    screen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and screen.count(b"rank 5") < 2:  # two frames
+            with contextlib.suppress(OSError):
+                screen += os.read(leader, 65536)
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        code = process.wait(timeout=20)
+        os.close(leader)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "", screen.decode(errors="replace"))
+    assert code == 0
+    for node in cluster.nodes:
+        assert re.search(rf"^{node}\s+eth0 rx", text, re.M), text[-3000:]
+    frame = text[text.rfind("GPU   util"):]
+    for rank in range(6):
+        assert f"{job} rank {rank}" in frame, frame
+    assert re.search(r"^\s+7\s+\d+%\s+[\d.]+/\d+G\s+\d+C\s+\d+W\s+0/\d", frame, re.M), frame
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.loads(answer.read())["data"]["result"]
+
+
+def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
+                                                tmp_path: Path) -> None:
+    exporter_port, prometheus_port = _free_port(), _free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "exporter", "-i", str(cluster.inventory),
+         "--listen", f"127.0.0.1:{exporter_port}"], stderr=subprocess.PIPE, text=True)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                      f"  - job_name: gpucluster\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{exporter_port}']\n")
+    prometheus = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        series: list[dict] = []
+        while time.monotonic() < deadline and len(series) < 3 * GPUS:
+            time.sleep(1)
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                series = _query(prometheus_port, "DCGM_FI_DEV_GPU_UTIL")
+        # One utilisation series per node and GPU, with DCGM exporter's labels.
+        assert sorted((s["metric"]["Hostname"], int(s["metric"]["gpu"])) for s in series) == \
+            [(node, gpu) for node in cluster.nodes for gpu in range(GPUS)]
+        assert {s["metric"]["modelName"] for s in series} == {"NVIDIA H100 80GB HBM3"}
+        ranks = _query(prometheus_port, f'gpucluster_gpu_job_info{{job_id="{job}"}}')
+        assert sorted(int(s["metric"]["rank"]) for s in ranks) == list(range(6))
+        up = _query(prometheus_port, "gpucluster_node_up")
+        assert sorted((s["metric"]["Hostname"], s["value"][1]) for s in up) == \
+            [(node, "1") for node in cluster.nodes]
+    finally:
+        prometheus.terminate()
+        exporter.send_signal(signal.SIGINT)
+        prometheus.wait(timeout=30)
+        assert exporter.wait(timeout=20) == 0
+
+
+def _gpu_processes_check(cluster: Sandbox, node: str) -> str:
+    done = gpucluster("doctor", "-i", str(cluster.inventory), "-w", node, "--json",
+                      "--only", "gpu-processes")
+    payload = json.loads(done.stdout)
+    return next(r["status"] for r in payload["results"] if r["check"] == "gpu-processes")
+
+
+def _kill_agents(node: str, job: str) -> None:
+    """SIGKILL the job's torchrun (and its shell) on `node`: the workers stay, holding
+    their GPUs, as after an agent crash."""
+    pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
+                          text=True, check=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"GPUCLUSTER_JOB={job}@{node}".encode() in environ and \
+                    not any(e.startswith(b"LOCAL_RANK=") for e in environ):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, job: str,
+                                                             project: Path) -> None:
+    # Two jobs of their own: one keeps running on node[1-2], one on node3 loses its
+    # torchrun (so the leftovers' end cannot take the running job's ranks with it).
+    assert gpucluster("stop", "-i", str(cluster.inventory), job).code == 0
+    running_job = start_job(cluster, project, "node1", "node2")
+    dead_job = start_job(cluster, project, "node3")
+    # A foreign process on node1's GPU 5 (the sandbox's GPUs go by LOCAL_RANK).
+    foreign = subprocess.Popen(["ip", "netns", "exec", f"{NAME}-node1", "env", "LOCAL_RANK=5",
+                                "sleep", "600"])
+    try:
+        _kill_agents("node3", dead_job)
+        time.sleep(1)
+        assert _gpu_processes_check(cluster, "node3") == "FAIL"
+
+        listed = gpucluster("reap", "-i", str(cluster.inventory), "--json")
+        assert listed.code == 0, listed.stderr
+        owners = {(n["host"], p["pid"]): (p["owner"], p["job"])
+                  for n in json.loads(listed.stdout)["nodes"] for p in n["processes"]}
+        leftovers = [pid for (host, pid), (owner, _) in owners.items() if owner == "leftover"]
+        assert {host for (host, _), (owner, _) in owners.items() if owner == "leftover"} == \
+            {"node3"} and len(leftovers) == 2
+        assert {j for (owner, j) in owners.values() if owner == "leftover"} == {dead_job}
+        assert [owner for (host, _), (owner, _) in owners.items() if host == "node1"].count(
+            "foreign") == 1
+        running = [pid for (_, pid), (owner, j) in owners.items() if owner == "running"
+                   and j == running_job]
+        assert len(running) == 4
+
+        ended = gpucluster("reap", "-i", str(cluster.inventory), "--yes", "--grace", "3",
+                           "--json")
+        assert ended.code == 0, ended.stderr
+        node3 = next(n for n in json.loads(ended.stdout)["nodes"] if n["host"] == "node3")
+        assert node3["freed_mib"] > 0 and all(p["ended"] for p in node3["processes"])
+        assert not any(_alive(pid) for pid in leftovers)
+        assert all(_alive(pid) for pid in running)  # a running job's: never touched
+        assert foreign.poll() is None  # foreign: only with --foreign
+        assert _gpu_processes_check(cluster, "node3") == "OK"
+
+        gone = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node1", "--yes",
+                          "--foreign", "--grace", "3")
+        assert gone.code == 0, gone.stderr
+        assert foreign.wait(timeout=10) != 0  # ended by TERM
+        assert all(_alive(pid) for pid in running)
+    finally:
+        foreign.kill()
+        gpucluster("stop", "-i", str(cluster.inventory), running_job)

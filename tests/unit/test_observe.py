@@ -1,0 +1,153 @@
+"""The sampler's frames, the snapshot's summary and JSON, the exporter's exposition, and
+the sampler script itself against the simulated nvidia-smi."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpucluster.observe.exporter import ClusterCollector
+from gpucluster.observe.model import NodeSample, bus_key, parse_frame
+from gpucluster.observe.snapshot import NodeView, Snapshot, to_json
+from gpucluster.templating import template_dir
+
+JOB = "20261130-120000-abcd"
+
+
+def frame(util: tuple[int, ...] = (90, 3), rx: int = 1000, xid: list | None = None) -> str:
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100", "bus_id":
+             f"00000000:{0x18 + i:02X}:00.0", "util": u, "mem_used": 100 * (i + 1),
+             "mem_total": 81559, "temp": 40, "power": 70.5, "ecc": 2}
+            for i, u in enumerate(util)]
+    processes = [{"gpu_uuid": "GPU-0", "pid": 11, "used_mib": 100, "user": "root",
+                  "state": "S", "readable": True, "job": JOB, "rank": 2, "local_rank": 0},
+                 {"gpu_uuid": "GPU-1", "pid": 12, "used_mib": 200, "user": "root",
+                  "state": "R", "readable": True, "job": JOB, "rank": 3, "local_rank": 1},
+                 {"gpu_uuid": "GPU-1", "pid": 99, "used_mib": 50, "user": "alice",
+                  "state": "S", "readable": False, "job": None, "rank": None,
+                  "local_rank": None}]
+    return json.dumps({"t": 1.0, "interface": "eth0", "rates": {"eth0": [rx, 2 * rx],
+                                                               "mlx5_0/1": [0, 0]},
+                       "load": [1.5, 1, 1], "cpus": 16, "error": "", "gpus": gpus,
+                       "processes": processes, "xid": xid if xid is not None else []})
+
+
+def view(host: str, sample: NodeSample | None, stale: bool = False,
+         ecc_base: dict[str, int] | None = None) -> NodeView:
+    return NodeView(host, sample, 0.4 if not stale else 4.2, stale,
+                    "no frame for 5s" if stale else "", ecc_base or {})
+
+
+def test_a_frame_is_parsed_and_anything_else_is_not() -> None:
+    sample = parse_frame(frame(xid=[["0000:19:00", 79]]))
+    assert sample is not None
+    assert [g.util for g in sample.gpus] == [90, 3]
+    assert [p.rank for p in sample.processes_on(sample.gpus[1])] == [3, None]
+    assert sample.processes[2].owner == "foreign" and sample.processes[0].owner == "running"
+    assert sample.xid_on(sample.gpus[1]) == [79] and sample.xid_on(sample.gpus[0]) == []
+    assert bus_key("0000:19:00") == bus_key("00000000:19:00.0") == (0, 0x19, 0)
+    assert parse_frame("Welcome to node1") is None
+    assert parse_frame('{"t": 1, "gpus": [{"index": "x"}]}') is None
+
+
+def test_the_summary_names_the_slowest_node_the_busiest_link_and_idle_job_gpus() -> None:
+    busy, slow = parse_frame(frame((95, 90), rx=10)), parse_frame(frame((40, 2), rx=5000))
+    snapshot = Snapshot(0.0, 1.0, (view("node1", busy), view("node2", slow),
+                                   view("node3", None, stale=True)))
+    summary = snapshot.summary
+    assert summary.slowest == ("node2", 21.0)
+    assert summary.busiest == ("node2", "eth0", 15000)
+    assert summary.idle_in_jobs == (("node2", 1, JOB),)  # 2% while its job runs
+    idle = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((0, 0), rx=0))),
+                               view("node2", parse_frame(frame((1, 0), rx=0)))))
+    assert idle.summary.slowest is None and idle.summary.busiest is None  # nothing works
+
+
+def test_json_counts_ecc_errors_since_first_seen_and_marks_stale_nodes() -> None:
+    sample = parse_frame(frame())
+    snapshot = Snapshot(0.0, 1.0, (view("node1", sample, ecc_base={"GPU-0": 1}),
+                                   view("node2", None, stale=True)))
+    payload = to_json(snapshot)
+    node1, node2 = payload["nodes"]
+    assert [g["ecc_errors"] for g in node1["gpus"]] == [1, 0]  # 2 now, 1 when first seen
+    assert node1["rx_bytes_per_s"] == 1000 and node1["tx_bytes_per_s"] == 2000
+    assert node1["infiniband"] == {"mlx5_0/1": {"rx_bytes_per_s": 0, "tx_bytes_per_s": 0}}
+    assert node1["gpus"][1]["processes"][1]["foreign"] is True
+    assert node2 == {**node2, "stale": True, "age_s": 4.2, "gpus": [], "error":
+                     "no frame for 5s"}
+
+
+class _Stream:
+    def __init__(self, sample: NodeSample | None, age: float | None) -> None:
+        self.sample, self.age = sample, age
+
+    def view(self) -> tuple[NodeSample | None, float | None, str, dict[str, int]]:
+        return self.sample, self.age, "" if self.age and self.age < 2 else "silent", {}
+
+
+class _Streams:
+    interval_s = 1.0
+
+    def __init__(self) -> None:
+        self.nodes = {"node1": _Stream(parse_frame(frame(xid=[["0000:18:00", 48]])), 0.3),
+                      "node2": _Stream(parse_frame(frame()), 7.0)}
+
+
+def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(_Streams()))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert ('DCGM_FI_DEV_GPU_UTIL{Hostname="node1",UUID="GPU-0",device="nvidia0",gpu="0",'
+            'modelName="NVIDIA H100",pci_bus_id="00000000:18:00.0"} 90.0') in text
+    assert 'DCGM_FI_DEV_FB_FREE{Hostname="node1",UUID="GPU-1"' in text
+    assert 'DCGM_FI_DEV_XID_ERRORS{Hostname="node1",UUID="GPU-0"' in text and \
+        'pci_bus_id="00000000:18:00.0"} 48.0' in text
+    assert 'Hostname="node2",UUID' not in text  # stale: its GPU series are left out
+    assert 'gpucluster_node_up{Hostname="node2"} 0.0' in text
+    assert 'gpucluster_node_up{Hostname="node1"} 1.0' in text
+    assert (f'gpucluster_gpu_job_info{{Hostname="node1",UUID="GPU-1",gpu="1",job_id="{JOB}",'
+            f'local_rank="1",rank="3"}} 1.0') in text
+    assert 'pid="99",rank="",user="alice"} 50.0' in text  # foreign, with its memory
+    assert ('gpucluster_node_network_receive_bytes_per_second{Hostname="node1",'
+            'interface="eth0"} 1000.0') in text
+
+
+def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> None:
+    """The node script itself, with the simulated nvidia-smi on its PATH."""
+    state = tmp_path / "gpu.json"
+    state.write_text(json.dumps({"model": "h200", "count": 2, "driver": None,
+                                 "fault": None}))
+    wrapper = tmp_path / "nvidia-smi"
+    root = Path(__file__).parents[2]
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} -m "
+                       f"gpucluster.sandbox.fake_nvidia_smi --state {state} \"$@\"\n")
+    wrapper.chmod(0o755)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "LOCAL_RANK": "1",
+                                   "GPUCLUSTER_JOB": f"{JOB}@here", "RANK": "7"})
+    sampler = subprocess.Popen(
+        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
+         "300", "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    try:
+        assert sampler.stdout is not None
+        frames = [parse_frame(sampler.stdout.readline()) for _ in range(3)]
+    finally:
+        worker.kill()
+        assert sampler.stdin is not None
+        sampler.stdin.close()  # as when the SSH session ends: it quits, and its loops
+        assert sampler.wait(timeout=10) == 0
+    loops = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True,
+                           check=False)
+    assert loops.stdout == ""  # its nvidia-smi loops ended with it
+    assert all(f is not None and len(f.gpus) == 2 for f in frames)
+    last = frames[-1]
+    assert last is not None and last.interface == "lo"
+    mine = [p for p in last.processes if p.pid == worker.pid]
+    assert [(p.job, p.rank, p.local_rank, p.gpu_uuid[-1]) for p in mine] == \
+        [(JOB, 7, 1, "1")]
