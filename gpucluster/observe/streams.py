@@ -48,12 +48,20 @@ class NodeStream:
         self._stderr = ""
         self._stopped = threading.Event()
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self._run, daemon=True, name=f"top-{self.host.name}").start()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"top-{self.host.name}")
+        self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, deadline: float) -> None:
+        """Close the connection: the sampler quits when its stdin does (no remote kill to
+        wait for, as the session's own close would send)."""
         self._stopped.set()
+        self.session.connection(self.host).close()
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         while not self._stopped.is_set():
@@ -110,8 +118,9 @@ class ClusterStreams:
 
     def __exit__(self, *_: object) -> None:
         self._stopped.set()
+        deadline = time.monotonic() + 2.0
         for stream in self.nodes.values():
-            stream.stop()
+            stream.stop(deadline)
 
     def wait_first(self, limit_s: float) -> None:
         """Until every node has sent a frame or failed (or `limit_s`)."""
