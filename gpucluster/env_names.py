@@ -4,6 +4,7 @@ env, --env, anything exported on a node): what every POSIX shell accepts."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -23,6 +24,8 @@ def looks_secret(name: str) -> bool:
     return _SECRET.search(name) is not None
 
 
-def masked(env: dict[str, str]) -> dict[str, str]:
-    """`env` to show: secret-looking values replaced by ***."""
-    return {name: MASK if looks_secret(name) else value for name, value in env.items()}
+def masked(env: Mapping[str, str], secret: Collection[str] = ()) -> dict[str, str]:
+    """`env` to show or keep: secret-looking values, and those of the `secret` names
+    (launch --secret-env), replaced by ***."""
+    return {name: MASK if looks_secret(name) or name in secret else value
+            for name, value in env.items()}

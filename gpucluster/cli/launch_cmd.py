@@ -1,4 +1,5 @@
-"""`gpucluster launch`, `jobs`, `logs` and `stop`: a torchrun job's whole life."""
+"""`gpucluster launch`, `jobs` and `stop`: a torchrun job's whole life (`logs`:
+logs_cmd)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,16 @@ def launch(
     env: Annotated[list[str] | None, typer.Option(
         "--env", "-e", metavar="K=V", help="Extra environment for the job (repeatable).")
     ] = None,
+    secret_env: Annotated[list[str] | None, typer.Option(
+        "--secret-env", metavar="NAME",
+        help="Pass $NAME from this shell to the job; its value is never on a command line, "
+             "written down or shown (job.json, bundle). Names with TOKEN, KEY, SECRET or "
+             "PASSWORD are masked anyway.")
+    ] = None,
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and the NCCL "
+                        "flight recorder on every rank, their files in the job dir "
+                        "(gpucluster bundle takes them).")] = False,
     image: Annotated[str | None, typer.Option(
         metavar="IMAGE",
         help="Run torchrun inside this container image (host network and IPC, GPUs).")
@@ -109,10 +120,12 @@ def launch(
     if container and chosen_image is None:
         raise GpuclusterError(f"{loaded.path}: --container needs cluster.image in the "
                               f"inventory (fix: set it, or give --image NAME)")
+    secrets = _secret_env(secret_env or [])
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
-                            nproc_per_node, max_restarts, _parse_env(env or []), chosen_image)
+                            nproc_per_node, max_restarts, {**_parse_env(env or []), **secrets},
+                            chosen_image, debug=debug, secret_env=frozenset(secrets))
     err = stderr_console()
-    store = _store(loaded)
+    store = job_store(loaded)
     if recover:
         from gpucluster.cli import recovery_flow
         from gpucluster.launch.recover import RecoveryPolicy
@@ -148,7 +161,7 @@ def launch(
             return
         err.print(f"[dim]gpucluster: job {record.id}: streaming logs (Ctrl-C stops the job "
                   f"on every node)[/]")
-        _attach(session, loaded, store, record, err, live=True, fail_fast=True, grace=grace,
+        attach(session, loaded, store, record, err, live=True, fail_fast=True, grace=grace,
                 json_output=json_output)
 
 
@@ -165,7 +178,7 @@ def jobs(
     from gpucluster.launch.control import states
 
     loaded = load_inventory(inventory)
-    store = _store(loaded)
+    store = job_store(loaded)
     records = [store.load(i) for i in store.ids()[-limit:]]
     if not records:
         if json_output:
@@ -183,33 +196,6 @@ def jobs(
         view.print_jobs(stdout_console(), records, table, supervisors)
 
 
-def logs(
-    job: JobArgument = None,
-    inventory: InventoryOption = None,
-    follow_live: Annotated[bool, typer.Option(
-        "--follow", "-f", help="Keep following until the job ends (Ctrl-C only detaches).")
-    ] = False,
-    node: Annotated[str | None, typer.Option(
-        "--hosts", "-w", "--node", metavar="RANGE",
-        help="Only these of the job's nodes, e.g. node2 or node[1-2].")] = None,
-    accept_new_host_keys: AcceptNewOption = False,
-    ask_pass: AskPassOption = False,
-    connect_timeout: ConnectTimeoutOption = None,
-) -> None:
-    """Show a job's output from every node (prefixed \\[node/rank]); -f follows it live.
-    Also saved, one file per node, under .gpucluster/jobs/JOB/."""
-    loaded = load_inventory(inventory)
-    store = _store(loaded)
-    record = store.load(job)
-    nodes = hostrange.expand(node) if node else None
-    if nodes is not None and (unknown := [n for n in nodes if n not in record.hosts]):
-        raise GpuclusterError(f"job {record.id} did not run on {', '.join(unknown)} "
-                              f"(fix: --hosts with one of {hostrange.fold(record.hosts)})")
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        _attach(session, loaded, store, record, stderr_console(), live=follow_live,
-                fail_fast=False, grace=0, nodes=nodes)
-
-
 def stop(
     job: JobArgument = None,
     inventory: InventoryOption = None,
@@ -225,7 +211,7 @@ def stop(
     from gpucluster.launch.control import stop as stop_job
 
     loaded = load_inventory(inventory)
-    store = _store(loaded)
+    store = job_store(loaded)
     record = store.load(job)
     watcher = supervisor.supervisor_of(store, record.id)
     if watcher is not None:  # first, or it would start the next attempt
@@ -247,11 +233,28 @@ def stop(
 # -- helpers
 
 
-def _store(inventory: Inventory) -> JobStore:
+def job_store(inventory: Inventory) -> JobStore:
     from gpucluster.launch.jobs import JobStore
     from gpucluster.state import state_dir_for
 
     return JobStore(state_dir_for(inventory))
+
+
+def _secret_env(names: list[str]) -> dict[str, str]:
+    """--secret-env NAME: the value from this process's environment, as docker -e NAME."""
+    import os
+
+    env = {}
+    for name in names:
+        if not is_env_name(name):
+            raise GpuclusterError(f"--secret-env {name.partition('=')[0]!r}: expected a "
+                                  f"variable NAME, set in this shell (fix: export NAME=..., "
+                                  f"then --secret-env NAME)")
+        if name not in os.environ:
+            raise GpuclusterError(f"--secret-env {name}: ${name} is not set in this shell "
+                                  f"(fix: export {name}=...)")
+        env[name] = os.environ[name]
+    return env
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -265,7 +268,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
+def attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
             err: Console, live: bool, fail_fast: bool, grace: float,
             nodes: list[str] | None = None, json_output: bool = False) -> None:
     from gpucluster.launch.follow import follow

@@ -10,10 +10,12 @@ import typer
 
 from gpucluster import __version__
 from gpucluster.cli import (
+    bundle_cmd,
     demo_cmd,
     doctor_cmd,
     inventory_cmd,
     launch_cmd,
+    logs_cmd,
     provision_cmd,
     reap_cmd,
     run_cmd,
@@ -38,11 +40,12 @@ app.command("provision")(provision_cmd.provision)
 app.command("smoke")(smoke_cmd.smoke)
 app.command("launch")(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
-app.command("logs")(launch_cmd.logs)
+app.command("logs")(logs_cmd.logs)
 app.command("stop")(launch_cmd.stop)
 app.command("top")(top_cmd.top)
 app.command("exporter")(top_cmd.exporter)
 app.command("reap")(reap_cmd.reap)
+app.command("bundle")(bundle_cmd.bundle)
 app.command("demo")(demo_cmd.demo)
 
 

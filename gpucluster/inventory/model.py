@@ -61,6 +61,7 @@ class ClusterSettings:
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
     fanout: int = 64
+    log_max_mb: int = 100  # the controller's copy of one job's logs, all nodes together
 
 
 @dataclass(frozen=True)

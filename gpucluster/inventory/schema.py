@@ -119,6 +119,7 @@ CLUSTER_KEYS: dict[str, tuple[str, Converter]] = {
     "connect_timeout": ("seconds", _seconds),
     "command_timeout": ("seconds", _seconds),
     "fanout": ("integer", _fanout),
+    "log_max_mb": ("integer", _positive_int),
 }
 
 HOST_KEYS: dict[str, tuple[str, Converter]] = {

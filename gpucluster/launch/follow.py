@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from gpucluster import reports
 from gpucluster.inventory import Host, Inventory
@@ -17,6 +18,7 @@ from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of, stop
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.logsearch import ROTATED_SUFFIX, TIMES_SUFFIX
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     FirstFailure,
@@ -34,14 +36,61 @@ SILENT_NODE_S = 30.0  # no output and no heartbeat this long: the node is taken 
 FOLLOW_LIMIT_S = 30 * 24 * 3600.0  # a job may run for weeks; heartbeats catch dead nodes
 
 
+class _Copy:
+    """The controller's copy of a node's log, kept under `cap_bytes`: past half of it,
+    the copy becomes NODE.log.1 (replacing the one before) and a new one begins. The
+    node's stamps (node.times, one per line of its node.log) are split the same way."""
+
+    def __init__(self, log: Path, cap_bytes: int) -> None:
+        self.log, self.half = log, max(cap_bytes // 2, 1)
+        self.rotated = log.with_name(log.name + ROTATED_SUFFIX)
+        # Opened by the first line: a node that cannot be reached leaves the old copy be.
+        self.file: TextIO | None = None
+        self.size = self.lines = 0  # of the current copy
+        self.in_rotated = 0  # lines in NODE.log.1
+        self.dropped = 0  # lines gone with an overwritten NODE.log.1
+
+    def write(self, line: str) -> None:
+        if self.file is None:
+            self.rotated.unlink(missing_ok=True)
+            self.file = self.log.open("w", encoding="utf-8")
+        if self.size >= self.half:
+            self.file.close()
+            self.log.replace(self.rotated)
+            self.dropped += self.in_rotated
+            self.in_rotated, self.lines = self.lines, 0
+            self.file, self.size = self.log.open("w", encoding="utf-8"), 0
+        self.file.write(line + "\n")
+        self.file.flush()
+        self.size += len(line.encode()) + 1
+        self.lines += 1
+
+    def close(self, stamps: list[str], answered: bool) -> None:
+        """`answered`: the node sent its whole log (maybe none): the copy is that."""
+        if self.file is None:
+            if not answered:
+                return
+            self.rotated.unlink(missing_ok=True)
+            self.log.write_text("", encoding="utf-8")
+        else:
+            self.file.close()
+        rotated = stamps[self.dropped:self.dropped + self.in_rotated]
+        current = stamps[self.dropped + self.in_rotated:]
+        for path, part in ((self.rotated, rotated), (self.log, current)):
+            if part or path.exists():
+                path.with_name(path.name + TIMES_SUFFIX).write_text(
+                    "".join(f"{stamp}\n" for stamp in part), encoding="utf-8")
+
+
 class _Follower:
     """One node's log, streamed into the controller's copy and to the caller."""
 
     def __init__(self, session: Session, host: Host, record: JobRecord, log: Path,
                  follow: bool, on_output: OutputCallback | None,
-                 done: queue.Queue[tuple[str, NodeState]]) -> None:
+                 done: queue.Queue[tuple[str, NodeState]], cap_bytes: int) -> None:
         self.session, self.host, self.record = session, host, record
         self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
+        self.cap_bytes = cap_bytes
         self.last_heard = time.monotonic()
         self.last_progress = time.monotonic()  # output, or a newer heartbeat file
         self.progressed = False  # any progress yet (imports and rendezvous make none)
@@ -53,37 +102,43 @@ class _Follower:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
+        copy = _Copy(self.log, self.cap_bytes)
+        stamps: list[str] = []
         try:
-            with self.log.open("w", encoding="utf-8") as copy:
-                def on_line(stream: str, line: str) -> None:
-                    self.last_heard = time.monotonic()
-                    kind, rest = reports.parse(line) or ("", "")
-                    if kind == "alive" and stream == "stderr":
-                        mtime, step = [*rest.split(), "", ""][:2]
-                        if mtime not in ("", "-") and rest.strip() != self.heartbeat_mtime:
-                            self.heartbeat_mtime = rest.strip()  # a new mtime or step
-                            self.last_progress, self.progressed = time.monotonic(), True
-                            self._beat(int(step) if step.isdigit() else None)
-                        return
-                    if kind == "state":
-                        self.state = parse_state(self.host.name, rest)
-                        return
-                    self.last_progress, self.progressed = time.monotonic(), True
-                    copy.write(line + "\n")
-                    copy.flush()
-                    if self.on_output is not None:
-                        rank, text = split_rank(line)
-                        self.on_output(self.host.name, rank, text)
+            def on_line(stream: str, line: str) -> None:
+                self.last_heard = time.monotonic()
+                kind, rest = reports.parse(line) or ("", "")
+                if kind == "alive" and stream == "stderr":
+                    mtime, step = [*rest.split(), "", ""][:2]
+                    if mtime not in ("", "-") and rest.strip() != self.heartbeat_mtime:
+                        self.heartbeat_mtime = rest.strip()  # a new mtime or step
+                        self.last_progress, self.progressed = time.monotonic(), True
+                        self._beat(int(step) if step.isdigit() else None)
+                    return
+                if kind == "state":
+                    self.state = parse_state(self.host.name, rest)
+                    return
+                self.last_progress, self.progressed = time.monotonic(), True
+                copy.write(line)
+                if self.on_output is not None:
+                    rank, text = split_rank(line)
+                    self.on_output(self.host.name, rank, text)
 
-                connection = self.session.connection(self.host)
-                connection.run(node_scripts.follow_script(self.record, self.host.name,
-                                                          self.follow),
-                               timeout=FOLLOW_LIMIT_S if self.follow else 120,
-                               on_line=on_line)
+            connection = self.session.connection(self.host)
+            connection.run(node_scripts.follow_script(self.record, self.host.name,
+                                                      self.follow),
+                           timeout=FOLLOW_LIMIT_S if self.follow else 120,
+                           on_line=on_line)
             state = self.state or NodeState(self.host.name, "lost", None,
                                             "the log ended without a state")
+            # When each line was written, for logs --since and merging nodes in time.
+            stamps = connection.run(node_scripts.times_script(self.record, self.host.name),
+                                    timeout=60).stdout.split()
         except RemoteError as error:
-            state = NodeState(self.host.name, "unreachable", None, error.message)
+            state = self.state or NodeState(self.host.name, "unreachable", None,
+                                            error.message)
+        finally:
+            copy.close(stamps, self.state is not None)
         self.done.put((self.host.name, state))
 
     def _beat(self, step: int | None) -> None:
@@ -115,7 +170,8 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     hosts = hosts_of(inventory, record, nodes)
     done: queue.Queue[tuple[str, NodeState]] = queue.Queue()
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
-                                   live, on_output, done) for h in hosts}
+                                   live, on_output, done, _cap_bytes(inventory, record))
+                 for h in hosts}
     store.directory(record.id).mkdir(parents=True, exist_ok=True)
     for follower in followers.values():
         follower.start()
@@ -179,6 +235,11 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     return outcome
+
+
+def _cap_bytes(inventory: Inventory, record: JobRecord) -> int:
+    """Each node's share of cluster.log_max_mb."""
+    return inventory.cluster.log_max_mb * 1024 * 1024 // max(len(record.hosts), 1)
 
 
 def _drop_silent(session: Session, followers: Mapping[str, _Follower],

@@ -33,6 +33,8 @@ class JobRecord:
     checkpoint_dir: str = ""  # on the nodes, kept across a recovery's attempts
     attempt: int = 1  # under launch --recover: which attempt of its run this is
     run: str = ""  # under launch --recover: the first attempt's id (names the run)
+    env: dict[str, str] = field(default_factory=dict)  # the job's, secrets masked
+    debug: bool = False  # started with launch --debug
 
     def marker(self, node: str) -> str:
         """The environment value that tags every process of this job on `node`."""

@@ -37,6 +37,8 @@ class LaunchRequest:
     image: str | None = None
     attempt: int = 1  # launch --recover: this attempt's number
     run: str | None = None  # launch --recover: the run the attempt belongs to
+    debug: bool = False  # launch --debug: NCCL's and torch's diagnostics into the job dir
+    secret_env: frozenset[str] = frozenset()  # names in env whose values are never kept
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
 # Set for every job so that output streams live and each line names its global rank.
 JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
                  "GPUCLUSTER_CHECKPOINT_DIR", "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT")
+# launch --debug: set on every rank unless the job's env sets them (templates/launch/start).
+DEBUG_ENV_NAMES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
+                   "TORCH_DISTRIBUTED_DEBUG", "TORCH_FR_BUFFER_SIZE",
+                   "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                   "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+DEBUG_DIRS = ("nccl", "flight-recorder")  # in the node's job dir
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,11 @@ def engine_command(runtime: str) -> str:
 
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
-                 container: bool, rendezvous_port: int | None) -> str:
-    """`rendezvous_port` on the head only: wait for it to be free, else refuse."""
+                 container: bool, rendezvous_port: int | None, on_cpu: bool = False) -> str:
+    """`rendezvous_port` on the head only: wait for it to be free, else refuse. `on_cpu`:
+    the node's jobs run on CPU (gloo), where torch 2.13's DistributedDataParallel dies of
+    SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (seen on the sandbox; see
+    pytorch/pytorch#148976): --debug sets INFO there."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -86,7 +95,8 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   interface_exports=interface_exports, marker=record.marker(node),
                   checkpoint_dir=record.checkpoint_dir or f"{record.jobs_dir}/../checkpoints/"
                                                          f"{record.id}",
-                  attempt=record.attempt,
+                  attempt=record.attempt, debug=record.debug,
+                  distributed_debug="INFO" if on_cpu else "DETAIL",
                   any_job_pattern=any_job_pattern(node), container=container)
 
 
@@ -94,6 +104,12 @@ def follow_script(record: JobRecord, node: str, follow: bool) -> str:
     return render("launch/follow.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, follow=follow, heartbeat_s=HEARTBEAT_S,
                   marker_pattern=_marker_pattern(record, node))
+
+
+def times_script(record: JobRecord, node: str) -> str:
+    """The node's stamps of its log's lines (start.sh's node.times)."""
+    return (f"cat {record.jobs_dir}/{shlex.quote(record.id)}/{shlex.quote(node)}/node.times "
+            f"2>/dev/null; true")
 
 
 def stop_script(record: JobRecord, node: str, grace_s: float,

@@ -13,6 +13,7 @@ from pathlib import Path
 from gpucluster import hostrange, reports
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
+from gpucluster.env_names import masked
 from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Inventory
 from gpucluster.launch import node_scripts, workdir
@@ -127,14 +128,15 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
                         for h in inventory.hosts},
         image=request.image, attempt=request.attempt, run=request.run or "",
         checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"
-                       f"{request.run or job_id}")
-    store.save(record)
-    phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
+                       f"{request.run or job_id}", debug=request.debug)
     env = job_env(inventory, request.env)
     if request.max_restarts and RESTARTABLE_STORE not in env:
         # Without it, a torchrun restart's workers dial the previous round's store and
         # peers and the job never re-forms (pytorch/pytorch#135712; seen on the sandbox).
         env[RESTARTABLE_STORE] = "1"
+    record = dataclasses.replace(record, env=masked(env, request.secret_env))
+    store.save(record)
+    phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
     try:
         started = session.map(inventory.hosts, lambda c: _start_on(
             c, inventory, record, request, env))
@@ -172,7 +174,8 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
     container = None
     if request.image:
         argv[0] = "torchrun"  # the image's own, not the host's
-        names = sorted({*env, *node_scripts.JOB_ENV_NAMES, *SOCKET_IFNAME_VARIABLES})
+        names = sorted({*env, *node_scripts.JOB_ENV_NAMES, *SOCKET_IFNAME_VARIABLES,
+                        *(node_scripts.DEBUG_ENV_NAMES if record.debug else ())})
         container = node_scripts.Container(request.image, record.container_name(),
                                            host.jobs_use_gpus,
                                            names)
@@ -185,7 +188,7 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
     script = node_scripts.start_script(record, host.name, command,
                                        interface_exports(host, env), container is not None,
-                                       head_port)
+                                       head_port, on_cpu=not host.jobs_use_gpus)
     result = connection.run(script, timeout=60, env=dict(env))
     markers = reports.by_kind(result.stdout)
     pid = markers.get("started", [""])[0]

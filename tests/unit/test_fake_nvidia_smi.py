@@ -126,11 +126,12 @@ def test_a_worker_with_local_rank_is_a_busy_compute_process_on_its_gpu(
     state = _state(tmp_path, model="h200")
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                             env={**os.environ, "LOCAL_RANK": "1"})
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            env={**os.environ, "LOCAL_RANK": "0"})
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); "
+                             "time.sleep(60)"], env={**os.environ, "LOCAL_RANK": "0"},
+                            stdout=subprocess.PIPE)
     try:
-        _run(state, "--query-compute-apps=pid,gpu_uuid,used_memory",  # both started
-             "--format=csv,noheader,nounits", capsys=capsys)
+        assert idle.stdout is not None
+        idle.stdout.readline()  # started: asleep from now on
         code, out, _ = _run(state, "--query-compute-apps=pid,gpu_uuid,used_memory",
                             "--format=csv,noheader,nounits", capsys=capsys)
         assert code == 0

@@ -1,0 +1,1 @@
+"""gpucluster bundle: a whole cluster's (and a job's) diagnostics in one archive."""

@@ -1,0 +1,130 @@
+"""The bundle as one .tar.gz, SUMMARY.md first: readable without opening anything else."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpucluster import hostrange
+from gpucluster.bundle.collect import Collected, doctor_json, scrub
+from gpucluster.doctor.model import Status
+from gpucluster.launch.jobs import JobStore
+from gpucluster.launch.model import FirstFailure, JobOutcome
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+
+
+def summary(collected: Collected, inventory_path: Path) -> str:
+    lines = [f"# gpucluster bundle: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "",
+             f"Inventory: `{inventory_path}`; nodes: "
+             f"{hostrange.fold(list(collected.nodes))}; collected in "
+             f"{collected.duration_s:.1f}s.", ""]
+    record = collected.record
+    if record is not None:
+        lines += [f"## Job {record.id}", "",
+                  f"`{' '.join([record.script, *record.args])}` on "
+                  f"{hostrange.fold(record.hosts)}, started "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.started_at))}"
+                  + (f", attempt {record.attempt} of run {record.run}" if record.run else "")
+                  + ".", "", *_job_state(collected.outcome, collected.first_failure), ""]
+    lost = {h: b.error for h, b in collected.nodes.items() if b.error}
+    lines += ["## Nodes that could not be reached", ""]
+    lines += [f"- **{h}**: {why} (its part of the bundle is partial or empty)"
+              for h, why in lost.items()] or ["None: every node answered."]
+    lines += ["", "## Fields that differ between nodes", ""]
+    differing = {label: values for label, values in (collected.doctor.summary.items()
+                                                      if collected.doctor else [])
+                 if len(values) > 1}
+    lines += [f"- **{label}**: " + "; ".join(f"`{v}` on {hostrange.fold(h)}"
+                                              for v, h in values.items())
+              for label, values in differing.items()] or [
+        "None of driver, CUDA, GPU, torch, torch CUDA, NCCL differ between the nodes that "
+        "answered."]
+    lines += ["", "## GPU errors found", ""]
+    lines += _gpu_errors(collected) or ["None: no Xid in the kernel lines collected, and "
+                                        "doctor's ECC, row-remapping and Xid checks passed."]
+    lines += ["", "## Doctor's other findings", ""]
+    lines += [f"- {r.host} `{r.name}` {r.status.value}: {r.message}"
+              for r in (collected.doctor.results if collected.doctor else [])
+              if r.status in (Status.FAIL, Status.WARN)] or ["None."]
+    lines += ["", "## What is where", "",
+              "- `nodes/NODE/`: `doctor.json`, `nvidia-smi-q.txt`, `nvidia-smi-topo.txt`, "
+              "`kernel-gpu.txt`, `network.txt`, `firewall.txt`, `system.txt`, "
+              "`journal.txt`" + (", and `job/` (its log, stamps, torchrun's per-rank logs, "
+                                 "NCCL debug files and flight-recorder dumps)" if record
+                                 else ""),
+              "- `doctor.json`: the whole report, every node's facts"]
+    if record is not None:
+        lines.append("- `job/job.json`: the job's record (its environment with secret values "
+                     "masked); `job/logs/`: the controller's copy of every node's log")
+    return "\n".join(lines) + "\n"
+
+
+def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list[str]:
+    if outcome is None:
+        return ["Its state could not be read."]
+    states = ", ".join(f"{n}: {s.state}" + (f" {s.exit_code}" if s.exit_code is not None
+                                            else "") for n, s in outcome.states.items())
+    if failure is None:
+        return [f"No node failed. States: {states}."]
+    rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
+    last = [line for line in (failure.rank_tail or failure.tail) if line.strip()][-3:]
+    return [f"**First failure: {failure.node}, {rank}** ({failure.state.state}"
+            + (f", exit {failure.exit_code}" if failure.exit_code is not None else "")
+            + (f", worker exit {failure.worker_exit}" if failure.worker_exit is not None
+               else "") + ").", "", "Its last lines:", "", "```", *last, "```", "",
+            f"States: {states}."]
+
+
+def _gpu_errors(collected: Collected) -> list[str]:
+    found = []
+    for host, bundle in collected.nodes.items():
+        text = bundle.files.get("kernel-gpu.txt", b"").decode(errors="replace")
+        for bus, code in _XID.findall(text):
+            found.append(f"- {host}: Xid {code} on GPU {bus}")
+    for result in collected.doctor.results if collected.doctor else []:
+        if result.name in ("ecc", "row-remapping", "xid") and result.status in (Status.FAIL,
+                                                                                Status.WARN):
+            found.append(f"- {result.host}: doctor `{result.name}`: {result.message}")
+    return found
+
+
+def write(collected: Collected, store: JobStore, inventory_path: Path, output: Path) -> int:
+    """The archive at `output` (written beside and renamed); its size in bytes."""
+    top = output.name.removesuffix(".tar.gz")
+    partial = output.with_name(output.name + ".partial")
+    partial.unlink(missing_ok=True)
+    partial.touch(mode=0o600)  # logs and rules: the user's eyes only
+    with tarfile.open(partial, "w:gz") as archive:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
+            archive.addfile(info, io.BytesIO(data))
+
+        add("SUMMARY.md", summary(collected, inventory_path).encode())
+        if collected.doctor is not None:
+            add("doctor.json", _json({h: doctor_json(collected.doctor, h)
+                                      for h in collected.nodes}))
+        for host, bundle in collected.nodes.items():
+            add(f"nodes/{host}/doctor.json", _json(doctor_json(collected.doctor, host)))
+            for name, data in sorted(bundle.files.items()):
+                add(f"nodes/{host}/{name}", data)
+            if bundle.error:
+                add(f"nodes/{host}/UNREACHABLE.txt", (bundle.error + "\n").encode())
+        record = collected.record
+        if record is not None:
+            add("job/job.json", _json(dataclasses.asdict(record)))
+            for path in sorted(store.directory(record.id).glob("*.log*")):
+                add(f"job/logs/{path.name}", scrub(path.read_bytes()))
+    partial.replace(output)
+    return output.stat().st_size
+
+
+def _json(value: Any) -> bytes:
+    return scrub(json.dumps(value, indent=2, default=str).encode() + b"\n")

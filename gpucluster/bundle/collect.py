@@ -1,0 +1,173 @@
+"""`gpucluster bundle`: from every node at once, what a bug report needs: doctor's view,
+nvidia-smi -q, the kernel's GPU lines, network, managed firewall rules, disk and memory,
+the journal of the units that matter, and with a job its files on each node. A node
+that is dead or hangs yields what it could, and says so; nothing waits on it past its
+time limits."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucluster import reports
+from gpucluster.doctor.model import REGISTRY, CheckResult
+from gpucluster.doctor.runner import DoctorReport, run_doctor
+from gpucluster.env_names import MASK
+from gpucluster.inventory import Host, Inventory
+from gpucluster.launch.failure import failure_of
+from gpucluster.launch.follow import follow
+from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.model import FirstFailure, JobOutcome
+from gpucluster.remote.connection import Connection
+from gpucluster.remote.result import HostFailure, RemoteError
+from gpucluster.remote.session import Session
+from gpucluster.templating import render
+
+NODE_LIMIT_S = 180.0  # the whole collection on one node; each command has its own
+MAX_FILE_BYTES = 8 * 1024 * 1024  # one command's output
+MAX_JOB_FILE_KB = 64 * 1024  # one file of a job's directory
+SKIPPED_CHECKS = ("rendezvous-port",)  # it opens a test listener: not while a job runs
+# NAME=value or NAME: value where NAME looks secret, wherever a script printed it.
+_SECRET_ASSIGNMENT = re.compile(
+    r"(\b[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)[A-Za-z0-9_]*"
+    r"[\"']?\s*[=:]\s*[\"']?)([^\s\"',]+)", re.IGNORECASE)
+
+
+@dataclass
+class NodeBundle:
+    host: str
+    files: dict[str, bytes] = field(default_factory=dict)
+    error: str = ""  # why some or all of it is missing
+    duration_s: float = 0.0
+
+
+@dataclass
+class Collected:
+    nodes: dict[str, NodeBundle]
+    doctor: DoctorReport | None
+    outcome: JobOutcome | None  # the job's state now, when a job was asked
+    record: JobRecord | None
+    duration_s: float = 0.0
+    first_failure: FirstFailure | None = None
+
+
+def first_failure(outcome: JobOutcome, store: JobStore) -> FirstFailure | None:
+    """The job's first failure, after the fact: a node whose torchrun exited non-zero,
+    even if launch then stopped the rest (their stop is no failure: torchrun reported no
+    root cause). A node unreachable now says nothing about the job."""
+    candidates = []
+    for node, state in outcome.states.items():
+        if state.state not in ("exited", "stopped") or state.exit_code in (0, None):
+            continue
+        failure = failure_of(node, state, store.node_log(outcome.record.id, node))
+        if state.state == "exited" or failure.failed_at:
+            candidates.append(failure)
+    return min(candidates, key=FirstFailure.order, default=None)
+
+
+def scrub(data: bytes) -> bytes:
+    """Secret-looking assignments in any collected text, masked."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    masked = _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + MASK, text)
+    return masked.encode("utf-8", errors="surrogateescape")
+
+
+def collect_script(inventory: Inventory, host: Host, record: JobRecord | None,
+                   since: float) -> str:
+    job_dir = (f"{record.jobs_dir}/{shlex.quote(record.id)}/{shlex.quote(host.name)}"
+               if record else "")
+    return render("bundle/collect.sh.j2", node=host.name, max_bytes=MAX_FILE_BYTES,
+                  max_job_file_kb=MAX_JOB_FILE_KB, since=int(since),
+                  since_text=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
+                  tag=inventory.cluster.name, job_dir=job_dir)
+
+
+def _collect_on(connection: Connection, script: str) -> NodeBundle:
+    bundle = NodeBundle(connection.host)
+    started = time.monotonic()
+    current: list[str] = []
+    name: str | None = None
+
+    def on_line(stream: str, line: str) -> None:
+        nonlocal name
+        kind, rest = reports.parse(line) or ("", "")
+        if stream != "stdout":
+            return
+        if kind == "file":
+            name, current[:] = rest.strip(), []
+        elif kind == "end" and name is not None:
+            try:
+                bundle.files[name] = scrub(base64.b64decode("".join(current)))
+            except (binascii.Error, ValueError):
+                bundle.files[name] = b"gpucluster: this file arrived damaged\n"
+            name = None
+        elif name is not None:
+            current.append(line.strip())
+
+    try:
+        connection.run(script, timeout=NODE_LIMIT_S, on_line=on_line)
+    except RemoteError as error:  # what arrived is kept: a partial bundle says why
+        bundle.error = error.message
+    bundle.duration_s = time.monotonic() - started
+    return bundle
+
+
+def collect(session: Session, inventory: Inventory, store: JobStore,
+            record: JobRecord | None, on_node: Callable[[NodeBundle], None]) -> Collected:
+    """Doctor, the nodes' files and (with a job) its logs and state, all at once."""
+    started = time.time()
+    since = record.started_at - 600 if record else started - 3600
+    result = Collected({}, None, None, record)
+    hosts = [h for h in inventory.hosts if record is None or h.name in record.hosts]
+
+    def run_doctor_part() -> None:
+        checks = [spec for name, spec in REGISTRY.items() if name not in SKIPPED_CHECKS]
+        result.doctor = run_doctor(session, inventory.restricted_to(hosts), checks)
+
+    def follow_part() -> None:
+        if record is not None:  # refreshes the controller's copies, finds the first failure
+            result.outcome = follow(session, inventory, record, store, live=False,
+                                    fail_fast=False, stop_on_interrupt=False)
+
+    threads = [threading.Thread(target=part, daemon=True)
+               for part in (run_doctor_part, follow_part)]
+    for thread in threads:
+        thread.start()
+
+    def done(host: str, value: NodeBundle | HostFailure) -> None:
+        bundle = value if isinstance(value, NodeBundle) else NodeBundle(host,
+                                                                        error=value.message)
+        result.nodes[host] = bundle
+        on_node(bundle)
+
+    session.map(hosts, lambda c: _collect_on(
+        c, collect_script(inventory, inventory.host(c.host), record, since)), on_done=done)
+    for thread in threads:
+        thread.join(NODE_LIMIT_S)
+    result.nodes = {h.name: result.nodes.get(h.name, NodeBundle(h.name, error="no answer"))
+                    for h in hosts}
+    if result.outcome is not None:
+        result.first_failure = first_failure(result.outcome, store)
+    result.duration_s = time.time() - started
+    return result
+
+
+def doctor_json(report: DoctorReport | None, host: str) -> dict[str, Any]:
+    """One node's share of doctor's report: its results and its facts."""
+    if report is None:
+        return {"error": "doctor did not finish"}
+    return {"host": host, "results": [_result(r) for r in report.results if r.host == host],
+            "facts": report.facts.get(host)}
+
+
+def _result(result: CheckResult) -> dict[str, Any]:
+    return {**{k: v for k, v in dataclasses.asdict(result).items() if k != "status"},
+            "status": result.status.value}

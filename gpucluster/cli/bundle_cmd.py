@@ -1,0 +1,78 @@
+"""`gpucluster bundle [JOB]`: every node's diagnostics, and the job's, in one archive."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gpucluster.cli.launch_cmd import job_store
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    GroupOption,
+    HostsOption,
+    InventoryOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.errors import EXIT_FAILED
+
+
+def bundle(
+    job: Annotated[str | None, typer.Argument(
+        metavar="[JOB]", help="Also the job's logs, command and debug files: an id, a "
+                              "unique part of it, or 'last' for the newest.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="PATH",
+        help="The archive (default: ./gpucluster-bundle-[JOB-]TIME.tar.gz).")] = None,
+    inventory: InventoryOption = None,
+    hosts: HostsOption = None,
+    group: GroupOption = None,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Collect, from every node at once, what a bug report needs into one .tar.gz with
+    SUMMARY.md on top: doctor's view, nvidia-smi -q, the kernel's GPU lines (Xid, NVRM),
+    network, the firewall rules provision manages, disk and memory, the journal of sshd,
+    the container runtime and the fabric manager; with JOB, its record (secrets masked),
+    every node's and rank's logs, NCCL debug files and flight-recorder dumps.
+
+    A dead or hanging node gives a partial bundle that says so. Exit 1 then."""
+    from gpucluster.bundle.archive import write
+    from gpucluster.bundle.collect import NodeBundle, collect
+
+    loaded = load_inventory(inventory, hosts, group)
+    store = job_store(loaded)
+    record = store.load(None if job == "last" else job) if job else None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = output or Path(f"gpucluster-bundle-{record.id + '-' if record else ''}"
+                            f"{stamp}.tar.gz")
+    if not target.name.endswith(".tar.gz"):
+        target = target.with_name(target.name + ".tar.gz")
+    err = stderr_console()
+
+    def progress(node: NodeBundle) -> None:
+        size = sum(len(d) for d in node.files.values())
+        state = f"[bold red]partial: {escape(node.error)}[/]" if node.error else "done"
+        err.print(f"{escape(node.host)}: {len(node.files)} files, {size / 1024:.0f} KiB in "
+                  f"{node.duration_s:.1f}s, {state}")
+
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        collected = collect(session, loaded, store, record, progress)
+    size = write(collected, store, loaded.path, target.absolute())
+    stdout_console().print(str(target))
+    lost = [h for h, b in collected.nodes.items() if b.error]
+    err.print(f"bundle {target}: {size / 1024 / 1024:.1f} MiB from {len(collected.nodes)} "
+              f"nodes in {collected.duration_s:.1f}s" + (f"; partial for {', '.join(lost)}"
+                                                         if lost else "")
+              + "; start with its SUMMARY.md")
+    if lost:
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,119 @@
+"""`gpucluster logs`: a job's output from every node, live or as it is; searched and
+merged in time order across nodes (and jobs), as text or as ECS JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gpucluster import hostrange
+from gpucluster.cli.launch_cmd import JobArgument, attach, job_store
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    InventoryOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+)
+from gpucluster.errors import GpuclusterError
+
+if TYPE_CHECKING:
+    from gpucluster.launch.logsearch import LogLine
+
+
+def logs(
+    job: JobArgument = None,
+    inventory: InventoryOption = None,
+    follow_live: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Keep following until the job ends (Ctrl-C only detaches).")
+    ] = False,
+    node: Annotated[str | None, typer.Option(
+        "--hosts", "-w", "--node", metavar="RANGE",
+        help="Only these of the job's nodes, e.g. node2 or node[1-2].")] = None,
+    rank: Annotated[str | None, typer.Option(
+        "--rank", metavar="RANKS", help="Only these global ranks, e.g. 3 or 0,4-7.")] = None,
+    grep: Annotated[str | None, typer.Option(
+        "--grep", metavar="PATTERN", help="Only lines matching this regular expression.")
+    ] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN", help="Only lines from then on: 10m, 2h, 13:05, "
+                                        "2026-11-30T13:05.")] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", metavar="WHEN", help="Only lines until then (same forms).")] = None,
+    all_jobs: Annotated[bool, typer.Option(
+        "--all-jobs", help="Every job the controller has logs of, merged in time order "
+                           "(from its copies: nothing is fetched).")] = False,
+    json_output: Annotated[bool, typer.Option(
+        "--json", help="One JSON object per line in Elastic Common Schema names "
+                       "(@timestamp, host.name, job.id, rank, stream, message).")] = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Show a job's output from every node (prefixed \\[node/rank]); -f follows it live.
+    Also saved, one file per node, under .gpucluster/jobs/JOB/.
+
+    With --grep, --rank, --since, --until, --all-jobs or --json, the lines are fetched,
+    filtered and merged in time order across nodes, each with its time."""
+    from gpucluster.launch import logsearch
+
+    loaded = load_inventory(inventory)
+    store = job_store(loaded)
+    keep = logsearch.LogFilter(
+        logsearch.parse_pattern(grep) if grep is not None else None,
+        logsearch.parse_when(since, "--since") if since else None,
+        logsearch.parse_when(until, "--until") if until else None,
+        frozenset(hostrange.expand(node)) if node else None,
+        frozenset(_ranks(rank)) if rank else None)
+    if all_jobs:
+        if job is not None or follow_live:
+            raise GpuclusterError("--all-jobs reads every job the controller has: not with "
+                                  "a JOB or -f (fix: drop one)")
+        records = [store.load(i) for i in store.ids()]
+        _print(logsearch.merged(store, records, keep), json_output)
+        return
+    record = store.load(job)
+    nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
+    if nodes is not None and (unknown := [n for n in nodes if n not in record.hosts]):
+        raise GpuclusterError(f"job {record.id} did not run on {', '.join(unknown)} "
+                              f"(fix: --hosts with one of {hostrange.fold(record.hosts)})")
+    searching = any(x is not None for x in (grep, since, until, rank)) or json_output
+    if searching and follow_live:
+        raise GpuclusterError("-f shows the lines as they come, unfiltered: not with --grep, "
+                              "--rank, --since, --until or --json (fix: drop -f; a search "
+                              "fetches the job's logs as they are now)")
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        if not searching:
+            attach(session, loaded, store, record, stderr_console(), live=follow_live,
+                   fail_fast=False, grace=0, nodes=nodes)
+            return
+        from gpucluster.launch.follow import follow
+
+        follow(session, loaded, record, store, live=False, fail_fast=False,
+               stop_on_interrupt=False, nodes=nodes)
+    _print(logsearch.merged(store, [record], keep), json_output)
+
+
+def _ranks(text: str) -> list[int]:
+    ranks: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise GpuclusterError(f"--rank {text!r}: expected ranks like 3 or 0,4-7")
+        ranks.extend(range(int(low), int(high if dash else low) + 1))
+    return ranks
+
+
+def _print(lines: list[LogLine], json_output: bool) -> None:
+    from gpucluster.launch import logsearch
+
+    out = sys.stdout
+    for line in lines:
+        out.write((json.dumps(logsearch.ecs(line)) if json_output else logsearch.text(line))
+                  + "\n")
+    out.flush()

@@ -1,0 +1,126 @@
+"""The controller's copies of job logs as one stream: every line with its time, node,
+rank and job; filtered (pattern, time window, nodes, ranks) and merged in time order
+across nodes and jobs; as text or as Elastic Common Schema JSON for log shippers."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.launch.failure import split_rank
+from gpucluster.launch.jobs import JobRecord, JobStore
+
+TIMES_SUFFIX = ".times"  # beside each node's log: one stamp per line, from the node
+ROTATED_SUFFIX = ".1"  # the older half of a node's log once it passed its share of the cap
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class LogLine:
+    time: float
+    job: str
+    node: str
+    rank: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    pattern: re.Pattern[str] | None = None
+    since: float | None = None
+    until: float | None = None
+    nodes: frozenset[str] | None = None
+    ranks: frozenset[int] | None = None
+
+    def keeps(self, line: LogLine) -> bool:
+        return ((self.since is None or line.time >= self.since)
+                and (self.until is None or line.time <= self.until)
+                and (self.nodes is None or line.node in self.nodes)
+                and (self.ranks is None or line.rank in self.ranks)
+                and (self.pattern is None or self.pattern.search(line.text) is not None))
+
+
+def parse_when(text: str, option: str, now: float | None = None) -> float:
+    """`10m`, `2h`, `1d` ago; or a local date and time, `2026-11-30T13:05` or `13:05`."""
+    now = time.time() if now is None else now
+    duration = _DURATION.fullmatch(text.strip())
+    if duration:
+        return now - float(duration.group(1)) * _UNIT_S[duration.group(2)]
+    try:
+        if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text.strip()):
+            today = datetime.datetime.fromtimestamp(now).date().isoformat()
+            return datetime.datetime.fromisoformat(f"{today}T{text.strip()}").timestamp()
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise GpuclusterError(f"{option} {text!r}: expected a duration ago (30s, 10m, 2h, "
+                              f"1d) or a local time (13:05, 2026-11-30T13:05:00)") from None
+
+
+def parse_pattern(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as error:
+        raise GpuclusterError(f"--grep {text!r}: not a regular expression ({error}) "
+                              f"(fix: escape it, e.g. 'loss \\\\(avg\\\\)')") from None
+
+
+def _stamps(path: Path) -> list[float]:
+    stamps: list[float] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return stamps
+    for value in text.splitlines():
+        try:
+            stamps.append(float(value.replace(",", ".")))  # EPOCHREALTIME follows the locale
+        except ValueError:
+            stamps.append(stamps[-1] if stamps else 0.0)
+    return stamps
+
+
+def _node_lines(store: JobStore, record: JobRecord, node: str) -> Iterator[LogLine]:
+    """The node's lines, the rotated part first. A line without a stamp of its own (a
+    node without bash, an older job) takes the previous one's, else the job's start."""
+    log = store.node_log(record.id, node)
+    for path in (log.with_name(log.name + ROTATED_SUFFIX), log):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        stamps = _stamps(path.with_name(path.name + TIMES_SUFFIX))
+        last = record.started_at
+        for index, line in enumerate(text.splitlines()):
+            stamp = stamps[index] if index < len(stamps) and stamps[index] else last
+            last = stamp
+            rank, message = split_rank(line)
+            yield LogLine(stamp, record.id, node, int(rank) if rank else None, message)
+
+
+def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter) -> list[LogLine]:
+    """Every kept line of these jobs, in time order (a node's own order within a stamp)."""
+    lines = [line for record in records for node in record.hosts
+             for line in _node_lines(store, record, node) if keep.keeps(line)]
+    return sorted(lines, key=lambda line: line.time)  # stable: per-node order kept
+
+
+def ecs(line: LogLine) -> dict[str, Any]:
+    """One line in Elastic Common Schema field names (Filebeat, Vector, Promtail)."""
+    stamp = datetime.datetime.fromtimestamp(line.time, tz=datetime.timezone.utc)
+    return {"@timestamp": stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "host.name": line.node, "job.id": line.job, "rank": line.rank,
+            "stream": "combined" if line.rank is not None else "torchrun",
+            "message": line.text}
+
+
+def text(line: LogLine) -> str:
+    clock = time.strftime("%H:%M:%S", time.localtime(line.time)) + \
+        f".{int(line.time * 1000) % 1000:03d}"
+    rank = "" if line.rank is None else f"/{line.rank}"
+    return f"{clock} [{line.node}{rank}] {line.text}"

@@ -1,0 +1,48 @@
+"""The bundle's scrubbing of secrets and its SUMMARY.md, from collected values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucluster.bundle.archive import summary
+from gpucluster.bundle.collect import Collected, NodeBundle, scrub
+from gpucluster.doctor.model import CheckResult, Status
+from gpucluster.doctor.runner import DoctorReport
+from gpucluster.launch.jobs import JobRecord
+from gpucluster.launch.model import FirstFailure, JobOutcome, NodeState
+
+
+def test_secret_looking_assignments_are_masked_wherever_they_were_printed() -> None:
+    text = (b'[2]:HF_TOKEN=hf_abc123 ready\n{"wandb_api_key": "k-999", "lr": 0.1}\n'
+            b"DB_PASSWORD: hunter2\nPATH=/usr/bin:/bin\n")
+    assert scrub(text) == (b'[2]:HF_TOKEN=*** ready\n{"wandb_api_key": "***", "lr": 0.1}\n'
+                           b"DB_PASSWORD: ***\nPATH=/usr/bin:/bin\n")
+    assert scrub(b"\xff\xfe binary stays") == b"\xff\xfe binary stays"
+
+
+def test_the_summary_names_the_first_failure_the_lost_node_and_differing_fields() -> None:
+    record = JobRecord("20261130-120000-abcd", "fails.py", [], ["node1", "node2", "node3"],
+                       "/c", "/j", 0.0, {"node1": 2, "node2": 2, "node3": 2})
+    exited = NodeState("node2", "exited", 1)
+    failure = FirstFailure("node2", exited, 3, 1, (), 1, "2026-11-30_13:00:00",
+                           ("Traceback (most recent call last):",
+                            "RuntimeError: staged failure on node2"))
+    outcome = JobOutcome(record, {"node2": exited, "node1": NodeState("node1", "stopped")},
+                         failure)
+    doctor = DoctorReport(("node1", "node2"), ("driver",), (
+        CheckResult("driver", "node2", Status.FAIL, "driver 535 differs from 550"),
+        CheckResult("xid", "node1", Status.WARN, "1 Xid errors in the kernel log")),
+        summary={"driver": {"550.54": ["node1"], "535.104": ["node2"]},
+                 "torch": {"2.13.0": ["node1", "node2"]}})
+    nodes = {"node1": NodeBundle("node1", {"kernel-gpu.txt":
+                                           b"NVRM: Xid (PCI:0000:18:00): 79, pid=1\n"}),
+             "node2": NodeBundle("node2"),
+             "node3": NodeBundle("node3", error="cannot connect: timed out")}
+    text = summary(Collected(nodes, doctor, outcome, record, 4.2, failure), Path("inv.yaml"))
+    assert "**First failure: node2, rank 3** (exited, exit 1, worker exit 1)." in text
+    assert "RuntimeError: staged failure on node2" in text
+    assert "- **node3**: cannot connect: timed out" in text
+    assert "- **driver**: `550.54` on node1; `535.104` on node2" in text
+    assert "torch" not in text.split("## Fields that differ")[1].split("##")[0]
+    assert "- node1: Xid 79 on GPU 0000:18:00" in text
+    assert "- node1: doctor `xid`: 1 Xid errors in the kernel log" in text

@@ -1,0 +1,96 @@
+"""The controller's job logs as one searchable stream: stamps, filters, time order, ECS
+JSON; and the per-node copy's size cap."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+import pytest
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.launch.follow import _Copy
+from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.logsearch import LogFilter, ecs, merged, parse_when
+
+JOB = "20261130-120000-abcd"
+
+
+def _job(tmp_path: Path, logs: dict[str, list[tuple[float, str]]]) -> tuple[JobStore,
+                                                                            JobRecord]:
+    store = JobStore(tmp_path)
+    record = JobRecord(JOB, "t.py", [], list(logs), "/c", "/j", 100.0, {n: 2 for n in logs})
+    store.save(record)
+    for node, lines in logs.items():
+        store.node_log(JOB, node).write_text("".join(f"{t}\n" for _, t in lines))
+        store.node_log(JOB, node).with_name(f"{node}.log.times").write_text(
+            "".join(f"{s}\n" for s, _ in lines))
+    return store, record
+
+
+def test_lines_of_all_nodes_merge_in_time_order_and_filter(tmp_path: Path) -> None:
+    store, record = _job(tmp_path, {
+        "node1": [(101.0, "[0]:epoch 0 loss 0.5"), (103.0, "[1]:epoch 1 loss 0.2"),
+                  (105.0, "torchrun: done")],
+        "node2": [(102.0, "[2]:ready"), (104.0, "[3]:Traceback: RuntimeError boom")]})
+    every = merged(store, [record], LogFilter())
+    assert [(line.node, line.rank) for line in every] == [
+        ("node1", 0), ("node2", 2), ("node1", 1), ("node2", 3), ("node1", None)]
+    loss = merged(store, [record], LogFilter(pattern=re.compile(r"loss \d")))
+    assert [line.text for line in loss] == ["epoch 0 loss 0.5", "epoch 1 loss 0.2"]
+    window = merged(store, [record], LogFilter(since=102.0, until=104.0, ranks=frozenset({3})))
+    assert [line.text for line in window] == ["Traceback: RuntimeError boom"]
+    assert [line.rank for line in merged(store, [record], LogFilter(
+        nodes=frozenset({"node2"})))] == [2, 3]
+
+
+def test_a_line_without_its_own_stamp_takes_the_one_before(tmp_path: Path) -> None:
+    store, record = _job(tmp_path, {"node1": [(101.0, "[0]:a"), (102.5, "[0]:b")]})
+    store.node_log(JOB, "node1").write_text("[0]:a\n[0]:b\n[0]:c\n")  # c: not stamped yet
+    assert [line.time for line in merged(store, [record], LogFilter())] == [101.0, 102.5,
+                                                                            102.5]
+
+
+def test_ecs_fields_for_log_shippers() -> None:
+    from gpucluster.launch.logsearch import LogLine
+
+    line = LogLine(1764504000.25, JOB, "node2", 3, "epoch 1 loss 0.2")
+    assert ecs(line) == {"@timestamp": "2025-11-30T12:00:00.250Z", "host.name": "node2",
+                         "job.id": JOB, "rank": 3, "stream": "combined",
+                         "message": "epoch 1 loss 0.2"}
+    assert ecs(LogLine(0.0, JOB, "n", None, "x"))["stream"] == "torchrun"
+
+
+def test_since_and_until_take_durations_and_local_times() -> None:
+    now = datetime.datetime(2026, 11, 30, 14, 0, 0).timestamp()
+    assert parse_when("10m", "--since", now) == now - 600
+    assert parse_when("1.5h", "--since", now) == now - 5400
+    assert parse_when("13:05", "--since", now) == now - 55 * 60
+    assert parse_when("2026-11-30T13:00:00", "--until", now) == now - 3600
+    with pytest.raises(GpuclusterError, match="--since 'yesterday'"):
+        parse_when("yesterday", "--since", now)
+
+
+def test_a_nodes_copy_rotates_at_half_its_cap_with_its_stamps(tmp_path: Path) -> None:
+    log = tmp_path / "node1.log"
+    copy = _Copy(log, cap_bytes=40)  # rotates past 20 bytes
+    lines = [f"line {i:02d} ......" for i in range(7)]  # 16 bytes each with the newline
+    for line in lines:
+        copy.write(line)
+    copy.close([str(100 + i) for i in range(7)], answered=True)
+    rotated = log.with_name("node1.log.1")
+    # 7 lines of 16 bytes: [0,1] [2,3] [4,5] [6]: the first two rotations dropped 0-3.
+    assert rotated.read_text().splitlines() == lines[4:6]
+    assert log.read_text().splitlines() == lines[6:]
+    assert log.with_name("node1.log.1.times").read_text().split() == ["104", "105"]
+    assert log.with_name("node1.log.times").read_text().split() == ["106"]
+
+
+def test_an_unreachable_node_leaves_the_old_copy_be(tmp_path: Path) -> None:
+    log = tmp_path / "node1.log"
+    log.write_text("what we had\n")
+    _Copy(log, 1 << 20).close([], answered=False)
+    assert log.read_text() == "what we had\n"
+    _Copy(log, 1 << 20).close([], answered=True)  # it answered: its log is empty
+    assert log.read_text() == ""
