@@ -1,8 +1,10 @@
-"""`gpucluster inventory show|check|example`."""
+"""`gpucluster inventory show|check|example|export`."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -48,3 +50,30 @@ def check(inventory: InventoryOption = None, json_output: JsonOption = False) ->
     else:
         stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
                                f"{len(loaded.groups)} groups")
+
+
+@app.command("export")
+def export(
+    output_format: Annotated[str, typer.Option(
+        "--format", "-F", metavar="FORMAT",
+        help="ansible, ssh-config, hostfile (DeepSpeed), mpi (OpenMPI), mpich, clush "
+             "(ClusterShell groups) or pdsh (a genders file).")],
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Write here (default: stdout).")] = None,
+    inventory: InventoryOption = None,
+) -> None:
+    """The cluster in the format another tool reads: Ansible, OpenSSH, DeepSpeed, MPI,
+    ClusterShell, pdsh."""
+    from gpucluster.errors import GpuclusterError
+    from gpucluster.inventory.export import FORMATS
+
+    if output_format not in FORMATS:
+        raise GpuclusterError(f"--format {output_format!r}: not a format gpucluster writes "
+                              f"(fix: one of {', '.join(FORMATS)})")
+    text = FORMATS[output_format](load_inventory(inventory))
+    if output is None:
+        sys.stdout.write(text)
+        return
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(output)
