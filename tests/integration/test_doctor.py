@@ -161,7 +161,7 @@ def test_stale_gpu_process(staged: tuple[Sandbox, dict, int]) -> None:
     finding = results[("gpu-processes", "node1")]
     assert finding["status"] == "FAIL"
     assert "stale_train.py (30720 MiB)" in finding["message"]
-    assert finding["remedy"].startswith("stop them")
+    assert "gpucluster reap" in finding["remedy"]  # the tool that ends leftovers
     assert results[("gpu-processes", "node3")]["status"] == "OK"
 
 
