@@ -18,6 +18,7 @@ from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
 from gpucluster.remote.session import Session
+from gpucluster.reports import Section
 from gpucluster.selection import select
 
 DEFAULT_PROBE_TIMEOUT_S = 60.0
@@ -33,6 +34,7 @@ class DoctorReport:
     summary: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     duration_s: float = 0.0
+    sections: dict[str, dict[str, Section]] = field(default_factory=dict)  # raw, per node
 
     def worst(self, strict: bool) -> Status:
         statuses = {r.status for r in self.results}
@@ -48,11 +50,14 @@ def select_checks(only: Sequence[str] | None, skip: Sequence[str] | None) -> lis
 
 def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckSpec],
                probe_timeout: float = DEFAULT_PROBE_TIMEOUT_S,
-               on_node: Callable[[str], None] | None = None) -> DoctorReport:
+               on_node: Callable[[str], None] | None = None,
+               rider: str = "") -> DoctorReport:
     """All facts in one round trip per node (plus the head's test listener), then every
-    selected check."""
+    selected check. `rider`: shell code that rides along in the same round trip (in a
+    subshell, after the probe), printing report sections of its own; each node's are in
+    the report's `sections`."""
     started = time.monotonic()
-    script = render_probe(inventory)
+    script = render_probe(inventory) + (f"\n( {rider}\n)\n" if rider else "")
     head = inventory.head.name
     test_port = "rendezvous-port" in {s.name for s in selected}
 
@@ -98,6 +103,7 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
         results=tuple(results),
         summary=cross_node_summary(context),
         facts={name: fact_summary(f) for name, f in facts.items()},
+        sections={name: f.sections for name, f in facts.items()},
         duration_s=time.monotonic() - started,
     )
 

@@ -82,11 +82,13 @@ def engine_command(runtime: str) -> str:
 
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
-                 container: bool, rendezvous_port: int | None, on_cpu: bool = False) -> str:
+                 container: bool, rendezvous_port: int | None, on_cpu: bool = False,
+                 sync_apply: str = "") -> str:
     """`rendezvous_port` on the head only: wait for it to be free, else refuse. `on_cpu`:
     the node's jobs run on CPU (gloo), where torch 2.13's DistributedDataParallel dies of
     SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (seen on the sandbox; see
-    pytorch/pytorch#148976): --debug sets INFO there."""
+    pytorch/pytorch#148976): --debug sets INFO there. `sync_apply`: the sync's unpack,
+    run once the node is known free, before the job starts (its tar on stdin)."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -95,7 +97,7 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   interface_exports=interface_exports, marker=record.marker(node),
                   checkpoint_dir=record.checkpoint_dir or f"{record.jobs_dir}/../checkpoints/"
                                                          f"{record.id}",
-                  attempt=record.attempt, debug=record.debug,
+                  attempt=record.attempt, debug=record.debug, sync_apply=sync_apply,
                   distributed_debug="INFO" if on_cpu else "DETAIL",
                   any_job_pattern=any_job_pattern(node), container=container)
 

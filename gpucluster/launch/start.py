@@ -23,6 +23,7 @@ from gpucluster.launch.model import LaunchRefused, LaunchRequest
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import HostFailure
 from gpucluster.remote.session import Session
+from gpucluster.reports import Section
 from gpucluster.state import exclusive
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
@@ -41,10 +42,15 @@ TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
 
 
-def preflight(session: Session, inventory: Inventory) -> list[CheckResult]:
-    """Doctor's job-readiness checks; everything not OK or SKIP refuses the launch."""
-    report = run_doctor(session, inventory, [REGISTRY[name] for name in PREFLIGHT_CHECKS])
-    return [r for r in report.results if r.status not in (Status.OK, Status.SKIP)]
+def preflight(session: Session, inventory: Inventory, code_dir: str = ""
+              ) -> tuple[list[CheckResult], dict[str, dict[str, Section]]]:
+    """Doctor's job-readiness checks, and in the same round trip each node's listing of
+    its copy of the work dir (for the sync). Everything not OK or SKIP refuses the
+    launch."""
+    report = run_doctor(session, inventory, [REGISTRY[name] for name in PREFLIGHT_CHECKS],
+                        rider=workdir.listing_command(code_dir) if code_dir else "")
+    return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)],
+            report.sections)
 
 
 def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
@@ -108,17 +114,21 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
                               f"launch does not run them yet (fix: use an OCI image or an "
                               f"Apptainer .sif)")
     phase("checking nodes (running jobs, GPU processes, rendezvous port)")
-    findings = preflight(session, inventory)
+    code_dir = code_dir_for(inventory, request.workdir)
+    findings, listed = preflight(session, inventory, code_dir)
     if findings:
         raise LaunchRefused("the cluster is not ready for a new job", findings)
-    code_dir = code_dir_for(inventory, request.workdir)
-    phase(f"syncing {request.workdir} ({len(files)} files) to {len(inventory.hosts)} nodes")
-    synced = session.map(inventory.hosts, lambda c: workdir.sync(c, request.workdir, files,
-                                                                 code_dir))
-    if synced.failures:
+    # The changes go with the start, in one round trip per node: what each node lacks is
+    # known from the listing that came back with the checks.
+    planned = session.map(inventory.hosts, lambda c: workdir.plan_for(
+        c, files, code_dir, listed.get(c.host)))
+    if planned.failures:
         raise GpuclusterError("sync failed on " + "; ".join(
-            f"{n}: {f.message}" for n, f in synced.failures.items()))
-    phase(sync_summary(synced.values))
+            f"{n}: {f.message}" for n, f in planned.failures.items()))
+    plans = {node: _Sync(request.workdir, files, code_dir, plan, needed)
+             for node, (plan, needed) in planned.values.items()}
+    phase(f"syncing {request.workdir} ({len(files)} files) to {len(inventory.hosts)} nodes: "
+          + sync_summary({n: workdir.result_of(s.plan) for n, s in plans.items()}))
     job_id = new_job_id()
     record = JobRecord(
         id=job_id, script=script, args=list(request.args),
@@ -139,7 +149,7 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
     phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
     try:
         started = session.map(inventory.hosts, lambda c: _start_on(
-            c, inventory, record, request, env))
+            c, inventory, record, request, env, plans[c.host]))
     except Interrupted:
         stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
         raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
@@ -157,6 +167,17 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
 
 
 @dataclass(frozen=True)
+class _Sync:
+    """A node's part of the sync, sent with its start."""
+
+    root: Path
+    files: Mapping[str, workdir.LocalFile]
+    code_dir: str
+    plan: workdir.SyncPlan
+    needed: bool  # anything to apply at all (else the start goes alone)
+
+
+@dataclass(frozen=True)
 class _Started:
     pid: int | None
     busy: tuple[str, ...]
@@ -165,7 +186,7 @@ class _Started:
 
 
 def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
-              request: LaunchRequest, env: Mapping[str, str]) -> _Started:
+              request: LaunchRequest, env: Mapping[str, str], sync: _Sync) -> _Started:
     host = inventory.host(connection.host)
     spec = TorchrunSpec(record.id, record.nproc_per_node[host.name], record.script,
                         tuple(record.args), max_restarts=request.max_restarts,
@@ -186,10 +207,18 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
         command = node_scripts.container_command(
             container, command, node_images_dir(inventory.cluster.work_dir))
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
+    apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name)
+             if sync.needed else "")
     script = node_scripts.start_script(record, host.name, command,
                                        interface_exports(host, env), container is not None,
-                                       head_port, on_cpu=not host.jobs_use_gpus)
-    result = connection.run(script, timeout=60, env=dict(env))
+                                       head_port, on_cpu=not host.jobs_use_gpus,
+                                       sync_apply=apply)
+    if not sync.needed:
+        result = connection.run(script, timeout=60, env=dict(env))
+    else:  # the changed files on stdin, after the job's variables
+        with workdir.tar_stream(sync.root, sync.plan.send, sorted(sync.files)) as tar:
+            result = connection.run(script, timeout=workdir.SYNC_TIMEOUT_S + 60,
+                                    env=dict(env), stdin=tar)
     markers = reports.by_kind(result.stdout)
     pid = markers.get("started", [""])[0]
     errors = markers.get("error", []) + [

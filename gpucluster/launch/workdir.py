@@ -125,8 +125,11 @@ def listing_command(code_dir: str) -> str:
                   stage_prefix=STAGE_PREFIX)
 
 
-def parse_listing(output: str) -> tuple[set[str], dict[str, tuple[int, int]]]:
-    found = reports.sections(output)
+LISTING_SECTIONS = ("manifest", "files")
+
+
+def parse_listing(found: Mapping[str, reports.Section]
+                  ) -> tuple[set[str], dict[str, tuple[int, int]]]:
     manifest, files = found.get("manifest"), found.get("files")
     previous = {p for p in (manifest.output if manifest else "").splitlines() if p}
     remote: dict[str, tuple[int, int]] = {}
@@ -194,20 +197,36 @@ def apply_command(code_dir: str, delete: tuple[str, ...], node: str) -> str:
                   stage_prefix=STAGE_PREFIX)
 
 
-def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
-         code_dir: str) -> SyncResult:
-    """Bring the node's copy of `root` up to date; two round trips."""
-    listing = connection.run(listing_command(code_dir), timeout=60)
-    if not listing.ok:
-        raise GpuclusterError(f"cannot list {code_dir}: {listing.stderr.strip()[-200:]}")
-    previous, remote = parse_listing(listing.stdout)
+def plan_for(connection: Connection, local: Mapping[str, LocalFile], code_dir: str,
+             listed: Mapping[str, reports.Section] | None = None) -> tuple[SyncPlan, bool]:
+    """What to send the node, and whether anything must be applied there (the manifest
+    too can be out of date). From `listed` when the caller's own round trip brought the
+    node's listing; else one round trip for it."""
+    if listed is None or not all(name in listed for name in LISTING_SECTIONS):
+        listing = connection.run(listing_command(code_dir), timeout=60)
+        if not listing.ok:
+            raise GpuclusterError(f"cannot list {code_dir}: {listing.stderr.strip()[-200:]}")
+        listed = reports.sections(listing.stdout)
+    previous, remote = parse_listing(listed)
     plan = plan_sync(local, previous, remote)
-    if plan.send or plan.delete or previous != set(local):
+    return plan, bool(plan.send or plan.delete or previous != set(local))
+
+
+def result_of(plan: SyncPlan) -> SyncResult:
+    return SyncResult(len(plan.send), len(plan.delete), plan.unchanged, plan.bytes_to_send)
+
+
+def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
+         code_dir: str, listed: Mapping[str, reports.Section] | None = None) -> SyncResult:
+    """Bring the node's copy of `root` up to date: its listing, then one round that sends
+    the changes (launch sends them with the job's start instead)."""
+    plan, needed = plan_for(connection, local, code_dir, listed)
+    if needed:
         with tar_stream(root, plan.send, sorted(local)) as tar:
             applied = connection.run(apply_command(code_dir, plan.delete, connection.host),
                                      timeout=SYNC_TIMEOUT_S, stdin=tar)
         if not applied.ok:
             raise GpuclusterError(f"cannot unpack into {code_dir}: "
                                   f"{applied.stderr.strip()[-200:]}")
-    return SyncResult(len(plan.send), len(plan.delete), plan.unchanged, plan.bytes_to_send)
+    return result_of(plan)
 

@@ -43,20 +43,34 @@ def lines_of(text: str | None) -> list[str]:
     return text.removesuffix("\n").split("\n")
 
 
+def read_states(connection: LoggedConnection, paths: list[str], sudo: bool = False
+                ) -> dict[str, FileState]:
+    """Each file's text and permission bits (of the target, for a symlink), all in one
+    round trip."""
+    result = connection.run(render("provision/read_file.sh.j2",
+                                   paths=[shell_path(p) for p in paths]), timeout=30, sudo=sudo)
+    found = reports.sections(result.stdout)
+    states = {}
+    for index, path in enumerate(paths):
+        section = found.get(str(index))
+        if section is None or section.exit_code != 0:
+            raise RemoteError(FailureKind.ERROR, f"cannot read {path}: "
+                                                 f"{result.stderr.strip() or 'no answer'}")
+        first, _, body = section.output.partition("\n")
+        if first == "absent":
+            states[path] = FileState(None)
+            continue
+        try:
+            text = base64.b64decode(body).decode(*_CODEC)
+        except ValueError:
+            raise RemoteError(FailureKind.ERROR, f"cannot read {path}: garbled transfer") \
+                from None
+        states[path] = FileState(text, first.removeprefix("mode ").strip() or None)
+    return states
+
+
 def read_state(connection: LoggedConnection, path: str, sudo: bool = False) -> FileState:
-    """The file's text and permission bits (of the target, for a symlink)."""
-    result = connection.run(render("provision/read_file.sh.j2", path=shell_path(path)),
-                            timeout=30, sudo=sudo)
-    found = reports.by_kind(result.stderr)
-    if "absent" in found:
-        return FileState(None)
-    if not result.ok:
-        raise RemoteError(FailureKind.ERROR, f"cannot read {path}: {result.stderr.strip()}")
-    try:
-        text = base64.b64decode(result.stdout).decode(*_CODEC)
-    except ValueError:
-        raise RemoteError(FailureKind.ERROR, f"cannot read {path}: garbled transfer") from None
-    return FileState(text, next(iter(found.get("mode", [])), None))
+    return read_states(connection, [path], sudo)[path]
 
 
 def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | None:

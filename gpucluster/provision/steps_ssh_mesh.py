@@ -127,7 +127,7 @@ class SshMeshStep(Step):
         private = _private_key_path(context)
         paths = [private, f"{private}.pub", "~/.ssh/authorized_keys", "~/.ssh/known_hosts",
                  "~/.ssh/config"]
-        return {path: files.read_state(connection, path) for path in paths}
+        return files.read_states(connection, paths)
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:

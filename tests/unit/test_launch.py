@@ -69,7 +69,9 @@ def test_listing_round_trip_keeps_odd_names() -> None:
     output = ("@@gpc section manifest\na.py\ndir/b c.py\n\n@@gpc end 0\n"
               "@@gpc section files\n12 1700000000.5 a.py\n"
               "3 1700000001.0000000000 dir/b c.py\n@@gpc end 0\n")
-    previous, remote = workdir.parse_listing(output)
+    from gpucluster import reports
+
+    previous, remote = workdir.parse_listing(reports.sections(output))
     assert previous == {"a.py", "dir/b c.py"}
     assert remote == {"a.py": (12, 1700000000), "dir/b c.py": (3, 1700000001)}
 

@@ -183,7 +183,7 @@ def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
 
     path = "\"$HOME\"/'odd dir/hosts'"
     text = {
-        "read": lambda: render("provision/read_file.sh.j2", path=path),
+        "read": lambda: render("provision/read_file.sh.j2", paths=[path, "/etc/hosts"]),
         "write": lambda: render("provision/write_file.sh.j2", path=path, mode="644", size=3,
                                 sha256="ab" * 32, private=False),
         "write-private": lambda: render("provision/write_file.sh.j2", path=path, mode="600",
