@@ -35,6 +35,9 @@ def provision(
                                              help="All steps but these.")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Go on even when the parity gate finds the nodes differ.")] = False,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Test every node-to-node SSH pair even when nothing changed (a "
+                         "run that changes the mesh always does).")] = False,
     undo: Annotated[str | None, typer.Option(
         "--undo", metavar="STEP", help="Remove what a step added (firewall).")] = None,
     json_output: JsonOption = False,
@@ -58,7 +61,7 @@ def provision(
         steps = runner.select_steps(comma_list(only), comma_list(skip))
         with common.byte_progress(stderr_console()) as on_bytes:
             report = runner.provision(session, loaded, steps, dry_run, force,
-                                      on_image_progress=on_bytes)
+                                      on_image_progress=on_bytes, verify=verify)
     if json_output:
         common.print_json(console, summary_payload(report))
     else:

@@ -91,16 +91,19 @@ class _Run:
 
 def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
               force: bool, on_step: Callable[[str], None] | None = None,
-              on_image_progress: Progress | None = None) -> ProvisionReport:
-    """Every selected step on every node; one provision at a time per inventory."""
+              on_image_progress: Progress | None = None,
+              verify: bool = False) -> ProvisionReport:
+    """Every selected step on every node; one provision at a time per inventory. A step's
+    cluster-wide verification (the mesh's every pair) runs when the step changed a node,
+    or with `verify`: a run that finds everything right does not pay for it again."""
     with exclusive(state_dir_for(inventory), "provision"):
         return _provision(session, inventory, steps, dry_run, force, on_step,
-                          on_image_progress)
+                          on_image_progress, verify)
 
 
 def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
                force: bool, on_step: Callable[[str], None] | None,
-               on_image_progress: Progress | None) -> ProvisionReport:
+               on_image_progress: Progress | None, verify: bool) -> ProvisionReport:
     started = time.monotonic()
     state_dir = state_dir_for(inventory)
     log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")
@@ -126,8 +129,10 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     for step in selected:
         if on_step:
             on_step(step.name)
-        results.extend(_run_step(step, run, context))
-        if not dry_run and (found := step.verify(context, run.each)):
+        done = _run_step(step, run, context)
+        results.extend(done)
+        worth_it = verify or any(r.outcome is not Outcome.OK for r in done)
+        if not dry_run and worth_it and (found := step.verify(context, run.each)):
             verified[step.name] = found
     if "smoke" in steps:
         if on_step:

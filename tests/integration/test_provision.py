@@ -113,6 +113,9 @@ def test_provision_then_a_second_run_changes_nothing(cluster: Sandbox) -> None:
     assert code == 0
     assert _without_image(again) == {"already ok"}
     assert _mtimes(cluster) == before  # nothing was written
+    assert again["ssh_mesh"] == {}  # nothing changed: the pairs are not tested again...
+    code, verified = _provision(cluster, "--only", "ssh-mesh", "--verify")
+    assert code == 0 and verified["ssh_mesh"] == payload["ssh_mesh"]  # ...unless asked
 
     # A private key someone made readable is made private again, nothing else changes.
     key = "/root/.ssh/gpucluster_ed25519"

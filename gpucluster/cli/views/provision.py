@@ -45,6 +45,10 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
         _print_message(console, result)
     if report.mesh:
         _print_mesh(console, report)
+    elif not dry_run and any(r.step == "ssh-mesh" and r.outcome is Outcome.OK
+                             for r in report.results):
+        console.print("ssh-mesh: already right on every node; its pairs were not tested "
+                      "again (--verify tests them)")
     changed = sum(1 for r in report.results if r.outcome is Outcome.CHANGED)
     verb = "would change" if dry_run else "changed"
     planned = sum(1 for r in report.results if r.outcome is Outcome.PLANNED)
