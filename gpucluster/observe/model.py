@@ -4,8 +4,11 @@ keeps it."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpucluster.templating import script_text
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,13 @@ def bus_key(bus_id: str) -> tuple[int, ...]:
         return tuple(int(part, 16) for part in bus_id.partition(".")[0].split(":")[-3:])
     except ValueError:
         return ()
+
+
+def node_gpus_command(python: str, *args: str) -> str:
+    """The node script (templates/observe/node_gpus.py) run by the node's `python`; `args`
+    go as given, each already quoted (or a shell expression the node expands)."""
+    return (f"{shlex.quote(python)} -u -c {shlex.quote(script_text('observe/node_gpus.py'))} "
+            + " ".join(args))
 
 
 def _int(value: Any) -> int | None:

@@ -10,11 +10,10 @@ import shlex
 from dataclasses import dataclass
 
 from gpucluster.inventory import Host, Inventory
-from gpucluster.observe.model import GpuProcess, process_of
+from gpucluster.observe.model import GpuProcess, node_gpus_command, process_of
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import HostFailure
 from gpucluster.remote.session import Session
-from gpucluster.templating import script_text
 
 LIST_TIMEOUT_S = 60.0
 D_STATE_REMEDY = ("it is in uninterruptible sleep (D), waiting on the driver or a device: "
@@ -40,14 +39,9 @@ class Ended:
     error: str = ""
 
 
-def _script(inventory: Inventory, *args: str) -> str:
-    return (f"{shlex.quote(inventory.cluster.python)} -c "
-            f"{shlex.quote(script_text('observe/node_gpus.py'))} " + " ".join(args))
-
-
 def _list_on(connection: Connection, inventory: Inventory) -> NodeProcesses:
     jobs_dir = f"{shell_path(inventory.cluster.work_dir)}/jobs"
-    done = connection.run(_script(inventory, "processes", jobs_dir,
+    done = connection.run(node_gpus_command(inventory.cluster.python, "processes", jobs_dir,
                                   shlex.quote(connection.host)), timeout=LIST_TIMEOUT_S)
     try:
         payload = json.loads(done.stdout.strip().splitlines()[-1])
@@ -94,7 +88,7 @@ def _end_on(connection: Connection, inventory: Inventory, doomed: list[GpuProces
     host = inventory.host(connection.host)
     # Another user's process (a root job's leftover, a foreign one) needs sudo to end.
     sudo = any(p.user != _login(host) for p in doomed)
-    done = connection.run(_script(inventory, "end", f"{grace_s:g}",
+    done = connection.run(node_gpus_command(inventory.cluster.python, "end", f"{grace_s:g}",
                                   *(str(p.pid) for p in doomed)),
                           timeout=grace_s + LIST_TIMEOUT_S, sudo=sudo)
     try:

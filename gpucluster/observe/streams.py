@@ -9,10 +9,9 @@ import threading
 import time
 
 from gpucluster.inventory import Host, Inventory
-from gpucluster.observe.model import NodeSample, parse_frame
+from gpucluster.observe.model import NodeSample, node_gpus_command, parse_frame
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
-from gpucluster.templating import script_text
 
 STREAM_LIMIT_S = 30 * 24 * 3600.0  # `top` and the exporter may run for weeks
 RETRY_S = 1.0  # between a failed connection and the next try
@@ -28,9 +27,9 @@ def sampler_command(inventory: Inventory, host: Host, interval_s: float) -> str:
     # The interface that carries the cluster's traffic is the one towards a peer.
     peers = [h for h in inventory.hosts if h.name != host.name]
     peer = peers[0].address if peers else ""
-    return (f"exec {shlex.quote(inventory.cluster.python)} -u -c "
-            f"{shlex.quote(script_text('observe/node_gpus.py'))} stream "
-            f"{max(100, round(interval_s * 1000))} {shlex.quote(peer)}")
+    return "exec " + node_gpus_command(inventory.cluster.python, "stream",
+                                       str(max(100, round(interval_s * 1000))),
+                                       shlex.quote(peer))
 
 
 class NodeStream:
