@@ -29,7 +29,11 @@ def provision(
     ] = False,
     only: Annotated[str | None, typer.Option(
         "--only", metavar="STEPS",
-        help="Only these steps: parity,ssh-mesh,hosts,firewall,image,smoke.")
+        help="Only these steps: parity,ssh-mesh,hosts,firewall,image,slurm,smoke.")
+    ] = None,
+    with_: Annotated[str | None, typer.Option(
+        "--with", metavar="STEPS",
+        help="Add optional steps: slurm (or enable it in the inventory's slurm: section).")
     ] = None,
     skip: Annotated[str | None, typer.Option("--skip", metavar="STEPS",
                                              help="All steps but these.")] = None,
@@ -39,13 +43,15 @@ def provision(
         "--verify", help="Test every node-to-node SSH pair even when nothing changed (a "
                          "run that changes the mesh always does).")] = False,
     undo: Annotated[str | None, typer.Option(
-        "--undo", metavar="STEP", help="Remove what a step added (firewall).")] = None,
+        "--undo", metavar="STEP", help="Remove what a step added (firewall, slurm).")
+    ] = None,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
-    """Make every node right: SSH mesh, /etc/hosts, firewall; a re-run changes nothing."""
+    """Make every node right: SSH mesh, /etc/hosts, firewall, image (and Slurm, --with
+    slurm); a re-run changes nothing."""
     from gpucluster.cli.views.provision import print_report, print_undo, summary_payload
     from gpucluster.provision import runner
 
@@ -58,7 +64,8 @@ def provision(
             if any(r.outcome.value == "failed" for r in results):
                 raise typer.Exit(EXIT_FAILED)
             return
-        steps = runner.select_steps(comma_list(only), comma_list(skip))
+        steps = runner.select_steps(comma_list(only), comma_list(skip), comma_list(with_),
+                                    loaded)
         with common.byte_progress(stderr_console()) as on_bytes:
             report = runner.provision(session, loaded, steps, dry_run, force,
                                       on_image_progress=on_bytes, verify=verify)

@@ -14,9 +14,16 @@ Validation collects every problem before raising, so a user fixes a file in one 
 """
 
 from gpucluster.inventory.load import DEFAULT_INVENTORY, INVENTORY_ENV_VAR, find_inventory, load
-from gpucluster.inventory.model import ClusterSettings, Host, Inventory, SmokeSettings, is_ip
+from gpucluster.inventory.model import (
+    ClusterSettings,
+    Host,
+    Inventory,
+    SlurmSettings,
+    SmokeSettings,
+    is_ip,
+)
 from gpucluster.inventory.resolve import LOCAL_ADDRESSES
-from gpucluster.inventory.schema import CLUSTER_KEYS, HOST_KEYS, SMOKE_KEYS
+from gpucluster.inventory.schema import CLUSTER_KEYS, HOST_KEYS, SLURM_KEYS, SMOKE_KEYS
 
 __all__ = [
     "CLUSTER_KEYS",
@@ -24,10 +31,12 @@ __all__ = [
     "HOST_KEYS",
     "INVENTORY_ENV_VAR",
     "LOCAL_ADDRESSES",
+    "SLURM_KEYS",
     "SMOKE_KEYS",
     "ClusterSettings",
     "Host",
     "Inventory",
+    "SlurmSettings",
     "SmokeSettings",
     "find_inventory",
     "is_ip",

@@ -72,6 +72,19 @@ class SmokeSettings:
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """Slurm on the provisioned nodes (`slurm:` in the inventory, or provision --with
+    slurm with these defaults)."""
+
+    enabled: bool = True  # the section is there: every provision includes the step
+    controller: str | None = None  # the host running slurmctld; None: the head
+    partition: str = "gpu"
+    install: bool = False  # may provision install missing Slurm and munge packages?
+    cgroups: bool = True  # cgroup plugins (ConstrainDevices); off where nodes share a host
+    srun_ports: str = "61000-61999"  # outside the kernel's ephemeral range
+
+
+@dataclass(frozen=True)
 class Inventory:
     """A validated inventory; hosts keep the order of the file."""
 
@@ -80,6 +93,7 @@ class Inventory:
     hosts: tuple[Host, ...]
     groups: Mapping[str, tuple[str, ...]]
     smoke: SmokeSettings = SmokeSettings()
+    slurm: SlurmSettings | None = None  # None: no `slurm:` section
     # Hosts a -w/-g selection left out: no work runs there, but a selected host may
     # still reach its node through one of them (jump_host).
     left_out: tuple[Host, ...] = ()

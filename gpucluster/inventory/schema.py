@@ -145,4 +145,29 @@ PATH_KEYS = frozenset({"known_hosts", "ssh_config", "identity_file"})
 SMOKE_KEYS: dict[str, tuple[str, Converter]] = {
     "min_busbw_gbps": ("number", _positive_number),
 }
-TOP_KEYS = ("cluster", "defaults", "groups", "hosts", "smoke")
+
+_SLURM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
+
+
+def _slurm_name(value: Any) -> str:
+    if not isinstance(value, str) or not _SLURM_NAME.fullmatch(value):
+        raise ValueError("use a name of letters, digits, '_' and '-', starting with a letter")
+    return value
+
+
+def _port_range(value: Any) -> str:
+    low, _, high = str(value).partition("-")
+    if not (low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65535):
+        raise ValueError("use LOW-HIGH, two ports from 1024 to 65535, e.g. 61000-61999")
+    return f"{int(low)}-{int(high)}"
+
+
+SLURM_KEYS: dict[str, tuple[str, Converter]] = {
+    "enabled": ("boolean", _flag),
+    "controller": ("string", _text),
+    "partition": ("name", _slurm_name),
+    "install": ("boolean", _flag),
+    "cgroups": ("boolean", _flag),
+    "srun_ports": ("port range", _port_range),
+}
+TOP_KEYS = ("cluster", "defaults", "groups", "hosts", "smoke", "slurm")

@@ -13,7 +13,13 @@ from typing import Any
 
 from gpucluster import hostrange
 from gpucluster.errors import HostRangeError, InventoryError, Problem
-from gpucluster.inventory.model import ClusterSettings, Host, Inventory, SmokeSettings
+from gpucluster.inventory.model import (
+    ClusterSettings,
+    Host,
+    Inventory,
+    SlurmSettings,
+    SmokeSettings,
+)
 from gpucluster.inventory.resolve import resolve_host
 from gpucluster.inventory.schema import (
     CLUSTER_KEYS,
@@ -21,6 +27,7 @@ from gpucluster.inventory.schema import (
     HOST_KEYS,
     NULLABLE_KEYS,
     PATH_KEYS,
+    SLURM_KEYS,
     SMOKE_KEYS,
     TOP_KEYS,
     Converter,
@@ -56,10 +63,23 @@ class Validator:
         defaults = self._section(document, "defaults", DEFAULTS_KEYS)
         hosts = self._hosts(document, defaults, cluster)
         groups = self._groups(document, hosts)
+        slurm = self._slurm(document, hosts)
         if self.problems:
             raise InventoryError(self.problems)
         hosts = [_with_groups(h, groups) for h in hosts]
-        return Inventory(self.path, cluster, tuple(hosts), groups, smoke)
+        return Inventory(self.path, cluster, tuple(hosts), groups, smoke, slurm)
+
+    def _slurm(self, document: LineDict, hosts: list[Host]) -> SlurmSettings | None:
+        if "slurm" not in document:
+            return None
+        settings = SlurmSettings(**self._section(document, "slurm", SLURM_KEYS))
+        names = [h.name for h in hosts]
+        if settings.controller is not None and hosts and settings.controller not in names:
+            section = document.get("slurm")
+            line = section.line_of("controller") if isinstance(section, LineDict) else None
+            self.problem(line, f"slurm.controller {settings.controller!r} is not a host of "
+                               f"the inventory", "name one of: " + hostrange.fold(names))
+        return settings
 
     # -- generic helpers
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import difflib
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpucluster import reports
@@ -47,15 +48,24 @@ def read_states(connection: LoggedConnection, paths: list[str], sudo: bool = Fal
                 ) -> dict[str, FileState]:
     """Each file's text and permission bits (of the target, for a symlink), all in one
     round trip."""
-    result = connection.run(render("provision/read_file.sh.j2",
-                                   paths=[shell_path(p) for p in paths]), timeout=30, sudo=sudo)
-    found = reports.sections(result.stdout)
+    result = connection.run(read_script(paths), timeout=30, sudo=sudo)
+    return parse_states(reports.sections(result.stdout), paths, result.stderr)
+
+
+def read_script(paths: list[str]) -> str:
+    """Shell that reports each of `paths` in a numbered section (parse_states reads it),
+    for a caller that sends it along with its own round trip."""
+    return render("provision/read_file.sh.j2", paths=[shell_path(p) for p in paths])
+
+
+def parse_states(found: Mapping[str, reports.Section], paths: list[str], stderr: str = ""
+                 ) -> dict[str, FileState]:
     states = {}
     for index, path in enumerate(paths):
         section = found.get(str(index))
         if section is None or section.exit_code != 0:
             raise RemoteError(FailureKind.ERROR, f"cannot read {path}: "
-                                                 f"{result.stderr.strip() or 'no answer'}")
+                                                 f"{stderr.strip() or 'no answer'}")
         first, _, body = section.output.partition("\n")
         if first == "absent":
             states[path] = FileState(None)

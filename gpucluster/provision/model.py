@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from gpucluster.inventory import Host, Inventory
+    from gpucluster.inventory import Host, Inventory, SlurmSettings
     from gpucluster.provision.logged import LoggedConnection
     from gpucluster.remote.result import FanoutResult
 
@@ -56,8 +56,9 @@ class ProvisionContext:
     inventory: Inventory
     state_dir: Path
     dry_run: bool
-    gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gathered: dict[str, Any] = field(default_factory=dict)
     on_progress: Progress | None = None
+    slurm: SlurmSettings | None = None  # Slurm is part of this cluster: its step, its ports
 
 
 T = TypeVar("T")
@@ -83,7 +84,8 @@ def hostnames(context: ProvisionContext, each: Each) -> dict[str, str]:
         usable, dropped = vet(reported, [h.name for h in context.inventory.hosts])
         context.gathered["hostnames"] = usable
         context.gathered["hostname_notes"] = dropped
-    return context.gathered["hostnames"]
+    found: dict[str, str] = context.gathered["hostnames"]
+    return found
 
 
 class Step:

@@ -13,7 +13,7 @@ from gpucluster import hostrange
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
-from gpucluster.inventory import Host, Inventory
+from gpucluster.inventory import Host, Inventory, SlurmSettings
 from gpucluster.provision.logged import CommandLog, LoggedConnection
 from gpucluster.provision.model import (
     Change,
@@ -27,6 +27,7 @@ from gpucluster.provision.model import (
 from gpucluster.provision.steps_firewall import FirewallStep
 from gpucluster.provision.steps_hosts import HostsStep
 from gpucluster.provision.steps_image import ImageStep
+from gpucluster.provision.steps_slurm import SlurmStep
 from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import FanoutResult
@@ -37,9 +38,11 @@ from gpucluster.state import exclusive, state_dir_for
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
                  "nccl")
-STEP_TYPES: tuple[type[Step], ...] = (SshMeshStep, HostsStep, FirewallStep, ImageStep)
+STEP_TYPES: tuple[type[Step], ...] = (SshMeshStep, HostsStep, FirewallStep, ImageStep,
+                                      SlurmStep)
 STEP_NAMES = ("parity", *(s.name for s in STEP_TYPES), "smoke")
-UNDOABLE = ("firewall",)
+OPTIONAL_STEPS = ("slurm",)  # in a run only with --with, or when the inventory asks
+UNDOABLE = ("firewall", "slurm")
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,30 @@ class ProvisionReport:
         return self.gate_blocked or any(r.outcome is Outcome.FAILED for r in self.results)
 
 
-def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]:
-    """--only / --skip, in the order the steps run."""
-    return select(STEP_NAMES, only, skip, "step")
+def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None,
+                 with_: Sequence[str] | None = None, inventory: Inventory | None = None
+                 ) -> list[str]:
+    """--only / --skip / --with, in the order the steps run. An optional step (slurm)
+    runs when named by --with or --only, or when the inventory enables it."""
+    unknown = [n for n in with_ or [] if n not in OPTIONAL_STEPS]
+    if unknown:
+        raise GpuclusterError(f"--with {', '.join(unknown)}: only {', '.join(OPTIONAL_STEPS)}"
+                              f" can be added")
+    wanted = set(with_ or [])
+    if inventory is not None and inventory.slurm is not None and inventory.slurm.enabled:
+        wanted.add("slurm")
+    chosen = select(STEP_NAMES, only, skip, "step")
+    return [s for s in chosen if s not in OPTIONAL_STEPS or s in wanted or only]
+
+
+def slurm_settings(inventory: Inventory, steps: Sequence[str]) -> SlurmSettings | None:
+    """Slurm's settings when Slurm is part of the cluster: its step runs, or the
+    inventory enables it (then the firewall keeps its ports open even in a run of
+    `--only firewall`)."""
+    if "slurm" in steps:
+        return inventory.slurm or SlurmSettings()
+    return inventory.slurm if inventory.slurm is not None and inventory.slurm.enabled \
+        else None
 
 
 class _Run:
@@ -108,7 +132,8 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     state_dir = state_dir_for(inventory)
     log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")
     run = _Run(session, inventory, log)
-    context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress)
+    context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress,
+                               slurm=slurm_settings(inventory, steps))
     gate: list[CheckResult] = []
     if "parity" in steps:
         if on_step:
@@ -251,7 +276,8 @@ def _collect(step: str, result: FanoutResult[NodeResult]) -> dict[str, NodeResul
 
 
 def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
-    """`--undo firewall`: remove exactly the rules provision added."""
+    """`--undo firewall`: remove exactly the rules provision added; `--undo slurm`: stop
+    Slurm's and munge's daemons and remove the files the slurm step wrote."""
     if what not in UNDOABLE:
         raise GpuclusterError(f"--undo {what}: only {', '.join(UNDOABLE)} can be undone "
                               f"(the hosts block and SSH mesh are harmless to keep)")
@@ -259,17 +285,18 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
     log = CommandLog(state_dir / "logs" / f"undo-{time.strftime('%Y%m%d-%H%M%S')}.log")
     run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run=False)
-    step = FirewallStep()
+    step = FirewallStep() if what == "firewall" else SlurmStep()
+    done = "commands" if what == "firewall" else "paths removed"
 
     def remove(host: Host, connection: LoggedConnection) -> NodeResult:
         try:
-            commands = step.undo(context, host, connection)
+            undone = step.undo(context, host, connection)
         except GpuclusterError as error:
-            return NodeResult("firewall", host.name, Outcome.FAILED, message=str(error))
-        outcome = Outcome.CHANGED if commands else Outcome.OK
-        return NodeResult("firewall", host.name, outcome, message=f"{len(commands)} commands")
+            return NodeResult(what, host.name, Outcome.FAILED, message=str(error))
+        outcome = Outcome.CHANGED if undone else Outcome.OK
+        return NodeResult(what, host.name, outcome, message=f"{len(undone)} {done}")
 
     result = run.each(remove)
-    failed = [NodeResult("firewall", n, Outcome.FAILED, message=f.message)
+    failed = [NodeResult(what, n, Outcome.FAILED, message=f.message)
               for n, f in result.failures.items()]
     return [*result.values.values(), *failed]

@@ -1,5 +1,6 @@
-"""Step `firewall`: open the rendezvous port and the ephemeral range NCCL and gloo use,
-to the cluster's own addresses only, in whatever firewall the node runs.
+"""Step `firewall`: open the rendezvous port and the ephemeral range NCCL and gloo use
+(and Slurm's ports, when Slurm is part of the cluster), to the cluster's own addresses
+only, in whatever firewall the node runs.
 
 Detected in this order: ufw (active), firewalld (running), iptables (an INPUT chain that
 drops or rejects), nftables (an input-hook chain of its own that drops or rejects: our
@@ -14,12 +15,14 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, is_ip
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, Step
+from gpucluster.slurm import config
 from gpucluster.templating import render
 
 TAG = "gpucluster"  # the default cluster name's: rules carry their cluster's name
@@ -62,11 +65,30 @@ def is_v6(address: str) -> bool:
     return ":" in address
 
 
-def iptables_rule(address: str, port: int, ephemeral: str, tag: str = TAG) -> str:
+def iptables_rule(address: str, port: int, ephemeral: str, tag: str = TAG,
+                  extra: Sequence[str] = ()) -> str:
     """A rule as `iptables -S` (or `ip6tables -S`) prints it, so present and desired
-    rules compare as text."""
+    rules compare as text. `extra`: more ports or low:high ranges (Slurm's)."""
+    ports = ",".join([str(port), *extra, ephemeral])
     return (f"-A INPUT -s {address}/{128 if is_v6(address) else 32} -p tcp -m multiport "
-            f"--dports {port},{ephemeral} -m comment --comment {tag} -j ACCEPT")
+            f"--dports {ports} -m comment --comment {tag} -j ACCEPT")
+
+
+def port_intervals(text: str) -> list[tuple[int, int]]:
+    """"6817, 6818, 29500, 32768-60999" (or with ':') as merged intervals, the way
+    nftables keeps a set: it merges neighbours and sorts, so sets compare by value."""
+    spans = []
+    for item in re.split(r"[\s,]+", text.strip()):
+        low, _, high = item.replace(":", "-").partition("-")
+        if low.isdigit():
+            spans.append((int(low), int(high) if high.isdigit() else int(low)))
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted(spans):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    return merged
 
 
 def _iptables_for(rule: str) -> str:
@@ -75,10 +97,13 @@ def _iptables_for(rule: str) -> str:
     return "ip6tables" if source and is_v6(source.group(1)) else "iptables"
 
 
-def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
-    """The commands that bring the node's rules to exactly `wanted` peers."""
+def plan_commands(firewall: Firewall, wanted: list[str], port: int,
+                  extra: Sequence[str] = ()) -> list[str]:
+    """The commands that bring the node's rules to exactly `wanted` peers, each opened
+    the rendezvous port, the ephemeral range and `extra` ports (Slurm's)."""
     if firewall.kind == "iptables":
-        desired = {iptables_rule(a, port, firewall.ephemeral, firewall.tag) for a in wanted}
+        desired = {iptables_rule(a, port, firewall.ephemeral, firewall.tag, extra)
+                   for a in wanted}
         present = set(firewall.ours)
         add = [f"{_iptables_for(r)} -I INPUT {r.removeprefix('-A INPUT ')}"
                for r in sorted(desired - present)]
@@ -88,7 +113,7 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
     if firewall.kind == "ufw":
         # Ours are found by their comment, with the ports they open: after a change of
         # rendezvous_port the old rules go and the new ones come.
-        ports = f"{port},{firewall.ephemeral}"
+        ports = ",".join([str(port), *extra, firewall.ephemeral])
         allowed = {(parts[0], parts[1].removesuffix("/tcp"))
                    for parts in (line.split() for line in firewall.ours) if len(parts) == 2}
         needed = {(a, ports) for a in wanted}
@@ -98,13 +123,14 @@ def plan_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]
                 for a, opened in sorted(allowed - needed)]
         return drop + add
     if firewall.kind == "firewalld":
-        return firewalld_commands(firewall, wanted, port)
+        return firewalld_commands(firewall, wanted, port, extra)
     if firewall.kind == "nftables":
-        return nftables_commands(firewall, wanted, port)
+        return nftables_commands(firewall, wanted, port, extra)
     return []
 
 
-def firewalld_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
+def firewalld_commands(firewall: Firewall, wanted: list[str], port: int,
+                       extra: Sequence[str] = ()) -> list[str]:
     """Rich rules carry no tag, so ours are those in our record on the node: an admin's
     rule on the same ports is never touched (nor recorded when it was there first).
     Permanent and runtime sets are brought to the same state without --reload, which
@@ -118,7 +144,8 @@ def firewalld_commands(firewall: Firewall, wanted: list[str], port: int) -> list
                                                                   "ours")}
     permanent, runtime, on_disk = listed["permanent"], listed["runtime"], listed["ours"]
     ephemeral = firewall.ephemeral.replace(":", "-")
-    desired = {rule(a, str(port)) for a in wanted} | {rule(a, ephemeral) for a in wanted}
+    opened = [str(port), ephemeral, *(e.replace(":", "-") for e in extra)]
+    desired = {rule(a, ports) for a in wanted for ports in opened}
     # Provisioned before the record existed: our exact rules are adopted.
     recorded = desired & permanent if "norecord" in firewall.ours else on_disk
     commands = []
@@ -141,7 +168,8 @@ def firewalld_commands(firewall: Firewall, wanted: list[str], port: int) -> list
     return commands
 
 
-def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[str]:
+def nftables_commands(firewall: Firewall, wanted: list[str], port: int,
+                      extra: Sequence[str] = ()) -> list[str]:
     """Rules in the node's own input chain (the one that drops), inserted at its top and
     tagged by a comment; found again by that comment, removed by handle."""
     chain_line, *rules = firewall.ours
@@ -150,6 +178,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
         raise GpuclusterError("nftables: no input chain that drops was found to add to")
     family, table, name = (shlex.quote(part) for part in chain)
     ephemeral = firewall.ephemeral.replace(":", "-")
+    elements = ", ".join([str(port), *(e.replace(":", "-") for e in extra), ephemeral])
     current: dict[str, str] = {}  # peer address -> handle of its rule for today's ports
     stale: list[str] = []  # handles of our rules for other peers or other ports
     for rule in rules:  # all tagged as ours by the detection
@@ -157,8 +186,10 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
         handle = re.search(r"# handle (\d+)", rule)
         if not handle or f'comment "{firewall.tag}"' not in rule:  # never an admin's rule
             continue
+        opened = re.search(r"tcp dport (\{ [^}]* \}|\d+) accept", rule)
         if address and address.group(1) in wanted and address.group(1) not in current \
-                and f"tcp dport {{ {port}, {ephemeral} }} accept" in rule:
+                and opened and port_intervals(opened.group(1).strip("{} ")) \
+                == port_intervals(elements):
             current[address.group(1)] = handle.group(1)
         else:
             stale.append(handle.group(1))
@@ -172,7 +203,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int) -> list[
                               f"table ({chain[0]} {chain[1]}), and peers have IPv4 addresses "
                               f"(fix: use an inet table)")
     add = [f"nft insert rule {family} {table} {name} {'ip6' if is_v6(a) else 'ip'} saddr {a} "
-           f"tcp dport '{{ {port}, {ephemeral} }}' accept comment {firewall.tag}"
+           f"tcp dport '{{ {elements} }}' accept comment {firewall.tag}"
            for a in wanted if a not in current]
     return drop + add
 
@@ -191,7 +222,9 @@ class FirewallStep(Step):
                   connection: LoggedConnection, undo: bool) -> list[str]:
         firewall = detect(connection, context.inventory.cluster.name)
         wanted = [] if undo else peers_of(context, host)
-        return plan_commands(firewall, wanted, context.inventory.cluster.rendezvous_port)
+        extra = config.firewall_ports(context.slurm) if context.slurm else []
+        return plan_commands(firewall, wanted, context.inventory.cluster.rendezvous_port,
+                             extra)
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:

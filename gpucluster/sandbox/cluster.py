@@ -101,17 +101,7 @@ def up(spec: SandboxSpec, inventory_path: Path,
     sandbox.chmod(0o711)  # node users reach their GPU state and library; nobody lists it
     python = str(node_python.ensure(say)) if spec.login else _python()
     _copy_library(spec.name)
-    targets = list(node.BIND_TARGETS)
-    if spec.login:
-        targets.append(login.home_path(spec.login))
-    for target in targets:
-        if not target.exists():
-            target.mkdir(mode=0o700, parents=True)
-            created.add(str(target))
-            # Recorded at once: `down` removes it even if this `up` fails further on.
-            system.write_atomically(_state_file(spec.name), json.dumps(
-                {**(previous or {}), "created_targets": sorted(created)}, indent=2) + "\n",
-                0o600)
+    _create_bind_targets(spec, previous, created)
     key, public_key = _controller_key(spec)
     removed = _remove_extra_nodes(spec, previous)
     node.ensure_bridge(spec)
@@ -155,6 +145,27 @@ def up(spec: SandboxSpec, inventory_path: Path,
              "created_targets": sorted(created), "login_uid": uid}
     system.write_atomically(_state_file(spec.name), json.dumps(state, indent=2) + "\n", 0o600)
     return UpResult(spec, inventory_path, tuple(started), removed)
+
+
+def _create_bind_targets(spec: SandboxSpec, previous: dict[str, Any] | None,
+                         created: set[str]) -> None:
+    """The host paths nodes bind their own copies onto, made where missing and recorded
+    at once, so that `down` removes them even if this `up` fails further on."""
+    targets = [*node.BIND_TARGETS, *node.SERVICE_DIRS]
+    if spec.login:
+        targets.append(login.home_path(spec.login))
+    devices = [node.device_target(i) for i in range(max(n.gpu_count for n in spec.nodes))]
+    for target in [*targets, *devices]:
+        if target.exists():
+            continue
+        if target in devices:  # an empty file, only to bind a node's device onto
+            target.touch(mode=0o600)
+        else:
+            target.mkdir(mode=0o700 if target in node.BIND_TARGETS else 0o755, parents=True)
+        created.add(str(target))
+        system.write_atomically(_state_file(spec.name), json.dumps(
+            {**(previous or {}), "created_targets": sorted(created)}, indent=2) + "\n",
+            0o600)
 
 
 def _prepare_login(spec: SandboxSpec, previous: dict[str, Any] | None, public_key: str
@@ -289,6 +300,10 @@ def _remove_files(state: dict[str, Any], targets_handed_over: bool) -> list[str]
             # It reads like the user's own ~/.ssh was deleted unless it says what it was.
             removed.append(f"empty mount point {target} (the sandbox created it for the "
                            f"nodes; nothing of yours was in it)")
+        elif target.is_file() and target.stat().st_size == 0:
+            target.unlink()
+            removed.append(f"empty mount point {target} (for the nodes' simulated GPU "
+                           f"device files)")
     return removed
 
 

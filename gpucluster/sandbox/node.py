@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,10 +20,15 @@ from gpucluster.sandbox.spec import NodeSpec, SandboxSpec
 from gpucluster.templating import render
 
 STATE_ROOT = Path("/var/lib/gpucluster/sandbox")
+NVIDIA_MAJOR = 195
 # Host paths each node gets its own copy of (bind targets must exist on the host).
 # /tmp stays shared on purpose: venvs and interpreters there must stay visible in nodes.
 BIND_TARGETS = (Path("/root/.ssh"), Path("/var/lib/containers"), Path("/run/containers"),
                 Path("/srv"))
+# Daemons' own directories (munge, Slurm: sockets, pid files, state, logs), one set per
+# node so that each node runs its own daemons as a real server does.
+SERVICE_DIRS = (Path("/run/munge"), Path("/var/lib/munge"), Path("/var/log/munge"),
+                Path("/run/slurm"), Path("/var/lib/slurm"), Path("/var/log/slurm"))
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,15 @@ class NodePaths:
     def srv(self) -> Path:
         """The node's own /srv: its work directory (jobs, logs) lives there."""
         return self.root / "srv"
+
+    def service_dir(self, target: Path) -> Path:
+        """The node's own copy of one of SERVICE_DIRS (/var/lib/slurm -> var-lib-slurm)."""
+        return self.root / "services" / str(target).strip("/").replace("/", "-")
+
+    @property
+    def devices(self) -> Path:
+        """The node's simulated GPU device files, bound onto /dev/nvidiaN in the node."""
+        return self.root / "dev"
 
     @property
     def home(self) -> Path:
@@ -150,7 +165,19 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str, python
     paths.container_run.mkdir(mode=0o700, exist_ok=True)
     paths.srv.mkdir(mode=0o755, exist_ok=True)
     paths.bin.mkdir(mode=0o755, exist_ok=True)
+    for target in SERVICE_DIRS:
+        _service_dir(paths.service_dir(target), target)
     write_gpu_state(spec, node, python)
+
+
+def _service_dir(own: Path, target: Path) -> None:
+    """An empty directory owned as the host's `target` is (munge:munge...)."""
+    if own.exists():
+        return
+    own.mkdir(parents=True)
+    found = target.stat()
+    os.chown(own, found.st_uid, found.st_gid)
+    own.chmod(found.st_mode & 0o7777)
 
 
 def simulates_gpu(node: NodeSpec) -> bool:
@@ -165,6 +192,7 @@ def write_gpu_state(spec: SandboxSpec, node: NodeSpec, python: str) -> None:
     state = {"model": node.gpu_model, "count": node.gpu_count, "driver": node.driver,
              "fault": node.driver_fault}
     system.write_atomically(paths.gpu_state, json.dumps(state) + "\n")
+    _device_files(paths.devices, node.gpu_count if simulates_gpu(node) else 0)
     wrapper = paths.bin / "nvidia-smi"
     if simulates_gpu(node):
         system.write_atomically(wrapper, render("sandbox/nvidia-smi.j2", node=node.name,
@@ -172,6 +200,31 @@ def write_gpu_state(spec: SandboxSpec, node: NodeSpec, python: str) -> None:
                                                 library=library_dir(spec.name)), 0o755)
     else:
         wrapper.unlink(missing_ok=True)
+
+
+def device_target(index: int) -> Path:
+    return Path(f"/dev/nvidia{index}")
+
+
+def _device_files(directory: Path, count: int) -> None:
+    """Character devices nvidia0..count-1 with NVIDIA's major number (195), as a real
+    node has: Slurm's GRES needs device files to count GPUs by. Nothing can open them
+    without the driver; they are there to be found."""
+    directory.mkdir(mode=0o755, exist_ok=True)
+    for extra in directory.glob("nvidia*"):
+        if int(extra.name.removeprefix("nvidia") or -1) >= count:
+            extra.unlink()
+    for index in range(count):
+        device = directory / f"nvidia{index}"
+        if not device.exists():
+            os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, index))
+
+
+def device_files(spec: SandboxSpec, node: NodeSpec) -> list[tuple[Path, Path]]:
+    """(the node's own device file, where it appears in the node) pairs."""
+    directory = node_paths(spec, node).devices
+    count = node.gpu_count if simulates_gpu(node) else 0
+    return [(directory / f"nvidia{i}", device_target(i)) for i in range(count)]
 
 
 def ensure_bridge(spec: SandboxSpec) -> None:
@@ -220,7 +273,9 @@ def start(spec: SandboxSpec, node: NodeSpec) -> None:
     paths = node_paths(spec, node)
     paths.pid_file.unlink(missing_ok=True)
     home = home_source(spec, node)
-    script = render("sandbox/node_init.sh.j2", node=node.name, paths=paths,
+    services = [(paths.service_dir(target), target) for target in SERVICE_DIRS]
+    services += device_files(spec, node)
+    script = render("sandbox/node_init.sh.j2", node=node.name, paths=paths, services=services,
                     simulate_gpu=simulates_gpu(node), cgroup_mounts=cgroup_mounts(),
                     home=home, home_target=spec.login and f"/home/{spec.login.user}")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir

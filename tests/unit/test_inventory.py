@@ -36,9 +36,11 @@ def test_the_example_inventory_is_valid_and_complete() -> None:
     assert loaded.cluster.rendezvous_port == 29500
     # Every key the loader knows is shown (commented or not) in the example.
     text = (ROOT / "inventory.example.yaml").read_text()
-    for key in [*inventory.CLUSTER_KEYS, *inventory.HOST_KEYS, *inventory.SMOKE_KEYS]:
+    for key in [*inventory.CLUSTER_KEYS, *inventory.HOST_KEYS, *inventory.SMOKE_KEYS,
+                *inventory.SLURM_KEYS]:
         assert f"{key}:" in text, key
     assert loaded.smoke.min_busbw_gbps == 100
+    assert loaded.slurm is not None and loaded.slurm.controller == "gpu01"
 
 
 def test_examples_are_valid() -> None:
@@ -106,6 +108,8 @@ hosts:
     ("defaults:\n  jump_host: b\nhosts: [a, b]\n", "'b' reaches itself through jump_host"),
     ("smoke:\n  min_busbw_gbps: -1\nhosts: [a]\n", ":2: smoke.min_busbw_gbps has a bad number"),
     ("smoke:\n  min_busbw: 5\nhosts: [a]\n", "did you mean 'min_busbw_gbps'?"),
+    ("slurm:\n  controller: b\nhosts: [a]\n", ":2: slurm.controller 'b' is not a host"),
+    ("slurm:\n  srun_ports: 100-50\nhosts: [a]\n", ":2: slurm.srun_ports has a bad port range"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(

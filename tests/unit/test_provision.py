@@ -155,9 +155,10 @@ def test_the_hosts_block_lists_addresses_with_inventory_and_real_names(tmp_path:
 
 
 def test_steps_declare_what_the_runner_does_with_them() -> None:
-    assert STEP_NAMES == ("parity", "ssh-mesh", "hosts", "firewall", "image", "smoke")
+    assert STEP_NAMES == ("parity", "ssh-mesh", "hosts", "firewall", "image", "slurm",
+                          "smoke")
     wide = {kind.name for kind in STEP_TYPES if kind.cluster_wide}
-    assert wide == {"image"}  # the relay reaches every node at once
+    assert wide == {"image", "slurm"}  # the relay, and slurmctld before the slurmds
     assert STEP_TYPES[0]() is not STEP_TYPES[0]()  # fresh per run: no shared state
 
 
