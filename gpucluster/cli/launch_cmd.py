@@ -122,7 +122,7 @@ def launch(
                               f"inventory (fix: set it, or give --image NAME)")
     secrets = _secret_env(secret_env or [])
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
-                            nproc_per_node, max_restarts, {**_parse_env(env or []), **secrets},
+                            nproc_per_node, max_restarts, {**parse_env(env or []), **secrets},
                             chosen_image, debug=debug, secret_env=frozenset(secrets))
     err = stderr_console()
     store = job_store(loaded)
@@ -257,7 +257,7 @@ def _secret_env(names: list[str]) -> dict[str, str]:
     return env
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
+def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         name, equals, value = pair.partition("=")

@@ -13,6 +13,7 @@ from gpucluster.cli import (
     bundle_cmd,
     demo_cmd,
     doctor_cmd,
+    export_cmd,
     inventory_cmd,
     launch_cmd,
     logs_cmd,
@@ -34,6 +35,7 @@ app = typer.Typer(
 )
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(sandbox_cmd.app, name="sandbox")
+app.add_typer(export_cmd.app, name="export")
 app.command("run")(run_cmd.run)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)

@@ -1,0 +1,77 @@
+"""`gpucluster export sbatch`: the job as a Slurm batch script (the work dir synced to
+the nodes as launch does)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpucluster.cli.launch_cmd import parse_env
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    InventoryOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+)
+
+app = typer.Typer(help="Write the cluster's jobs for other schedulers.", no_args_is_help=True)
+
+
+@app.command("sbatch")
+def sbatch(
+    script: Annotated[str, typer.Argument(
+        metavar="SCRIPT", help="The training script, inside the work dir.")],
+    script_args: Annotated[list[str] | None, typer.Argument(
+        metavar="ARGS", help="Arguments for the script, after --.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Write here (default: stdout).")] = None,
+    workdir: Annotated[Path | None, typer.Option(
+        "--workdir", "-C", metavar="DIR",
+        help="Directory synced to every node (default: the current one).")] = None,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", "-N", min=1, metavar="N",
+        help="Nodes to ask Slurm for (default: every host of the inventory).")] = None,
+    nproc_per_node: Annotated[int | None, typer.Option(
+        "--nproc-per-node", min=1, metavar="N",
+        help="Processes per node (default: the GPU count; 1 on CPU nodes).")] = None,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", "-e", metavar="K=V", help="Extra environment for the job (repeatable).")
+    ] = None,
+    image: Annotated[str | None, typer.Option(
+        metavar="IMAGE", help="Run torchrun inside this container image.")] = None,
+    no_sync: Annotated[bool, typer.Option(
+        "--no-sync", help="Do not sync the work dir: it is on a shared filesystem, at the "
+                          "path the script names.")] = False,
+    inventory: InventoryOption = None,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """An sbatch script that runs SCRIPT as `launch` would: one srun task per node,
+    torchrun with c10d rendezvous on the allocation's first node."""
+    from gpucluster.slurm.export import export_sbatch
+
+    loaded = load_inventory(inventory)
+    root = (workdir or Path.cwd()).absolute()
+    err = stderr_console()
+    name = output.name if output else "job.sbatch"
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        text, note = export_sbatch(session, loaded, root, script, tuple(script_args or ()),
+                                   sync=not no_sync, nodes=nodes,
+                                   nproc_per_node=nproc_per_node,
+                                   env=parse_env(env or []), image=image, output_name=name)
+    err.print(note)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.chmod(0o755)
+    partial.replace(output)
+    err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the cluster")

@@ -1,0 +1,41 @@
+"""Write the sbatch script for a job, after putting its work dir on every node as
+launch does (only what changed is sent), or, with a shared filesystem, saying where
+it must be."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gpucluster import hostrange
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Inventory
+from gpucluster.launch import workdir
+from gpucluster.launch.model import LaunchRequest
+from gpucluster.launch.start import check_request, code_dir_for, sync_summary
+from gpucluster.remote.session import Session
+from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
+
+
+def export_sbatch(session: Session, inventory: Inventory, root: Path, script: str,
+                  args: Sequence[str], sync: bool, nodes: int | None = None,
+                  nproc_per_node: int | None = None, env: Mapping[str, str] | None = None,
+                  image: str | None = None, output_name: str = "job.sbatch"
+                  ) -> tuple[str, str]:
+    """(the script, what was done about the work dir)."""
+    files, relative = check_request(LaunchRequest(script, tuple(args), root))
+    code_dir = code_dir_for(inventory, root)
+    if sync:
+        synced = session.map(inventory.hosts, lambda c: workdir.sync(c, root, files, code_dir))
+        if synced.failures:
+            failed = sorted(synced.failures)
+            first = synced.failures[failed[0]].message
+            raise GpuclusterError(f"the work dir could not be synced to "
+                                  f"{hostrange.fold(failed)} ({first}); no script written")
+        note = sync_summary(synced.values)
+    else:
+        note = f"not synced (--no-sync): the script expects the work dir at {code_dir} on " \
+               f"every node"
+    request = SbatchRequest(relative, tuple(args), code_dir, sync, nodes, nproc_per_node,
+                            env, image, output_name)
+    return sbatch_script(inventory, request), note

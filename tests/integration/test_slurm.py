@@ -1,0 +1,157 @@
+"""Slurm on a 3-node sandbox of its own behind a default-drop firewall: `provision
+--with slurm` brings every node up idle, `srun -N3` and an exported sbatch of
+examples/train.py run across them, the epilog ends only its own job's leftover GPU
+process, a second run changes nothing, --dry-run shows diffs, and `--undo slurm`
+leaves no daemon and no file of ours. One flow: Slurm's start is the slow part."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli import gpucluster
+from tests.sandbox import TRAIN, Sandbox, start_sandbox
+
+pytestmark = pytest.mark.sandbox
+
+NAME, SUBNET = "gpcslurm", "198.19.13.0/24"
+# SSH in, everything else dropped: Slurm's ports must come from the firewall step.
+FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntrack --ctstate "
+            "ESTABLISHED,RELATED -j ACCEPT; iptables -A INPUT -p tcp --dport 22 -j ACCEPT; "
+            "iptables -P INPUT DROP")
+STEPS = "hosts,firewall,slurm"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    sandbox = start_sandbox(tmp_path_factory.mktemp("slurm") / "cluster.yaml", NAME,
+                            SUBNET, 3)
+    for node in sandbox.nodes:
+        sandbox.node_exec(node, FIREWALL)
+    try:
+        yield sandbox
+    finally:
+        gpucluster("sandbox", "down", "--name", NAME)
+
+
+def provision(cluster: Sandbox, *args: str, inventory: Path | None = None) -> dict:
+    done = gpucluster("provision", "-i", str(inventory or cluster.inventory), "--only",
+                      STEPS, "--json", *args, timeout=300)
+    assert done.stdout.strip(), done.stderr
+    report = json.loads(done.stdout)
+    report["exit"] = done.code
+    return report
+
+
+def slurm_outcomes(report: dict) -> dict[str, str]:
+    return {r["host"]: r["outcome"] for r in report["results"] if r["step"] == "slurm"}
+
+
+def on_node1(cluster: Sandbox, command: str, timeout: int = 30) -> str:
+    done = subprocess.run(cluster.node_argv("node1", ["/bin/sh", "-c", command]),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{command}: {done.stderr}"
+    return done.stdout
+
+
+def running_daemons(cluster: Sandbox, node: str) -> list[str]:
+    """The node's own Slurm and munge daemons (its network namespace's processes)."""
+    pids = subprocess.run(["ip", "netns", "pids", f"{cluster.name}-{node}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    names = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            names.add(Path(f"/proc/{pid}/comm").read_text().strip())
+    return sorted(names & set(DAEMONS))
+
+
+def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
+        cluster: Sandbox, tmp_path: Path) -> None:
+    first = provision(cluster, "--with", "slurm")
+    assert first["exit"] == 0, first["results"]
+    assert set(slurm_outcomes(first).values()) == {"changed"}
+
+    # Every node idle (once provision's own srun has completed), the GPUs counted from
+    # their device files; srun answered by all.
+    wanted = [[n, "idle", "gpu:h100:8"] for n in ("node1", "node2", "node3")]
+    deadline = time.monotonic() + 20
+    while (states := sorted(line.split() for line in on_node1(
+            cluster, "sinfo -h -N -o '%N %T %G'").splitlines())) != wanted:
+        assert time.monotonic() < deadline, states
+        time.sleep(0.5)
+    assert sorted(on_node1(cluster, "srun -N3 hostname -s").split()) == cluster.nodes
+    # Slurm's ports were opened by the firewall step, to peers only.
+    rules = cluster.node_exec("node2", "iptables -S INPUT").stdout
+    assert f"-s {cluster.addresses['node1']}/32 -p tcp -m multiport --dports " \
+           f"29500,6817,6818,61000:61999," in rules
+    assert f"-s {cluster.addresses['node2']}/32" not in rules
+    # One munge key, the cluster's, 0400 munge:munge on every node.
+    key = (cluster.inventory.parent / ".gpucluster" / "slurm" / "munge.key").read_bytes()
+    for node in cluster.nodes:
+        mode, _, sha = cluster.node_exec(node, "stat -c '%a %U' /etc/munge/munge.key; "
+                                               "sha256sum < /etc/munge/munge.key"
+                                         ).stdout.partition("\n")
+        assert mode.strip() == "400 munge" and sha.split()[0] == hashlib.sha256(
+            key).hexdigest()
+
+    # The exported sbatch script runs examples/train.py on every node.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_bytes(TRAIN.read_bytes())
+    script = tmp_path / "train.sbatch"
+    exported = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "train.py",
+                          "-o", str(script), "--", "--epochs", "2", "--steps", "5",
+                          cwd=str(project), timeout=120)
+    assert exported.code == 0, exported.stderr
+    assert "synced: 1 sent" in exported.stderr
+    output = on_node1(cluster, f"cd /srv && sbatch --wait -o /srv/train-%j.out {script} "
+                               f">/dev/null && cat /srv/train-*.out", timeout=300)
+    for rank in range(3):
+        assert f"rank {rank}/3" in output, output
+    assert "done" in output
+
+    # The epilog ends the job's leftover GPU process (escaped from the job's process
+    # tree), never one of another's.
+    quiet = "</dev/null >/dev/null 2>&1"
+    cluster.node_exec("node2", f"LOCAL_RANK=1 setsid -f sleep 600 {quiet}")
+    on_node1(cluster, f"sbatch --wait -w node2 -N1 -o /dev/null --wrap "
+                      f"'LOCAL_RANK=0 setsid -f sleep 600 {quiet}; sleep 1' >/dev/null",
+             timeout=120)
+    left = cluster.node_exec("node2", "nvidia-smi --query-compute-apps=pid --format="
+                                      "csv,noheader | while read p; do tr '\\0' '\\n' < "
+                                      "/proc/$p/environ | grep -c LOCAL_RANK=1; done").stdout
+    assert left.split() == ["1"], left  # the foreign one is the only one left
+    cluster.node_exec("node2", "kill $(nvidia-smi --query-compute-apps=pid "
+                               "--format=csv,noheader)", check=False)
+
+    # A second run changes nothing; a changed setting shows as a diff, changing nothing.
+    again = provision(cluster, "--with", "slurm")
+    assert again["exit"] == 0 and set(slurm_outcomes(again).values()) == {"already ok"}
+    # Beside the inventory: the same state directory, so the same munge key.
+    renamed = cluster.write_inventory(cluster.inventory.parent / "renamed.yaml",
+                                      slurm={**cluster.data["slurm"], "partition": "train"})
+    planned = provision(cluster, "--with", "slurm", "--dry-run", inventory=renamed)
+    changes = [c for r in planned["results"] if r["step"] == "slurm" for c in r["changes"]]
+    assert [c["summary"] for c in changes] == ["write /etc/slurm/slurm.conf"]
+    assert "+PartitionName=train" in changes[0]["detail"]
+    assert "PartitionName=gpu " in on_node1(cluster, "cat /etc/slurm/slurm.conf")
+
+    # --undo slurm: no daemon left, none of our files.
+    undone = gpucluster("provision", "-i", str(cluster.inventory), "--undo", "slurm")
+    assert undone.code == 0, undone.stdout + undone.stderr
+    time.sleep(0.5)
+    for node in cluster.nodes:
+        assert running_daemons(cluster, node) == [], node
+        present = cluster.node_exec(node, "ls /etc/slurm/slurm.conf /etc/slurm/gres.conf "
+                                          "/etc/slurm/gpucluster-epilog.sh /etc/munge/munge.key "
+                                          "/var/lib/slurm/slurmd/conf-cache 2>/dev/null",
+                                    check=False).stdout
+        assert present == "", f"{node}: {present}"
