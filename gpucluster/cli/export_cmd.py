@@ -3,7 +3,6 @@ the nodes as launch does)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +17,7 @@ from gpucluster.cli.options import (
     load_inventory,
     open_session,
     stderr_console,
+    write_output,
 )
 
 app = typer.Typer(help="Write the cluster's jobs for other schedulers.", no_args_is_help=True)
@@ -67,11 +67,6 @@ def sbatch(
                                    nproc_per_node=nproc_per_node,
                                    env=parse_env(env or []), image=image, output_name=name)
     err.print(note)
-    if output is None:
-        sys.stdout.write(text)
-        return
-    partial = output.with_name(output.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.chmod(0o755)
-    partial.replace(output)
-    err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the cluster")
+    write_output(output, text, 0o755)
+    if output is not None:
+        err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the cluster")

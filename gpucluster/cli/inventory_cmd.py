@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from gpucluster.cli.options import InventoryOption, JsonOption, load_inventory, stdout_console
+from gpucluster.cli.options import (
+    InventoryOption,
+    JsonOption,
+    load_inventory,
+    stdout_console,
+    write_output,
+)
 from gpucluster.cli.views import common
 from gpucluster.cli.views import inventory as inventory_view
 from gpucluster.errors import InventoryError
@@ -70,10 +76,4 @@ def export(
     if output_format not in FORMATS:
         raise GpuclusterError(f"--format {output_format!r}: not a format gpucluster writes "
                               f"(fix: one of {', '.join(FORMATS)})")
-    text = FORMATS[output_format](load_inventory(inventory))
-    if output is None:
-        sys.stdout.write(text)
-        return
-    partial = output.with_name(output.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(output)
+    write_output(output, FORMATS[output_format](load_inventory(inventory)))

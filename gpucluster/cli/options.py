@@ -99,3 +99,15 @@ def open_session(inventory: Inventory, accept_new_host_keys: bool, ask_pass: boo
 
     return Session(inventory, ssh_options(inventory, accept_new_host_keys, ask_pass,
                                           connect_timeout))
+
+
+def write_output(output: Path | None, text: str, mode: int = 0o644) -> None:
+    """`text` to stdout, or to `output` whole: written beside it, then renamed over it,
+    so an interrupted write never leaves half a file where a tool would read it."""
+    if output is None:
+        sys.stdout.write(text)
+        return
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.chmod(mode)
+    partial.replace(output)
