@@ -159,5 +159,8 @@ def stdin_chunks(stdin: bytes | BinaryIO | None, prefix: bytes = b"") -> Iterato
     if isinstance(stdin, bytes):
         yield stdin
         return
-    while chunk := stdin.read(STDIN_CHUNK):
+    # read1: what a pipe has now (up to a chunk), not a full chunk's wait: a stream
+    # (an image) goes on the wire as it is produced.
+    read = getattr(stdin, "read1", stdin.read)
+    while chunk := read(STDIN_CHUNK):
         yield chunk
