@@ -30,10 +30,12 @@ class CommandLog:
 class LoggedConnection:
     """A connection whose every command is written to the command log."""
 
-    def __init__(self, connection: Connection, log: CommandLog) -> None:
+    def __init__(self, connection: Connection, log: CommandLog,
+                 primed: Mapping[tuple[str, bool], CommandResult] | None = None) -> None:
         self.host = connection.host
         self._connection = connection
         self._log = log
+        self._primed = dict(primed or {})  # reads done ahead (provision/prefetch.py)
 
     def run(self, command: str, timeout: float, sudo: bool = False,
             env: Mapping[str, str] | None = None, stdin: Stdin = None,
@@ -49,6 +51,13 @@ class LoggedConnection:
         prefix = f"[{'; '.join(extras)}] " if extras else ""
         lines = command.splitlines()
         shown = command if len(lines) <= 1 else f"{lines[0]} ... ({len(lines)} lines)"
+        if not extras or extras == ["sudo"]:
+            primed = self._primed.pop((command, sudo), None)
+            if primed is not None:
+                self._log.write(self.host, f"{prefix}{shown!r} -> exit {primed.exit_code}, "
+                                           f"read ahead")
+                return primed
+        self._primed.clear()  # this command may change what was read ahead
         try:
             result = self._connection.run(command, timeout, sudo=sudo, env=env, stdin=stdin,
                                           on_line=on_line)

@@ -72,6 +72,9 @@ class Each(Protocol):
 
 
 
+HOSTNAME_COMMAND = "hostname"
+
+
 def hostnames(context: ProvisionContext, each: Each) -> dict[str, str]:
     """Each node's real hostname, asked once per run whichever step needs it first, and
     vetted (provision/hostnames.py): what is not usable is left out, with the reason in
@@ -79,7 +82,8 @@ def hostnames(context: ProvisionContext, each: Each) -> dict[str, str]:
     if "hostnames" not in context.gathered:
         from gpucluster.provision.hostnames import vet
 
-        result = each(lambda _host, connection: connection.run("hostname", timeout=30).stdout)
+        result = each(lambda _host, connection: connection.run(HOSTNAME_COMMAND,
+                                                               timeout=30).stdout)
         reported = {h: out.strip() for h, out in result.values.items()}
         usable, dropped = vet(reported, [h.name for h in context.inventory.hosts])
         context.gathered["hostnames"] = usable
@@ -104,6 +108,12 @@ class Step:
         """Whether the step changes what only root may (then a non-root node user must
         have passwordless sudo, checked before any step changes anything)."""
         return False
+
+    def reads(self, context: ProvisionContext) -> list[tuple[str, bool]]:
+        """The read-only commands (and whether under sudo) the step will run on every
+        node, exactly as it runs them: provision reads them all ahead in one round trip
+        (provision/prefetch.py)."""
+        return []
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         """Gather what the step needs from every node at once (`each(task)` fans out)."""

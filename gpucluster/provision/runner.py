@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from gpucluster import hostrange
+from gpucluster import hostrange, reports
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory, SlurmSettings
+from gpucluster.provision import prefetch
 from gpucluster.provision.logged import CommandLog, LoggedConnection
 from gpucluster.provision.model import (
     Change,
@@ -30,8 +31,9 @@ from gpucluster.provision.steps_image import ImageStep
 from gpucluster.provision.steps_slurm import SlurmStep
 from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
-from gpucluster.remote.result import FanoutResult
+from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.remote.session import Session
+from gpucluster.reports import Section
 from gpucluster.selection import select
 from gpucluster.state import exclusive, state_dir_for
 
@@ -100,11 +102,18 @@ class _Run:
         self.inventory = inventory
         self.logged: dict[str, LoggedConnection] = {}
         self.log = log
+        self.primed: dict[str, dict[prefetch.Read, CommandResult]] = {}  # read ahead
 
     def connection(self, connection: Connection) -> LoggedConnection:
         if connection.host not in self.logged:
-            self.logged[connection.host] = LoggedConnection(connection, self.log)
+            self.logged[connection.host] = LoggedConnection(
+                connection, self.log, self.primed.pop(connection.host, None))
         return self.logged[connection.host]
+
+    def prime(self, reads: list[prefetch.Read],
+              sections: Mapping[str, Mapping[str, Section]]) -> None:
+        for host, found in sections.items():
+            self.primed[host] = prefetch.parse(host, found, reads)
 
     def each(self, task: Callable[[Host, LoggedConnection], T],
              hosts: Sequence[Host] | None = None) -> FanoutResult[T]:
@@ -134,17 +143,24 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress,
                                slurm=slurm_settings(inventory, steps))
+    selected = [kind() for kind in STEP_TYPES if kind.name in steps]  # fresh per run
+    reads = prefetch.unique([r for step in selected for r in step.reads(context)])
+    rider = prefetch.script(reads) if reads else ""
     gate: list[CheckResult] = []
     if "parity" in steps:
         if on_step:
             on_step("parity")
-        report = run_doctor(session, inventory, [REGISTRY[n] for n in PARITY_CHECKS])
+        report = run_doctor(session, inventory, [REGISTRY[n] for n in PARITY_CHECKS],
+                            rider=rider)
+        run.prime(reads, report.sections)
         gate = [r for r in report.results if r.status is Status.FAIL]
         if gate and not force:
             return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps), (),
                                    tuple(gate), True, log=log.path,
                                    duration_s=time.monotonic() - started)
-    selected = [kind() for kind in STEP_TYPES if kind.name in steps]  # fresh per run
+    elif rider:
+        ahead = session.map(inventory.hosts, lambda c: c.run(rider, timeout=120).stdout)
+        run.prime(reads, {h: reports.sections(out) for h, out in ahead.values.items()})
     refusal = _root_refusal(session, inventory,
                             [s.name for s in selected if s.needs_root(context)])
     if refusal:

@@ -7,7 +7,14 @@ from __future__ import annotations
 from gpucluster.inventory import Host, is_ip
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext, Step, hostnames
+from gpucluster.provision.model import (
+    HOSTNAME_COMMAND,
+    Change,
+    Each,
+    ProvisionContext,
+    Step,
+    hostnames,
+)
 from gpucluster.templating import render
 
 HOSTS_FILE = "/etc/hosts"
@@ -22,6 +29,9 @@ class HostsStep(Step):
 
     def note(self, context: ProvisionContext, host: Host) -> str:
         return str(context.gathered.get("hostname_notes", {}).get(host.name, ""))
+
+    def reads(self, context: ProvisionContext) -> list[tuple[str, bool]]:
+        return [(HOSTNAME_COMMAND, False), (files.read_script([HOSTS_FILE]), False)]
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         hostnames(context, each)

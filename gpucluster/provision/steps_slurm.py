@@ -68,10 +68,17 @@ class SlurmStep(Step):
 
     # -- gathering
 
+    @staticmethod
+    def _facts_script() -> str:
+        return facts_script() + files.read_script(config.managed_paths())
+
+    def reads(self, context: ProvisionContext) -> list[tuple[str, bool]]:
+        return [(self._facts_script(), True)]
+
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         settings = settings_of(context)
         controller = settings.controller or context.inventory.head.name
-        script = facts_script() + files.read_script(config.managed_paths())
+        script = self._facts_script()
         answers = each(lambda host, connection: parse_facts(
             host.name, host.address, connection.run(script, timeout=60, sudo=True).stdout))
         # In the inventory's order: slurm.conf must not change with who answered first.

@@ -17,9 +17,18 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, is_ip
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
-from gpucluster.provision.model import Change, Each, ProvisionContext, Step, hostnames
+from gpucluster.provision.model import (
+    HOSTNAME_COMMAND,
+    Change,
+    Each,
+    ProvisionContext,
+    Step,
+    hostnames,
+)
 from gpucluster.remote.hostkeys import known_hosts_name
 from gpucluster.templating import render
+
+HOST_KEYS_COMMAND = "cat /etc/ssh/ssh_host_*_key.pub"
 
 KEY_NAME = "gpucluster_ed25519"  # the default cluster name's
 
@@ -84,7 +93,7 @@ class SshMeshStep(Step):
                                       cluster_name=context.inventory.cluster.name)
         context.gathered["cluster_key"] = {"private": private, "public": public}
         keys = each(lambda _host, connection: connection.run(
-            "cat /etc/ssh/ssh_host_*_key.pub", timeout=30).stdout)
+            HOST_KEYS_COMMAND, timeout=30).stdout)
         context.gathered["host_keys"] = dict(keys.values)
         hostnames(context, each)
 
@@ -122,12 +131,19 @@ class SshMeshStep(Step):
                                                       at_top=True, name=name)),
         }
 
+    @staticmethod
+    def _paths(context: ProvisionContext) -> list[str]:
+        private = _private_key_path(context)
+        return [private, f"{private}.pub", "~/.ssh/authorized_keys", "~/.ssh/known_hosts",
+                "~/.ssh/config"]
+
+    def reads(self, context: ProvisionContext) -> list[tuple[str, bool]]:
+        return [(HOST_KEYS_COMMAND, False), (HOSTNAME_COMMAND, False),
+                (files.read_script(self._paths(context)), False)]
+
     def _current(self, context: ProvisionContext, connection: LoggedConnection
                  ) -> dict[str, files.FileState]:
-        private = _private_key_path(context)
-        paths = [private, f"{private}.pub", "~/.ssh/authorized_keys", "~/.ssh/known_hosts",
-                 "~/.ssh/config"]
-        return files.read_states(connection, paths)
+        return files.read_states(connection, self._paths(context))
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:

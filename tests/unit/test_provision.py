@@ -410,3 +410,33 @@ def test_ipv6_peers_get_their_own_family_in_every_firewall() -> None:
         "chain inet fw input",
         'ip6 saddr fd00::12 tcp dport { 29500, 1-2 } accept comment "gpucluster" # handle 4'))
     assert nftables_commands(kept, [v6], 29500) == []
+
+
+def test_reads_done_ahead_arrive_exactly_and_serve_each_command_once(tmp_path: Path) -> None:
+    import subprocess
+
+    from gpucluster import reports
+    from gpucluster.provision import prefetch
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+
+    marker = tmp_path / "marker"
+    reads = [("echo before; exit 3", False), ("printf 'a\\n\\nb\\n\\n'", False),
+             (f"cat {marker}", False)]
+    marker.write_text("first\n")
+    output = subprocess.run(["sh", "-c", prefetch.script(reads)], capture_output=True,
+                            text=True, check=True).stdout
+    primed = prefetch.parse("n1", reports.sections(output), reads)
+    assert primed[reads[0]].exit_code == 3 and primed[reads[0]].stdout == "before\n"
+    assert primed[reads[1]].stdout == "a\n\nb\n\n"  # trailing newlines kept
+
+    log = CommandLog(tmp_path / "log")
+    connection = LoggedConnection(LocalConnection("n1"), log, primed)
+    marker.write_text("second\n")
+    assert connection.run(f"cat {marker}", timeout=5).stdout == "first\n"  # read ahead
+    assert connection.run(f"cat {marker}", timeout=5).stdout == "second\n"  # once only
+    # A command that was not read ahead (a write) drops the rest: it may change them.
+    again = LoggedConnection(LocalConnection("n1"), log, primed)
+    assert again.run(f"echo third > {marker}", timeout=5).ok
+    assert again.run(f"cat {marker}", timeout=5).stdout == "third\n"
+    assert "read ahead" in log.path.read_text()
