@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,19 +57,32 @@ class CheckSpec:
     category: str
     summary: str
     run: CheckFunction
+    # The probe sections the check reads; None: it may read any (the whole probe runs).
+    sections: frozenset[str] | None = None
 
 
 REGISTRY: dict[str, CheckSpec] = {}
 
 
-def check(name: str, category: str, summary: str) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check; `doctor --list` shows `summary`."""
+def check(name: str, category: str, summary: str, sections: tuple[str, ...] | None = None
+          ) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check; `doctor --list` shows `summary`. A check that names the probe
+    `sections` it reads lets a run of only such checks (launch's readiness checks) send
+    a probe of only those sections."""
 
     def register(function: CheckFunction) -> CheckFunction:
-        REGISTRY[name] = CheckSpec(name, category, summary, function)
+        REGISTRY[name] = CheckSpec(name, category, summary, function,
+                                   frozenset(sections) if sections is not None else None)
         return function
 
     return register
+
+
+def probe_sections(selected: Sequence[CheckSpec]) -> frozenset[str] | None:
+    """What the probe must gather for these checks; None: all of it."""
+    if not selected or any(spec.sections is None for spec in selected):
+        return None
+    return frozenset().union(*(spec.sections or () for spec in selected))
 
 
 K = TypeVar("K", bound=Hashable)

@@ -227,14 +227,19 @@ class ProbeSteps:
                 + (f": {what}" if what else ""))
 
 
-def render_probe(inventory: Inventory) -> str:
-    """The probe script for this cluster (paths and peer names quoted). Run with
-    GPC_CONNECT=1 in its environment, it also tests the head's rendezvous port."""
+ALWAYS_PROBED = frozenset({"clock", "hostname"})  # the clock offset, the name check
+
+
+def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -> str:
+    """The probe script for this cluster (paths and peer names quoted): every section,
+    or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
+    it also tests the head's rendezvous port."""
     from gpucluster.doctor.rendezvous import connect_script
 
-
+    wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(
-        "doctor/probe.sh.j2", python=inventory.cluster.python,
+        "doctor/probe.sh.j2", want=lambda name: wanted is None or name in wanted,
+        python=inventory.cluster.python,
         torchrun=inventory.cluster.torchrun, work_dir=shell_path(inventory.cluster.work_dir),
         tool_timeout=TOOL_TIMEOUT_S, torch_script=TORCH_SCRIPT,
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),

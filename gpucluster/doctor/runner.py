@@ -11,7 +11,14 @@ from typing import Any
 
 from gpucluster import hostrange
 from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills REGISTRY
-from gpucluster.doctor.model import REGISTRY, CheckResult, CheckSpec, Context, Status
+from gpucluster.doctor.model import (
+    REGISTRY,
+    CheckResult,
+    CheckSpec,
+    Context,
+    Status,
+    probe_sections,
+)
 from gpucluster.doctor.probe import NodeFacts, ProbeSteps, parse_facts, render_probe
 from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
 from gpucluster.inventory import Inventory
@@ -57,7 +64,8 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     subshell, after the probe), printing report sections of its own; each node's are in
     the report's `sections`."""
     started = time.monotonic()
-    script = render_probe(inventory) + (f"\n( {rider}\n)\n" if rider else "")
+    script = render_probe(inventory, probe_sections(selected)) + (
+        f"\n( {rider}\n)\n" if rider else "")
     head = inventory.head.name
     test_port = "rendezvous-port" in {s.name for s in selected}
 

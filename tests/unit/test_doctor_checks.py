@@ -219,3 +219,23 @@ def test_a_timed_out_probe_names_the_step_it_was_in() -> None:
     assert "importing torch" in message and "cached" in message
     steps.see("stdout", "@@gpc end 0")
     assert steps.timeout_message(4).endswith("stalled after its 'torch' step")
+
+
+def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
+        tmp_path: Path) -> None:
+    from gpucluster.doctor.model import probe_sections
+    from gpucluster.launch.start import PREFLIGHT_CHECKS
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
+    loaded = inventory_module.load(path)
+    wanted = probe_sections([REGISTRY[name] for name in PREFLIGHT_CHECKS])
+    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "port"}
+    assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
+    for sections, expected in ((wanted, {"clock", "hostname", "jobs", "nvidia_smi_path"}),
+                               (None, {"clock", "hostname", "jobs", "torch", "disk", "xid"})):
+        output = LocalConnection("a").run(probe.render_probe(loaded, sections), timeout=60)
+        found = set(reports.sections(output.stdout))
+        assert expected <= found
+        if sections is not None:  # nothing beyond what was asked (no nvidia-smi here)
+            assert found <= sections | probe.ALWAYS_PROBED

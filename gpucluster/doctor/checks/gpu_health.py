@@ -130,7 +130,8 @@ def xid(context: Context) -> list[CheckResult]:
     return results
 
 
-@check("gpu-processes", "gpu-health", "no compute process already holding a GPU")
+@check("gpu-processes", "gpu-health", "no compute process already holding a GPU",
+       sections=("nvidia_smi_path", "gpus", "apps"))
 def gpu_processes(context: Context) -> list[CheckResult]:
     results = []
     for host, facts in gpu_hosts(context):

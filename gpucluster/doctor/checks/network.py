@@ -85,7 +85,8 @@ def name_resolution(context: Context) -> list[CheckResult]:
 
 
 @check("rendezvous-port", "network",
-       "the rendezvous port on the head node is reachable from every other node")
+       "the rendezvous port on the head node is reachable from every other node",
+       sections=("port",))
 def rendezvous_port(context: Context) -> list[CheckResult]:
     head = context.inventory.head
     port = context.inventory.cluster.rendezvous_port

@@ -147,7 +147,8 @@ def container_toolkit(context: Context) -> list[CheckResult]:
     return results
 
 
-@check("jobs", "system", "no gpucluster job still running (a new launch would collide)")
+@check("jobs", "system", "no gpucluster job still running (a new launch would collide)",
+       sections=("jobs",))
 def running_jobs(context: Context) -> list[CheckResult]:
     results = []
     for host in context.answering():
