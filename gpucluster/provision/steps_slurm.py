@@ -178,16 +178,19 @@ class SlurmStep(Step):
         facts, controller = self._facts(context)
         key = context.gathered["slurm_key"]
         problems: dict[str, str | None] = {h.name: None for h in targets}
+        lacking = [h for h in targets if missing(facts[h.name], h.name == controller.host)]
+        if lacking:  # slurm.install: install, then read the facts again (slurmd -C now runs)
+            self._record(problems, each(lambda h, c: self._run(c, install_command(
+                facts[h.name], missing(facts[h.name], h.name == controller.host)) or "false",
+                900), lacking))
+            self.prepare(context, each)
+            facts, controller = self._facts(context)
         conf_changed = {h.name for h in targets if any(
             c.summary.startswith(("write /etc/slurm/", "write /etc/systemd", "install"))
             for c in self._checked(context, h, connections[h.name]))}
 
         def prepare_node(host: Host, connection: LoggedConnection) -> None:
             node = facts[host.name]
-            lacking = missing(node, host.name == controller.host)
-            if lacking:
-                command = install_command(node, lacking) or "false"
-                self._run(connection, command, 900)
             files.write_atomically(connection, config.MUNGE_KEY,
                                    key.decode("utf-8", "surrogateescape") if key else "",
                                    "400", sudo=True, private=True)
@@ -204,7 +207,8 @@ class SlurmStep(Step):
             self._run(connection, daemons_script(config.conf_server(controller),
                                                  start=["munged"], restart=restart), 120)
 
-        self._record(problems, each(prepare_node, targets))
+        self._record(problems, each(prepare_node, [h for h in targets
+                                                   if problems.get(h.name) is None]))
         server = config.conf_server(controller)
         ctl_host = context.inventory.host(controller.host)
         if problems.get(controller.host) is None:
