@@ -8,21 +8,24 @@ slurmctld."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, SlurmSettings
 from gpucluster.provision import files
 from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import Change, Each, ProvisionContext, Step
-from gpucluster.remote.result import FailureKind, RemoteError
+from gpucluster.remote.result import FailureKind, FanoutResult, RemoteError
 from gpucluster.slurm import config, verify
 from gpucluster.slurm.facts import NodeFacts, facts_script, install_command, missing, parse_facts
 from gpucluster.templating import render
 
+T = TypeVar("T")
 READY_TIMEOUT_S = 30
 HEALTHY_TIMEOUT_S = 60
 SRUN_TIMEOUT_S = 60
@@ -129,9 +132,7 @@ class SlurmStep(Step):
                 raise GpuclusterError(f"{', '.join(lacking)} not installed, and no package "
                                       f"manager gpucluster knows was found")
             changes.append(Change(f"install: {command}", command))
-            node = NodeFacts(node.host, node.address, node.node_name or host.name,
-                             node.hardware, node.gpu_names, node.devices, node.nvml,
-                             node.systemd, node.commands)
+            node = dataclasses.replace(node, node_name=node.node_name or host.name)
         elif not node.node_name or not node.hardware:
             raise GpuclusterError("`slurmd -C` printed no hardware line: is slurmd working?")
         uncountable = [f.host for f in facts.values() if f.uncountable]
@@ -191,18 +192,18 @@ class SlurmStep(Step):
 
         def prepare_node(host: Host, connection: LoggedConnection) -> None:
             node = facts[host.name]
+            wanted = config.files_for(context.inventory.cluster.name, settings_of(context),
+                                      node, controller, list(facts.values()))
+            parents = " ".join(sorted({str(Path(w.path).parent) for w in wanted}))
+            self._run(connection, f"install -d -o munge -g munge -m 0700 /etc/munge && "
+                                  f"mkdir -p {parents}")
             files.write_atomically(connection, config.MUNGE_KEY,
                                    key.decode("utf-8", "surrogateescape") if key else "",
                                    "400", sudo=True, private=True)
-            self._run(connection, "install -d -o munge -g munge -m 0700 /etc/munge && "
-                                  "chown munge:munge /etc/munge/munge.key")
-            for wanted in config.files_for(context.inventory.cluster.name,
-                                           settings_of(context), node, controller,
-                                           list(facts.values())):
-                self._run(connection, f"mkdir -p {Path(wanted.path).parent}")
-                files.write_atomically(connection, wanted.path, wanted.text, wanted.mode,
-                                       sudo=True)
-                self._run(connection, f"chmod {wanted.mode} {wanted.path}")
+            self._run(connection, f"chown munge:munge {config.MUNGE_KEY}")
+            for file in wanted:  # private: always the step's mode, checked after writing
+                files.write_atomically(connection, file.path, file.text, file.mode,
+                                       sudo=True, private=True)
             restart = ["munged"] if node.key != key_state(key) else []
             self._run(connection, daemons_script(config.conf_server(controller),
                                                  start=["munged"], restart=restart), 120)
@@ -252,8 +253,9 @@ class SlurmStep(Step):
                 for host in names.values():
                     problems[host] = problems.get(host) or failed
 
-    def _record(self, problems: dict[str, str | None], result: object) -> None:
-        for name, failure in getattr(result, "failures", {}).items():
+    @staticmethod
+    def _record(problems: dict[str, str | None], result: FanoutResult[T]) -> None:
+        for name, failure in result.failures.items():
             problems[name] = problems.get(name) or failure.message
 
     @staticmethod

@@ -185,3 +185,24 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
     assert ('--nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
             '--rdzv-endpoint "$GPC_HEAD_ADDR:29500" --rdzv-id "slurm-$SLURM_JOB_ID"') in text
     assert "train.py --epochs 3" in text
+
+
+def test_with_install_a_node_without_slurmd_plans_the_install_and_the_rest(
+        tmp_path: Path) -> None:
+    from gpucluster.provision.model import ProvisionContext
+    from gpucluster.provision.steps_slurm import SlurmStep
+
+    path = tmp_path / "c.yaml"
+    path.write_text("slurm:\n  install: true\nhosts:\n  - {name: a, address: 10.0.0.1}\n")
+    loaded = inventory.load(path)
+    absent = "\n".join(f"@@gpc section {i}\nabsent\n@@gpc end 0"
+                       for i in range(len(config.managed_paths())))
+    bare = parse_facts("a", "10.0.0.1", node_report(hardware="", commands="munged munge "
+                                                    "unmunge") + "\n" + absent)
+    context = ProvisionContext(loaded, tmp_path, dry_run=True, slurm=loaded.slurm)
+    context.gathered.update(slurm={"a": bare}, slurm_unreachable={}, slurm_key=b"k" * 32,
+                            slurm_controller="a", slurm_states={})
+    summaries = [c.summary for c in SlurmStep().check(context, loaded.hosts[0], None)]  # type: ignore[arg-type]
+    assert summaries[0].startswith("install: DEBIAN_FRONTEND=noninteractive apt-get "
+                                   "install -y slurm-client slurmctld slurmd")
+    assert "write /etc/slurm/slurm.conf" in summaries and "start slurmd" in summaries
