@@ -78,7 +78,7 @@ def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None,
         raise GpuclusterError(f"--with {', '.join(unknown)}: only {', '.join(OPTIONAL_STEPS)}"
                               f" can be added")
     wanted = set(with_ or [])
-    if inventory is not None and inventory.slurm is not None and inventory.slurm.enabled:
+    if inventory is not None and _slurm_enabled(inventory):
         wanted.add("slurm")
     chosen = select(STEP_NAMES, only, skip, "step")
     return [s for s in chosen if s not in OPTIONAL_STEPS or s in wanted or only]
@@ -90,8 +90,12 @@ def slurm_settings(inventory: Inventory, steps: Sequence[str]) -> SlurmSettings 
     `--only firewall`)."""
     if "slurm" in steps:
         return inventory.slurm or SlurmSettings()
-    return inventory.slurm if inventory.slurm is not None and inventory.slurm.enabled \
-        else None
+    return inventory.slurm if _slurm_enabled(inventory) else None
+
+
+def _slurm_enabled(inventory: Inventory) -> bool:
+    """The inventory's `slurm:` section asks every provision to include the step."""
+    return inventory.slurm is not None and inventory.slurm.enabled
 
 
 class _Run:
