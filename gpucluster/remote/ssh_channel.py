@@ -4,6 +4,7 @@ the command started can be ended if it must be)."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import threading
 import time
@@ -81,9 +82,14 @@ class PidFilter:
 
 
 def feed(channel: paramiko.Channel, stdin: Stdin, prefix: bytes) -> None:
+    """Send stdin, then its end, even when reading it fails: a command left waiting
+    for more input would hold its caller until the timeout (as a local pipe's close
+    does in local.py)."""
     try:
         for chunk in stdin_chunks(stdin, prefix):
             channel.sendall(chunk)
-        channel.shutdown_write()
     except (OSError, EOFError):
         pass  # the channel closed; the command's exit code tells the story
+    finally:
+        with contextlib.suppress(OSError, EOFError):
+            channel.shutdown_write()

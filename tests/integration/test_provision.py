@@ -338,8 +338,10 @@ def test_image_reaches_every_nodes_own_storage_then_skips(cluster: Sandbox, imag
         assert found.stdout.strip() == expected
         storage = Path(f"/var/lib/gpucluster/sandbox/{NAME}/{node}/containers")
         assert any(storage.rglob("*")), f"{node} has no image in its own storage"
-    leftovers = cluster.node_exec("node2", "ls -d /tmp/gpucluster-relay.* 2>/dev/null || true")
-    assert leftovers.stdout.strip() == ""  # relay scripts and control sockets removed
+    work_dir = cluster.data["cluster"].get("work_dir", "~/gpucluster")
+    assert cluster.node_exec("node2", f"ls -d {work_dir}").returncode == 0
+    leftovers = cluster.node_exec("node2", f"ls -d {work_dir}/.relay-* 2>/dev/null || true")
+    assert leftovers.stdout.strip() == ""  # relay scripts, fifo and control socket removed
 
     again = gpucluster("provision", "-i", str(inventory), "--json", "--only", "image")
     assert set(_outcomes(json.loads(again.stdout)).values()) == {"already ok"}
