@@ -5,11 +5,12 @@ from __future__ import annotations
 import shlex
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from gpucluster.packaged import packaged_path
+
+if TYPE_CHECKING:
+    import jinja2
 
 
 def template_dir() -> Path:
@@ -19,6 +20,8 @@ def template_dir() -> Path:
 
 @cache
 def _environment() -> jinja2.Environment:
+    import jinja2  # here, not above: ~25 ms of every command's start-up, for the few that render
+
     environment = jinja2.Environment(  # noqa: S701 - shell and config files, not HTML
         loader=jinja2.FileSystemLoader(template_dir()),
         undefined=jinja2.StrictUndefined,
