@@ -20,6 +20,11 @@ from gpucluster.reports import Section
 from gpucluster.templating import render
 
 TOOL_TIMEOUT_S = 15
+# A node's first torch import has a limit of its own: from a cold disk or an NFS venv, or
+# on a busy node, it can take longer than a tool. (16 sandbox nodes importing at once on
+# two cores took 19 s each: cut at 15 s, none was cached, and every later doctor run
+# imported again.) Below the probe's own default limit of 60 s.
+TORCH_IMPORT_TIMEOUT_S = 45
 
 # Run by the job's python on the node: torch's versions as JSON; exit 3 when torch
 # cannot be imported (so the probe does not cache a failure).
@@ -46,6 +51,7 @@ class TorchFacts:
     cuda: str | None
     nccl: str | None
     error: str | None
+    timed_out_s: int | None = None  # the import was stopped after this long
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,9 @@ class NodeFacts:
                 data: dict[str, Any] = json.loads(line)
             except ValueError:
                 continue
+            limit = data.get("timed_out")
             return TorchFacts(data.get("torch"), data.get("cuda"), data.get("nccl"),
-                              data.get("error"))
+                              data.get("error"), limit if isinstance(limit, int) else None)
         return TorchFacts(None, None, None, text.strip()[-300:] or "no output")
 
     @property
@@ -241,7 +248,8 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
         "doctor/probe.sh.j2", want=lambda name: wanted is None or name in wanted,
         python=inventory.cluster.python,
         torchrun=inventory.cluster.torchrun, work_dir=shell_path(inventory.cluster.work_dir),
-        tool_timeout=TOOL_TIMEOUT_S, torch_script=TORCH_SCRIPT,
+        tool_timeout=TOOL_TIMEOUT_S, torch_timeout=TORCH_IMPORT_TIMEOUT_S,
+        torch_script=TORCH_SCRIPT,
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),
         app_fields=",".join(nvidia_smi.APP_FIELDS),
         names=" ".join(shlex.quote(h.name) for h in inventory.hosts),

@@ -177,6 +177,50 @@ def test_the_real_probe_runs_here_and_quotes_inventory_paths(tmp_path: Path) -> 
     assert found.clock_offset_s is not None and abs(found.clock_offset_s) < 5
 
 
+def test_torch_versions_are_cached_and_a_slow_first_import_is_stopped_and_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in for the job's python: it finds "torch" in a directory of its own, then
+    # imports it in IMPORT_S seconds, or fails, as the file `mode` says.
+    torch_dir = tmp_path / "site" / "torch"
+    torch_dir.mkdir(parents=True)
+    (torch_dir / "version.py").write_text("")
+    mode = tmp_path / "mode"
+    python = tmp_path / "python"
+    python.write_text(f"""#!/bin/sh
+case "$2" in *find_spec*) echo {torch_dir}; exit 0;; esac
+case "$(cat {mode})" in
+  slow) sleep 5;;
+  fast) echo '{{"torch": "2.5.1", "cuda": "12.4", "nccl": "2.21.5"}}';;
+  *) exit 3;;
+esac
+""")
+    python.chmod(0o755)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster:\n  python: {python}\nhosts: [localhost]\n")
+    loaded = inventory_module.load(path)
+    monkeypatch.setattr(probe, "TORCH_IMPORT_TIMEOUT_S", 1)
+    script = probe.render_probe(loaded, frozenset({"python", "torch"}))
+    cache = tmp_path / "cache"
+
+    def probed() -> probe.NodeFacts:
+        result = LocalConnection("localhost").run(
+            script, timeout=60, env={"XDG_CACHE_HOME": str(cache)})
+        return probe.parse_facts(result.stdout, time.time())
+
+    mode.write_text("slow")
+    found = probed()
+    assert found.torch is not None and found.torch.timed_out_s == 1
+    (result,) = REGISTRY["torch"].run(Context(loaded, {"localhost": found}, {}, {}))
+    assert result.status is Status.FAIL
+    assert result.message == "importing torch took over 1 s and was stopped"
+    assert "run doctor again" in result.remedy
+    assert not cache.exists()  # nothing cached from an import that did not finish
+    mode.write_text("fast")
+    assert probed().torch == probe.TorchFacts("2.5.1", "12.4", "2.21.5", None)
+    mode.write_text("broken")  # the next run reads the cache: no import at all
+    assert probed().torch == probe.TorchFacts("2.5.1", "12.4", "2.21.5", None)
+
+
 def test_container_toolkit_needed_with_an_image_except_on_simulated_gpus(tmp_path: Path
                                                                          ) -> None:
     podman = facts(runtimes="podman podman version 4.3.1")

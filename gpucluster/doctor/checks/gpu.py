@@ -145,6 +145,13 @@ def torch(context: Context) -> list[CheckResult]:
         if facts.ok_text("python") is None:
             results.append(CheckResult("torch", host.name, Status.SKIP,
                                        "the job's python was not found (see the python check)"))
+        elif info is not None and info.timed_out_s is not None:
+            results.append(CheckResult(
+                "torch", host.name, Status.FAIL,
+                f"importing torch took over {info.timed_out_s} s and was stopped",
+                "a first import can be this slow from a cold disk, an NFS venv or on a busy "
+                "node: run doctor again (the versions are cached after one import); if it "
+                "stays this slow, look at the node's load and the python's storage"))
         elif info is None or info.version is None:
             reason = info.error if info is not None and info.error else "not installed"
             results.append(CheckResult(
