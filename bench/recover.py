@@ -42,8 +42,10 @@ print("INIT", _os.environ["GPUCLUSTER_ATTEMPT"], repr(_time.time()), flush=True)
 def _job(directory: Path) -> None:
     """examples/train.py, printing when each rank is past init_process_group."""
     train = (ROOT / "examples" / "train.py").read_text()
-    anchor = '    dist.init_process_group("nccl" if use_cuda else "gloo")\n'
-    assert anchor in train
+    anchor = "    rank, world = dist.get_rank(), dist.get_world_size()\n"  # the line after init
+    if anchor not in train:
+        raise SystemExit(f"examples/train.py no longer has {anchor.strip()!r} after "
+                         f"init_process_group: point bench/recover.py at the new line")
     (directory / "train.py").write_text(train.replace(
         anchor, anchor + "".join(f"    {line}\n" for line in INIT_MARK.strip().splitlines())))
 
