@@ -33,6 +33,7 @@ class Container:
     name: str
     gpus: bool
     env_names: Sequence[str]
+    name_expands: bool = False  # the name holds our own node-side variables ($SLURM_JOB_ID)
 
 
 def ere_escape(text: str) -> str:
@@ -68,7 +69,8 @@ def container_command(container: Container, torchrun: str, images_dir: str) -> s
     sudo = (f'${{GPC_SUDO:+sudo -n --preserve-env={",".join(container.env_names)}}} '
             if container.env_names else "${GPC_SUDO:+sudo -n} ")
     as_user = ' ${GPC_SUDO:+--user "$(id -u):$(id -g)"}'
-    return (f'{sudo}"$GPC_RT" run --rm --name {shlex.quote(container.name)} --network host '
+    name = f'"{container.name}"' if container.name_expands else shlex.quote(container.name)
+    return (f'{sudo}"$GPC_RT" run --rm --name {name} --network host '
             f'--ipc host{gpus}{as_user} -v "$PWD:$PWD" -v "$GPC_JOB_DIR:$GPC_JOB_DIR" '
             f'-v "$GPUCLUSTER_CHECKPOINT_DIR:$GPUCLUSTER_CHECKPOINT_DIR" -w "$PWD" '
             f"{env_flags} {shlex.quote(container.image)} {torchrun}")

@@ -62,10 +62,9 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     if request.image:
         container = Container(request.image, "gpucluster-slurm-$SLURM_JOB_ID",
                               head.jobs_use_gpus, sorted({*env, *SOCKET_IFNAME_VARIABLES,
-                                                          "GPUCLUSTER_CHECKPOINT_DIR"}))
+                                                          "GPUCLUSTER_CHECKPOINT_DIR"}),
+                              name_expands=True)
         command = container_command(container, command, node_images_dir(cluster.work_dir))
-        command = command.replace("'gpucluster-slurm-$SLURM_JOB_ID'",
-                                  '"gpucluster-slurm-$SLURM_JOB_ID"')
     work_dir = shell_path(cluster.work_dir)
     sif = bool(request.image and request.image.endswith(".sif"))
     node_command = render(

@@ -185,6 +185,10 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
     assert ('--nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
             '--rdzv-endpoint "$GPC_HEAD_ADDR:29500" --rdzv-id "slurm-$SLURM_JOB_ID"') in text
     assert "train.py --epochs 3" in text
+    imaged = sbatch_script(inventory.load(path), SbatchRequest(
+        "train.py", (), "/srv/gpucluster/proj", synced=True, image="ghcr.io/org/t:1"))
+    assert '--name "gpucluster-slurm-$SLURM_JOB_ID" ' in imaged  # one container per job
+    assert " ghcr.io/org/t:1 torchrun " in imaged
 
 
 def test_with_install_a_node_without_slurmd_plans_the_install_and_the_rest(
