@@ -65,7 +65,11 @@ class ProvisionReport:
 
     @property
     def failed(self) -> bool:
-        return self.gate_blocked or any(r.outcome is Outcome.FAILED for r in self.results)
+        """A node failed, the gate stopped the run, or a verification found a pair that
+        does not work (the mesh's files can be right while a login still fails)."""
+        return self.gate_blocked or any(r.outcome is Outcome.FAILED for r in self.results) \
+            or any(verdict != "ok" for matrix in self.verified.values()
+                   for row in matrix.values() for verdict in row.values())
 
 
 def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None,

@@ -174,7 +174,8 @@ class SshMeshStep(Step):
                                        private=path == private)
 
     def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
-        """Every ordered pair: does `ssh peer true` work from this node? -> matrix."""
+        """Every ordered pair: can this node log in to the peer (host key verified, key
+        accepted)? -> matrix."""
         names = [h.name for h in context.inventory.hosts]
 
         def probe(host: Host, connection: LoggedConnection) -> dict[str, str]:

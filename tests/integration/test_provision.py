@@ -145,6 +145,26 @@ def test_every_node_reaches_every_peer_with_verified_keys(cluster: Sandbox) -> N
                        for line in known.splitlines())
 
 
+def test_the_pair_test_names_a_pair_that_cannot_log_in(cluster: Sandbox) -> None:
+    # node3 refuses SSH from node2 only: the mesh's files are all right, so only the
+    # verification can see it (a login, not a remote command: no shell runs).
+    source = cluster.addresses["node2"]
+    reject = f"INPUT -s {source} -p tcp --dport 22 -j REJECT --reject-with tcp-reset"
+    cluster.node_exec("node3", f"iptables -I {reject}")
+    try:
+        code, payload = _provision(cluster, "--only", "ssh-mesh", "--verify")
+    finally:
+        cluster.node_exec("node3", f"iptables -D {reject}")
+    matrix = payload["ssh_mesh"]
+    assert matrix["node2"]["node3"] == "fail" and code == 1, payload
+    assert {(a, b) for a, row in matrix.items() for b, v in row.items() if v != "ok"} == {
+        ("node2", "node3")}
+    code, payload = _provision(cluster, "--only", "ssh-mesh", "--verify")
+    assert code == 0 and payload["ssh_mesh"]["node2"]["node3"] == "ok"
+    left = cluster.node_exec("node2", "ps -eo args | grep -c '[C]ontrolMaster=yes' || true")
+    assert left.stdout.strip() == "0"  # every test login closed
+
+
 def test_a_second_cluster_on_the_same_nodes_keeps_apart(cluster: Sandbox,
                                                        tmp_path: Path) -> None:
     """The same nodes in a second inventory with its own cluster.name: its provision and

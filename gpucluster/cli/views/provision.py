@@ -78,6 +78,12 @@ def _print_mesh(console: Console, report: ProvisionReport) -> None:
             cells.append(f"[{style}]{state}[/]")
         table.add_row(source, *cells)
     console.print(table)
+    broken = [f"{source} -> {target}" for source in report.hosts
+              for target, state in report.mesh.get(source, {}).items() if state != "ok"]
+    if broken:
+        console.print(f"[bold red]ssh-mesh:[/] {len(broken)} pair(s) cannot log in: "
+                      f"{escape(', '.join(broken))} (fix: `ssh -v PEER` from the first node "
+                      f"of the pair shows why: sshd down, a firewall, a changed host key)")
 
 
 def summary_payload(report: ProvisionReport) -> dict[str, Any]:
