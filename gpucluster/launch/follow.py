@@ -118,10 +118,14 @@ class _Follower:
                 if kind == "state":
                     self.state = parse_state(self.host.name, rest)
                     return
-                self.last_progress, self.progressed = time.monotonic(), True
+                rank, text = split_rank(line)
+                # A rank's own line is progress; torchrun's (its start-up warnings, printed
+                # before the workers have even imported torch) is not, else the hang
+                # timer would be armed during the imports.
+                if rank is not None:
+                    self.last_progress, self.progressed = time.monotonic(), True
                 copy.write(line)
                 if self.on_output is not None:
-                    rank, text = split_rank(line)
                     self.on_output(self.host.name, rank, text)
 
             connection = self.session.connection(self.host)
