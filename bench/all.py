@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -45,7 +46,7 @@ def _sections(path: Path) -> dict[str, str]:
     found = {}
     for part in parts:
         command, _, rest = part.partition("`\n\n")
-        if not rest[:4].isdigit() or not rest.startswith("20"):  # an undated section
+        if not re.match(r"\d{4}-\d{2}-\d{2} ", rest):  # an undated section
             rest = f"{dated}, {rest}"
         found[command] = f"## `{command}`\n\n{rest.rstrip()}\n"
     return found
