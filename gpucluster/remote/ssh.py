@@ -263,7 +263,9 @@ class SshConnection:
                                  daemon=True).start()
             stdout = LineSplitter("stdout", on_line)
             stderr = LineSplitter("stderr", on_line)
-            pump(channel, stdout, PidFilter(stderr, group), deadline)
+            pid_filter = PidFilter(stderr, group)
+            pump(channel, stdout, pid_filter, deadline)
+            pid_filter.finish()
             exit_code = channel.recv_exit_status()
         except BaseException:
             self._end_group(group)  # a timeout, a lost channel or Ctrl-C: leave nothing

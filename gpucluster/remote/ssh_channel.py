@@ -17,7 +17,7 @@ from gpucluster.remote.result import FailureKind, RemoteError
 if TYPE_CHECKING:
     import paramiko
 
-PID_REPORT = f"{reports.MARK} pid"  # the first line of stderr: the remote shell's pid
+PID_REPORT = f"{reports.MARK} pid"  # stderr's first line after login scripts': the shell's pid
 
 
 def pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: PidFilter,
@@ -55,7 +55,9 @@ class RemoteGroup:
 
 
 class PidFilter:
-    """Takes the pid report off the front of stderr; passes the rest on unchanged."""
+    """Takes the pid report off stderr; passes the rest on unchanged. Lines before it are
+    the login scripts' (a .bashrc's warnings): they pass on as they come, and the report
+    after them is still found, so a timeout or Ctrl-C can still end the command."""
 
     def __init__(self, stderr: LineSplitter, group: RemoteGroup) -> None:
         self.stderr = stderr
@@ -67,18 +69,27 @@ class PidFilter:
             self.stderr.feed(data)
             return
         self._head += data
-        line, newline, rest = self._head.partition(b"\n")
-        if not newline:
-            return
+        while self._head is not None:
+            line, newline, rest = self._head.partition(b"\n")
+            if not newline:
+                return
+            kind, pid = reports.parse(line.decode("ascii", "replace")) or ("", "")
+            if kind == "pid" and pid.isdigit():
+                self.group.pid = int(pid)
+                self.group.reported.set()
+                self._head = None
+                if rest:
+                    self.stderr.feed(rest)
+            else:
+                self.stderr.feed(line + newline)
+                self._head = rest
+
+    def finish(self) -> None:
+        """The stream ended before the report (the shell never got to the command):
+        what came is still the command's stderr."""
+        if self._head:
+            self.stderr.feed(self._head)
         self._head = None
-        kind, pid = reports.parse(line.decode("ascii", "replace")) or ("", "")
-        if kind == "pid" and pid.isdigit():
-            self.group.pid = int(pid)
-            self.group.reported.set()
-            if rest:
-                self.stderr.feed(rest)
-        else:  # not ours (a shell that printed first): keep all of it
-            self.stderr.feed(line + newline + rest)
 
 
 def feed(channel: paramiko.Channel, stdin: Stdin, prefix: bytes) -> None:
