@@ -93,9 +93,13 @@ def start_sandbox(inventory: Path, name: str, subnet: str, nodes: int, *flags: s
     sandbox = Sandbox(name, inventory, [h["name"] for h in data["hosts"]],
                       {h["name"]: h["address"] for h in data["hosts"]}, data)
     if provision:
-        done = gpucluster("provision", "-i", str(inventory), "--only", provision,
-                          timeout=180)
-        assert done.code == 0, done.stderr
+        try:
+            done = gpucluster("provision", "-i", str(inventory), "--only", provision,
+                              timeout=180)
+            assert done.code == 0, done.stdout + done.stderr
+        except BaseException:  # the module's teardown never runs: leave no namespaces
+            gpucluster("sandbox", "down", "--name", name)
+            raise
     return sandbox
 
 

@@ -121,7 +121,7 @@ def up(spec: SandboxSpec, inventory_path: Path,
             node.simulates_gpu(each)
         # nvidia-smi and the user's home are mounted at start: restart to change them
         if gpu_presence_changed or (old is not None and login_changed):
-            node.kill_namespace(node.netns_name(spec.name, each.name))
+            system.kill_namespace(node.netns_name(spec.name, each.name))
         if node.sshd_pid(spec, each) is None:
             node.start(spec, each)
             started.append(each.name)
@@ -232,7 +232,7 @@ def _remove_extra_nodes(spec: SandboxSpec, previous: dict[str, Any] | None) -> t
 def _remove_node(sandbox: str, each: NodeSpec) -> None:
     namespace = node.netns_name(sandbox, each.name)
     if namespace in system.netns_list():
-        node.kill_namespace(namespace)
+        system.kill_namespace(namespace)
         system.sh("ip", "netns", "del", namespace)
     veth = node.veth_name(sandbox, each.index)
     if system.link_exists(veth):
@@ -248,7 +248,7 @@ def down(name: str) -> list[str]:
     prefix = f"{name}-node"
     for namespace in system.netns_list():
         if namespace.startswith(prefix) and namespace[len(prefix):].isdigit():
-            node.kill_namespace(namespace)
+            system.kill_namespace(namespace)
             system.sh("ip", "netns", "del", namespace)
             removed.append(f"namespace {namespace}")
     links = system.sh("ip", "-o", "link", "show", check=False).stdout

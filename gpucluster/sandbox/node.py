@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -44,6 +42,11 @@ class NodePaths:
     @property
     def ssh_dir(self) -> Path:
         return self.root / "root-ssh"
+
+    @property
+    def home_layer(self) -> Path:
+        """Where the node mounts the in-memory layer of its own over root's home."""
+        return self.root / "root-layer"
 
     @property
     def containers(self) -> Path:
@@ -161,6 +164,7 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str, python
     lines = authorized.read_text().splitlines() if authorized.exists() else []
     if controller_key not in lines:
         system.write_atomically(authorized, "\n".join([*lines, controller_key]) + "\n", 0o600)
+    paths.home_layer.mkdir(mode=0o700, exist_ok=True)
     paths.containers.mkdir(mode=0o700, exist_ok=True)
     paths.container_run.mkdir(mode=0o700, exist_ok=True)
     paths.srv.mkdir(mode=0o755, exist_ok=True)
@@ -323,28 +327,5 @@ def port_open(address: str, port: int, timeout: float) -> bool:
     try:
         with socket.create_connection((address, port), timeout=timeout):
             return True
-    except OSError:
-        return False
-
-
-def kill_namespace(namespace: str, grace_s: float = 3.0) -> None:
-    """Every process of the namespace: TERM, then KILL what is left after the grace."""
-    pids = system.netns_pids(namespace)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
-            time.sleep(0.05)
-        if not pids:
-            return
-    raise SandboxError(f"processes {pids} of {namespace} survived SIGKILL")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return False

@@ -1,11 +1,15 @@
-"""Running root-namespace tools (ip, tc, ssh-keygen) for the sandbox, with clear errors."""
+"""Running root-namespace tools (ip, tc, ssh-keygen) for the sandbox, with clear errors,
+and ending the processes of a node's namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from gpucluster.errors import SandboxError
@@ -86,3 +90,26 @@ def shape(device: str, rate: str | None, latency: str, namespace: str | None = N
         return
     sh(*prefix, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
        "burst", tbf_burst(rate), "latency", latency)
+
+
+def kill_namespace(namespace: str, grace_s: float = 3.0) -> None:
+    """Every process of the namespace: TERM, then KILL what is left after the grace."""
+    pids = netns_pids(namespace)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+            time.sleep(0.05)
+        if not pids:
+            return
+    raise SandboxError(f"processes {pids} of {namespace} survived SIGKILL")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return False

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.sandbox
 
 LIFE = "gpclife"
 LIFE_SUBNET = "198.19.1.0/24"
+HOME_MARKER = "~/.gpucluster-test-home-marker"
 
 
 def _run_json(inventory: Path, command: str) -> dict[str, dict]:
@@ -88,11 +89,21 @@ def test_staged_mismatches_show_on_the_right_nodes(tmp_path: Path) -> None:
         assert again.code == 0 and "started: none" in again.stdout
         kept = _run_json(inventory, "cat /etc/hosts")
         assert edit in kept["node2"]["stdout"] and edit not in kept["node1"]["stdout"]
+        # Root's home is the host's seen through a layer of each node's own, gone when the
+        # node stops: a node killed mid-login (pyenv's rehash lock) cannot leave the host's
+        # home, or its peers', half-written.
+        gpucluster("run", "-i", str(inventory), "--hosts", "node2", f"touch {HOME_MARKER}")
+        assert _home_markers(inventory) == {"node1": "absent", "node2": "present",
+                                            "node3": "absent", "node4": "absent"}
+        assert not (Path.home() / HOME_MARKER.removeprefix("~/")).exists()
+        for pid in _namespace_pids(LIFE, "node2"):  # node2 loses power
+            subprocess.run(["kill", "-KILL", str(pid)], check=False)
         # Restaging: node4 gains GPUs (restarted to mount nvidia-smi), node count shrinks.
         restaged = gpucluster("sandbox", "up", "--name", LIFE, "--subnet", LIFE_SUBNET,
                               "--nodes", "3", "--write-inventory", str(inventory))
         assert restaged.code == 0, restaged.stderr
         assert "removed: node4" in restaged.stdout
+        assert _home_markers(inventory)["node2"] == "absent"  # restarted: a fresh layer
         hosts = _run_json(inventory, "nvidia-smi -L | wc -l")
         assert sorted(hosts) == ["node1", "node2", "node3"]
         assert {h["stdout"].strip() for h in hosts.values()} == {"8"}
@@ -104,11 +115,16 @@ def test_staged_mismatches_show_on_the_right_nodes(tmp_path: Path) -> None:
     _assert_nothing_left(LIFE, inventory, pids)
 
 
-def _namespace_pids(name: str) -> list[int]:
+def _home_markers(inventory: Path) -> dict[str, str]:
+    hosts = _run_json(inventory, f"test -e {HOME_MARKER} && echo present || echo absent")
+    return {node: host["stdout"].strip() for node, host in hosts.items()}
+
+
+def _namespace_pids(name: str, node: str = "node") -> list[int]:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                 check=True).stdout.split()
     pids: list[int] = []
-    for namespace in [n for n in namespaces if n.startswith(f"{name}-node")]:
+    for namespace in [n for n in namespaces if n.startswith(f"{name}-{node}")]:
         output = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                                 text=True, check=True).stdout
         pids.extend(int(p) for p in output.split())
