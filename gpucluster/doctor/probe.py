@@ -60,6 +60,8 @@ class NodeFacts:
 
     sections: dict[str, Section] = field(default_factory=dict)
     clock_offset_s: float | None = None  # node clock minus controller clock
+    # From sending the probe to its first line: the node's login scripts, mostly.
+    login_s: float | None = None
 
     def text(self, name: str) -> str | None:
         section = self.sections.get(name)
@@ -276,4 +278,5 @@ def parse_facts(output: str, sent_at: float, clock_seen_at: float | None = None)
             latest = clock_seen_at if clock_seen_at is not None else sent_at
             offset = (node_time - sent_at if node_time < sent_at else
                       node_time - latest if node_time > latest else 0.0)
-    return NodeFacts(sections, offset)
+    login = clock_seen_at - sent_at if clock_seen_at is not None else None
+    return NodeFacts(sections, offset, login)

@@ -189,4 +189,5 @@ def fact_summary(facts: NodeFacts) -> dict[str, Any]:
         "clock_offset_s": None if facts.clock_offset_s is None else round(
             facts.clock_offset_s, 3),
         "runtimes": facts.runtimes,
+        "login_s": None if facts.login_s is None else round(facts.login_s, 3),
     }

@@ -3,6 +3,7 @@ handling, and the real probe script run on this machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -283,3 +284,20 @@ def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
         assert expected <= found
         if sections is not None:  # nothing beyond what was asked (no nvidia-smi here)
             assert found <= sections | probe.ALWAYS_PROBED
+
+
+def test_a_login_that_makes_commands_wait_is_a_warning_naming_the_login_scripts(
+        tmp_path: Path) -> None:
+    # pyenv's stale rehash lock: 60 s per login
+    slow, quick = (dataclasses.replace(facts(), login_s=s) for s in (61.2, 0.3))
+    results = {r.host: r for r in REGISTRY["ssh"].run(context(tmp_path, {"a": slow,
+                                                                          "b": quick}))}
+    assert results["a"].status is Status.WARN and results["b"].status is Status.OK
+    assert "commands start 61.2 s later: a login script is slow" in results["a"].message
+    assert "time `ssh root@a true`" in results["a"].remedy and ".bashrc" in results["a"].remedy
+
+
+def test_the_probe_measures_the_login_from_sending_to_its_first_line() -> None:
+    found = probe.parse_facts("@@gpc section clock\n1\n@@gpc end 0\n", 100.0, 103.5)
+    assert found.login_s == 3.5
+    assert probe.parse_facts("", 100.0).login_s is None  # no line seen: not measured

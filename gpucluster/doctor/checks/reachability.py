@@ -5,16 +5,34 @@ from __future__ import annotations
 from gpucluster.doctor.model import CheckResult, Context, Status, check
 
 NON_INTERACTIVE_PATH = (
-    "non-interactive SSH sessions do not read ~/.bashrc or /etc/profile, so PATH differs "
-    "from a login shell: set cluster.{key} in the inventory to the absolute path "
-    "(e.g. /opt/venv/bin/{tool}), or extend PATH in ~/.ssh/environment or /etc/environment"
+    "non-interactive SSH sessions do not read /etc/profile, and most ~/.bashrc files stop "
+    "at once when not interactive, so PATH differs from a login shell: set "
+    "cluster.{key} in the inventory to the absolute path (e.g. /opt/venv/bin/{tool}), or "
+    "extend PATH in ~/.ssh/environment or /etc/environment"
+)
+# A command that starts this long after its session opens is waiting on a login script.
+SLOW_LOGIN_S = 5.0
+SLOW_LOGIN_REMEDY = (
+    "bash runs ~/.bashrc (and /etc/bash.bashrc) for commands sent over SSH, and every "
+    "gpucluster command on this node pays it: time `ssh {target} true`, then look there for "
+    "what waits (a stale lock file such as pyenv's ~/.pyenv/shims/.pyenv-shim left by a "
+    "killed login, a slow network mount, conda or pyenv init)"
 )
 
 
 @check("ssh", "reachability", "SSH login works (host key verified, authentication accepted)")
 def ssh(context: Context) -> list[CheckResult]:
-    results = [CheckResult("ssh", h.name, Status.OK, f"logged in as {h.user}")
-               for h in context.answering()]
+    results = []
+    for host in context.answering():
+        login_s = context.facts[host.name].login_s
+        if login_s is not None and login_s >= SLOW_LOGIN_S:
+            results.append(CheckResult(
+                "ssh", host.name, Status.WARN,
+                f"logged in as {host.user}, but commands start {login_s:.1f} s later: a "
+                f"login script is slow",
+                SLOW_LOGIN_REMEDY.format(target=f"{host.user}@{host.address}")))
+        else:
+            results.append(CheckResult("ssh", host.name, Status.OK, f"logged in as {host.user}"))
     for name, failure in context.unreachable.items():
         results.append(CheckResult(
             "ssh", name, Status.FAIL, f"{failure.kind.value}: {failure.message}",
