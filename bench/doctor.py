@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from bench.common import GPUCLUSTER, median_of, print_table, sandbox, timed
+
+TORCH_CACHE = Path.home() / ".cache" / "gpucluster"
 
 
 def _ran(done: subprocess.CompletedProcess[str]) -> None:
@@ -43,11 +46,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    # Each node's home is its own layer over this host's: a cache here is every node's
+    # until a node writes its own, so a cold run starts with none here.
+    shutil.rmtree(TORCH_CACHE, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp, \
             sandbox("gpcbench", "198.18.9.0/24", args.nodes, Path(tmp)) as inventory:
         doctor = [*GPUCLUSTER, "doctor", "-i", inventory["path"]]
         run_true = [*GPUCLUSTER, "run", "-i", inventory["path"], "true"]
-        cold = timed(doctor, _ran)  # fresh nodes: each caches in its own home layer
+        cold = timed(doctor, _ran)
         _warm_up(doctor)
         timings: dict[str, list[float]] = {"gpucluster run true": [], "gpucluster doctor": []}
         for _ in range(args.runs):
