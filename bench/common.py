@@ -58,3 +58,14 @@ def print_table(title: str, rows: list[tuple[str, float]], baseline: str) -> Non
     print(f"{'tool':<34} {'median s':>9} {'vs ' + baseline:>16}")
     for name, value in rows:
         print(f"{name:<34} {value:>9.3f} {value / base:>15.2f}x")
+
+
+PLAIN_LOGINS_HELP = ("Empty ~/.bashrc on every node (each node's own home layer): measures "
+                     "what this box's login scripts (pyenv init) cost.")
+
+
+def plain_logins(inventory_path: str | Path) -> None:
+    """Every node's ~/.bashrc emptied, in the node's own layer over root's home (the
+    host's stays as it is): logins then cost only sshd and the shell."""
+    subprocess.run([*GPUCLUSTER, "run", "-i", str(inventory_path), ": > ~/.bashrc"],
+                   capture_output=True, check=True)

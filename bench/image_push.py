@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import GPUCLUSTER, sandbox
+from bench.common import GPUCLUSTER, PLAIN_LOGINS_HELP, plain_logins, sandbox
 
 REFERENCE = "localhost/gpcbench-image:1"
 
@@ -103,6 +103,7 @@ def main() -> None:
                              "how long a packet may queue in each shaper")
     parser.add_argument("--relay-only", action="store_true",
                         help="Leave out the star peers (for experiments on the relay alone).")
+    parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, sandbox(
             "gpcbench", "198.18.9.0/24", args.nodes, Path(tmp),
@@ -120,6 +121,8 @@ def main() -> None:
         if setup.returncode != 0:
             raise SystemExit(f"ssh-mesh failed:\n{setup.stdout[-1500:]}")
         hosts = data["hosts"]
+        if args.plain_logins:
+            plain_logins(everyone)
         results: dict[str, float] = {}
         _clear(data)
         results["gpucluster, 1 node"] = _gpucluster(one, "1 node")

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import GPUCLUSTER, median_of, sandbox
+from bench.common import GPUCLUSTER, PLAIN_LOGINS_HELP, median_of, plain_logins, sandbox
 
 INIT_JOB = """\
 import time, torch.distributed as dist
@@ -107,6 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
     args = parser.parse_args()
     name = "gpcbench"
     with tempfile.TemporaryDirectory() as tmp, \
@@ -115,6 +116,8 @@ def main() -> None:
         path = inventory["path"]
         subprocess.run([*GPUCLUSTER, "provision", "-i", path, "--only", "hosts"], check=True,
                        capture_output=True)
+        if args.plain_logins:
+            plain_logins(path)
         project = Path(tmp) / "bench_project"
         project.mkdir()
         (project / "init_job.py").write_text(INIT_JOB)
