@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.jobs import JobStore
+from gpucluster.procfs import gone
 
 PID_FILE = "supervisor.pid"
 DETACH_FLAGS = ("--detach", "-d")
@@ -78,14 +79,7 @@ def end(pid: int, limit_s: float) -> bool:
         os.kill(pid, signal.SIGINT)
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+        if gone(pid):
             return True
         time.sleep(0.2)
     return False
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True

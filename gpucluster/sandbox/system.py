@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from gpucluster.errors import SandboxError
+from gpucluster.procfs import gone
 
 SSHD = Path("/usr/sbin/sshd")
 _TOOLS = {"ip": "iproute2", "tc": "iproute2", "ssh-keygen": "openssh-client",
@@ -101,15 +102,8 @@ def kill_namespace(namespace: str, grace_s: float = 3.0) -> None:
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+            pids = [p for p in pids if not gone(p)]
             time.sleep(0.05)
         if not pids:
             return
     raise SandboxError(f"processes {pids} of {namespace} survived SIGKILL")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return False
