@@ -29,6 +29,9 @@ RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fanout", ("--nodes", "64", "--runs", "3")),
     ("doctor", ("--nodes", "16", "--runs", "5")),
     ("image_push", ("--nodes", "8", "--mb", "20", "--rate", "20mbit")),
+    # The same with half the CPUs: what is left of the gap moves with them.
+    ("image_push", ("--nodes", "8", "--mb", "20", "--rate", "20mbit", "--relay-only",
+                    "--cpus", "1")),
     ("image_push", ("--nodes", "8", "--mb", "50", "--rate", "100mbit")),
     ("launch", ("--runs", "3")),
     ("recover", ("--runs", "3")),

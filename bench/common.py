@@ -5,6 +5,7 @@ Benchmarks print figures; they never assert timings (those are noisy on 2 cores)
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,54 @@ def print_table(title: str, rows: list[tuple[str, float]], baseline: str) -> Non
         print(f"{name:<34} {value:>9.3f} {value / base:>15.2f}x")
 
 
+CPU_LIMIT_GROUP = "gpcbench-cpus"
+CPUS_HELP = ("Run the benchmark, its sandbox nodes included, in a cgroup limited to this "
+             "many CPUs' worth of time (e.g. 1 or 1.5): how a figure moves with the CPU "
+             "the nodes share.")
+
+
+@contextmanager
+def cpu_limit(cores: float | None) -> Iterator[None]:
+    """This process, and so every sandbox node it starts (their sshd and all they run),
+    limited to `cores` CPUs of time by the cgroup cpu controller (v1 or v2); nothing
+    when `cores` is None. The group is removed after (its processes are gone by then)."""
+    if cores is None:
+        yield
+        return
+    quota, period = int(cores * 100_000), 100_000
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        group, parent_procs = v1 / CPU_LIMIT_GROUP, v1 / "cgroup.procs"
+        group.mkdir(exist_ok=True)
+        (group / "cpu.cfs_period_us").write_text(f"{period}\n")
+        (group / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+    elif (v2 / "cgroup.subtree_control").exists():
+        group, parent_procs = v2 / CPU_LIMIT_GROUP, v2 / "cgroup.procs"
+        (v2 / "cgroup.subtree_control").write_text("+cpu\n")
+        group.mkdir(exist_ok=True)
+        (group / "cpu.max").write_text(f"{quota} {period}\n")
+    else:
+        raise SystemExit("--cpus needs the cgroup cpu controller (v1 or v2) mounted under "
+                         "/sys/fs/cgroup")
+    (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        parent_procs.write_text(f"{os.getpid()}\n")
+        try:
+            group.rmdir()
+        except OSError:  # a process of the benchmark still in it; the group stays
+            print(f"note: {group} is not empty; remove it later", file=sys.stderr)
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (every core, every process, the kernel's
+    network work included), from /proc/stat: read before and after a run."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 PLAIN_LOGINS_HELP = ("Empty ~/.bashrc on every node (each node's own home layer): measures "
                      "what this box's login scripts (pyenv init) cost.")
 
@@ -69,3 +118,15 @@ def plain_logins(inventory_path: str | Path) -> None:
     host's stays as it is): logins then cost only sshd and the shell."""
     subprocess.run([*GPUCLUSTER, "run", "-i", str(inventory_path), ": > ~/.bashrc"],
                    capture_output=True, check=True)
+
+
+LOGIN_DELAY_HELP = ("Make every login on the nodes take this many seconds longer (a sleep "
+                    "in each node's own ~/.bashrc), as conda or module init do on real "
+                    "clusters: what each login a tool makes costs there.")
+
+
+def slow_logins(inventory_path: str | Path, seconds: float) -> None:
+    """Every node's ~/.bashrc (its own layer) ends with a sleep: a login that waits,
+    without the CPU a real init script would also use."""
+    subprocess.run([*GPUCLUSTER, "run", "-i", str(inventory_path),
+                    f"echo 'sleep {seconds:g}' >> ~/.bashrc"], capture_output=True, check=True)

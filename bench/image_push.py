@@ -4,6 +4,7 @@ against the naive star (`podman save | ssh node podman load` per node), sequenti
 and all in parallel, in the same run.
 
     sudo .venv/bin/python -m bench.image_push [--nodes 8] [--mb 50] [--rate 100mbit]
+        [--relay-only] [--cpus 1]
 
 Goals: 8 nodes within 1.3x of 1 node; at least 4x faster than the parallel star; a
 re-push with the image everywhere under 2 s.
@@ -20,7 +21,15 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import GPUCLUSTER, PLAIN_LOGINS_HELP, plain_logins, sandbox
+from bench.common import (
+    CPUS_HELP,
+    GPUCLUSTER,
+    PLAIN_LOGINS_HELP,
+    cpu_limit,
+    machine_cpu_seconds,
+    plain_logins,
+    sandbox,
+)
 
 REFERENCE = "localhost/gpcbench-image:1"
 
@@ -77,15 +86,18 @@ def _star(inventory: dict, hosts: list[dict], parallel: bool) -> float:
 
 
 STREAMS: dict[str, float] = {}
+CPU_USED: dict[str, float] = {}  # the whole machine's busy CPU seconds during each push
 
 
 def _gpucluster(path: Path, label: str) -> float:
+    cpu_before = machine_cpu_seconds()
     started = time.perf_counter()
     done = subprocess.run([*GPUCLUSTER, "provision", "-i", str(path), "--only", "image"],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"provision failed:\n{done.stdout[-1500:]}\n{done.stderr[-500:]}")
     elapsed = time.perf_counter() - started
+    CPU_USED[label] = machine_cpu_seconds() - cpu_before
     log = max((path.parent / ".gpucluster" / "logs").iterdir(), key=lambda p: p.stat().st_mtime)
     for line in log.read_text().splitlines():  # the relay's own duration, from the log
         if "relay.sh'" in line and line.startswith(tuple("0123456789")):
@@ -104,8 +116,9 @@ def main() -> None:
     parser.add_argument("--relay-only", action="store_true",
                         help="Leave out the star peers (for experiments on the relay alone).")
     parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
+    parser.add_argument("--cpus", type=float, default=None, help=CPUS_HELP)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, sandbox(
+    with cpu_limit(args.cpus), tempfile.TemporaryDirectory() as tmp, sandbox(
             "gpcbench", "198.18.9.0/24", args.nodes, Path(tmp),
             (() if args.rate == "none" else ("--link-rate", args.rate))
             + (("--latency", args.latency) if args.latency else ())) as inventory:
@@ -141,8 +154,9 @@ def main() -> None:
         subprocess.run(["podman", "rmi", "-f", REFERENCE], capture_output=True, check=False)
 
     relay = results[f"gpucluster, {len(hosts)} nodes (relay)"]
+    cpus = f", the machine limited to {args.cpus:g} CPUs" if args.cpus else ""
     print(f"\nimage push: {args.mb} MB incompressible, {len(hosts)} nodes, every link "
-          f"(controller uplink included) at {args.rate}")
+          f"(controller uplink included) at {args.rate}{cpus}")
     print(f"{'method':<42} {'seconds':>8} {'vs relay':>9}")
     for name, seconds in results.items():
         print(f"{name:<42} {seconds:>8.2f} {seconds / relay:>8.2f}x")
@@ -153,6 +167,8 @@ def main() -> None:
               f"(goal >= 4x)")
     for label, seconds in STREAMS.items():
         print(f"of which the stream itself ({label}): {seconds:.2f} s")
+    for label, seconds in CPU_USED.items():
+        print(f"CPU busy during the push ({label}, whole machine): {seconds:.1f} s")
 
 
 if __name__ == "__main__":

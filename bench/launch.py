@@ -4,7 +4,9 @@ torchrun ...` (OpenSSH, every node at once), on the same sandbox nodes in the sa
     sudo .venv/bin/python -m bench.launch [--nodes 3] [--runs 3]
 
 1. launch to init: from the command's start to the moment the last rank is past
-   init_process_group (each rank prints time.time() there; one clock: the sandbox).
+   init_process_group (each rank prints time.time() there; one clock: the sandbox),
+   split in two: to the last node's torchrun starting (what the launcher costs), and
+   from there to init (what torch costs, the same program either way).
 2. failure to clean: the workers on the last node are SIGKILLed mid-run; the time until
    no process of the job is left on any node (seen with `ip netns pids`), and, for
    gpucluster, until the CLI has exited with its first-failure summary.
@@ -21,12 +23,32 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import GPUCLUSTER, PLAIN_LOGINS_HELP, median_of, plain_logins, sandbox
+from bench.common import (
+    GPUCLUSTER,
+    LOGIN_DELAY_HELP,
+    PLAIN_LOGINS_HELP,
+    median_of,
+    plain_logins,
+    sandbox,
+    slow_logins,
+)
 
-INIT_JOB = """\
+# Each rank also prints when its torchrun started (its parent's start time from /proc,
+# on the sandbox's one clock): what the launcher costs is then told apart from what
+# torch costs.
+TORCHRUN_STARTED = """\
+import os
+def torchrun_started():
+    import time
+    ticks = int(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[19])
+    booted = time.time() - float(open("/proc/uptime").read().split()[0])  # to 10 ms
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
+"""
+INIT_JOB = TORCHRUN_STARTED + """\
 import time, torch.distributed as dist
 dist.init_process_group("gloo")
-print("INIT", dist.get_rank(), repr(time.time()), flush=True)
+print("INIT", dist.get_rank(), repr(time.time()), "TORCHRUN", repr(torchrun_started()),
+      flush=True)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -70,6 +92,11 @@ def _last_init(output: str) -> float:
     return max(stamps)
 
 
+def _last_torchrun_start(output: str) -> float:
+    """When the last node's torchrun started (to about 20 ms: /proc's clock ticks)."""
+    return max(float(s) for s in re.findall(r"TORCHRUN ([0-9.]+)", output))
+
+
 def _job_pids(name: str, nodes: list[str], pattern: bytes) -> list[str]:
     found = []
     for node in nodes:
@@ -108,6 +135,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
+    parser.add_argument("--login-delay", type=float, default=0.0, help=LOGIN_DELAY_HELP)
     args = parser.parse_args()
     name = "gpcbench"
     with tempfile.TemporaryDirectory() as tmp, \
@@ -118,6 +146,8 @@ def main() -> None:
                        capture_output=True)
         if args.plain_logins:
             plain_logins(path)
+        if args.login_delay:
+            slow_logins(path, args.login_delay)
         project = Path(tmp) / "bench_project"
         project.mkdir()
         (project / "init_job.py").write_text(INIT_JOB)
@@ -125,15 +155,19 @@ def main() -> None:
         launch = [*GPUCLUSTER, "launch", "-i", path, "--nproc-per-node", "2"]
 
         to_init: dict[str, list[float]] = {"gpucluster launch": [], "ssh loop": []}
+        # Of which: from the start to the last node's torchrun, then torchrun to init.
+        to_torchrun: dict[str, list[float]] = {"gpucluster launch": [], "ssh loop": []}
         for _ in range(args.runs):
             started = time.time()
-            done = subprocess.run([*launch, "init_job.py"], cwd=project, capture_output=True,
-                                  text=True, check=True)
-            to_init["gpucluster launch"].append(_last_init(done.stdout) - started)
+            output = subprocess.run([*launch, "init_job.py"], cwd=project,
+                                    capture_output=True, text=True, check=True).stdout
+            to_init["gpucluster launch"].append(_last_init(output) - started)
+            to_torchrun["gpucluster launch"].append(_last_torchrun_start(output) - started)
             started = time.time()
             loop = _ssh_loop(inventory, project / "init_job.py")
             output = "".join(p.communicate(timeout=120)[0] for p in loop)
             to_init["ssh loop"].append(_last_init(output) - started)
+            to_torchrun["ssh loop"].append(_last_torchrun_start(output) - started)
 
         to_clean: dict[str, list[float]] = {"gpucluster launch": [], "gpucluster CLI exit": [],
                                             "ssh loop": []}
@@ -160,11 +194,17 @@ def main() -> None:
             for pid in _job_pids(name, nodes, b"long_job.py"):  # what the loop left behind
                 os.kill(int(pid), signal.SIGKILL)
 
-    print(f"\n{args.nodes} nodes x 2 processes, gloo, median of {args.runs}")
+    delay = f", every login {args.login_delay:g} s slower" if args.login_delay else ""
+    print(f"\n{args.nodes} nodes x 2 processes, gloo, median of {args.runs}{delay}")
     base = median_of(to_init["ssh loop"])
     print(f"{'launch to every rank past init':<36} {'median s':>9} {'vs ssh loop':>12}")
     for label, values in to_init.items():
         print(f"{label:<36} {median_of(values):>9.2f} {median_of(values) / base:>11.2f}x")
+    print(f"\n{'of which':<36} {'to torchrun':>12} {'then to init':>13}   runs (to torchrun)")
+    for label, values in to_torchrun.items():
+        then = [init - start for init, start in zip(to_init[label], values, strict=True)]
+        shown = " ".join(f"{v:.2f}" for v in values)
+        print(f"{label:<36} {median_of(values):>12.2f} {median_of(then):>13.2f}   {shown}")
     print(f"\n{'node failure to every node clean':<36} {'median s':>9} {'runs':>12}")
     for label, values in to_clean.items():
         shown = " ".join(f"{v:.1f}" for v in values)
