@@ -77,8 +77,10 @@ def _ssh_loop(inventory: dict, script: Path) -> list[subprocess.Popen[str]]:
     processes = []
     for host in hosts:
         ssh = _ssh(inventory, host["address"])
+        # No `exec`: torchrun's start time (what the ranks read) is then when it ran,
+        # not when the login shell it would replace started, before the login scripts.
         remote = (f"mkdir -p /srv/bench && cat > /srv/bench/{script.name} && cd /srv/bench && "
-                  f"exec {torchrun} --nnodes {len(hosts)} --nproc-per-node 2 "
+                  f"{torchrun} --nnodes {len(hosts)} --nproc-per-node 2 "
                   f"--rdzv-backend c10d --rdzv-endpoint {head}:29500 --rdzv-id loop "
                   f"{script.name}")
         processes.append(subprocess.Popen([*ssh, remote], stdin=script.open("rb"),

@@ -3,6 +3,7 @@ node at once; nothing starts unless every node can."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import time
@@ -12,17 +13,18 @@ from pathlib import Path
 
 from gpucluster import hostrange, reports
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
-from gpucluster.doctor.runner import run_doctor
+from gpucluster.doctor.runner import DEFAULT_PROBE_TIMEOUT_S, run_doctor
 from gpucluster.env_names import masked
 from gpucluster.errors import GpuclusterError, Interrupted
-from gpucluster.inventory import Inventory
+from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
-from gpucluster.remote.connection import Connection, shell_path
-from gpucluster.remote.result import HostFailure
+from gpucluster.remote.connection import shell_path
+from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
+from gpucluster.remote.waiting import WaitingShells
 from gpucluster.reports import Section
 from gpucluster.state import exclusive
 from gpucluster.torchrun import (
@@ -108,11 +110,27 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
 def _launch(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
             on_phase: Callable[[str], None] | None) -> JobRecord:
     phase = on_phase or (lambda _: None)
-    files, script = check_request(request)
+    check_request(request)
     if request.image and request.image.endswith(".sqsh"):
         raise GpuclusterError(f"{request.image}: provision distributes enroot images, but "
                               f"launch does not run them yet (fix: use an OCI image or an "
                               f"Apptainer .sif)")
+    env = job_env(inventory, request.env)
+    if request.max_restarts and RESTARTABLE_STORE not in env:
+        # Without it, a torchrun restart's workers dial the previous round's store and
+        # peers and the job never re-forms (pytorch/pytorch#135712; seen on the sandbox).
+        env[RESTARTABLE_STORE] = "1"
+    # The start's sessions log in while the checks run: the start then costs one message
+    # on an open channel, not a second login (whose scripts can take longer than it).
+    with WaitingShells(session, inventory.hosts, env=env,
+                       timeout=DEFAULT_PROBE_TIMEOUT_S + workdir.SYNC_TIMEOUT_S + 60) as shells:
+        return _check_and_start(session, inventory, store, request, phase, env, shells)
+
+
+def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
+                     request: LaunchRequest, phase: Callable[[str], None],
+                     env: dict[str, str], shells: WaitingShells) -> JobRecord:
+    files, script = check_request(request)  # checked before any login, read again here
     phase("checking nodes (running jobs, GPU processes, rendezvous port)")
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, code_dir)
@@ -139,17 +157,21 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
         image=request.image, attempt=request.attempt, run=request.run or "",
         checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"
                        f"{request.run or job_id}", debug=request.debug)
-    env = job_env(inventory, request.env)
-    if request.max_restarts and RESTARTABLE_STORE not in env:
-        # Without it, a torchrun restart's workers dial the previous round's store and
-        # peers and the job never re-forms (pytorch/pytorch#135712; seen on the sandbox).
-        env[RESTARTABLE_STORE] = "1"
     record = dataclasses.replace(record, env=masked(env, request.secret_env))
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
     try:
-        started = session.map(inventory.hosts, lambda c: _start_on(
-            c, inventory, record, request, env, plans[c.host]))
+        with contextlib.ExitStack() as streams:
+            payloads = {}
+            for host in inventory.hosts:
+                sync = plans[host.name]
+                tar = streams.enter_context(workdir.tar_stream(
+                    sync.root, sync.plan.send, sorted(sync.files))) if sync.needed else None
+                payloads[host.name] = (_start_script(inventory, host, record, request, env,
+                                                     sync), tar)
+            ran = shells.run(payloads)
+        started = FanoutResult(ran.hosts, {n: _started(r) for n, r in ran.values.items()},
+                               ran.failures)
     except Interrupted:
         stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
         raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
@@ -185,9 +207,8 @@ class _Started:
     runtime: str | None
 
 
-def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
-              request: LaunchRequest, env: Mapping[str, str], sync: _Sync) -> _Started:
-    host = inventory.host(connection.host)
+def _start_script(inventory: Inventory, host: Host, record: JobRecord,
+                  request: LaunchRequest, env: Mapping[str, str], sync: _Sync) -> str:
     spec = TorchrunSpec(record.id, record.nproc_per_node[host.name], record.script,
                         tuple(record.args), max_restarts=request.max_restarts,
                         log_dir=TORCHRUN_LOG_DIR)
@@ -209,16 +230,13 @@ def _start_on(connection: Connection, inventory: Inventory, record: JobRecord,
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
     apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name)
              if sync.needed else "")
-    script = node_scripts.start_script(record, host.name, command,
-                                       interface_exports(host, env), container is not None,
-                                       head_port, on_cpu=not host.jobs_use_gpus,
-                                       sync_apply=apply)
-    if not sync.needed:
-        result = connection.run(script, timeout=60, env=dict(env))
-    else:  # the changed files on stdin, after the job's variables
-        with workdir.tar_stream(sync.root, sync.plan.send, sorted(sync.files)) as tar:
-            result = connection.run(script, timeout=workdir.SYNC_TIMEOUT_S + 60,
-                                    env=dict(env), stdin=tar)
+    return node_scripts.start_script(record, host.name, command,
+                                     interface_exports(host, env), container is not None,
+                                     head_port, on_cpu=not host.jobs_use_gpus,
+                                     sync_apply=apply)
+
+
+def _started(result: CommandResult) -> _Started:
     markers = reports.by_kind(result.stdout)
     pid = markers.get("started", [""])[0]
     errors = markers.get("error", []) + [

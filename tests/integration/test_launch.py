@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,9 +41,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         gpucluster("sandbox", "down", "--name", NAME)
 
 
-def job_processes(sandbox: Sandbox) -> dict[str, list[str]]:
-    """Processes in each node's namespaces that belong to a job (by the job marker in
-    their environment, or a torchrun/train.py command line), seen from outside SSH."""
+def node_processes(sandbox: Sandbox, wanted: Callable[[bytes, bytes], bool]
+                   ) -> dict[str, list[str]]:
+    """Processes in each node's namespaces for which `wanted(environ, cmdline)`, seen from
+    outside SSH."""
     found: dict[str, list[str]] = {}
     for node in sandbox.nodes:
         pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
@@ -54,9 +55,16 @@ def job_processes(sandbox: Sandbox) -> dict[str, list[str]]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue  # gone meanwhile
-            if b"GPUCLUSTER_JOB=" in environ or re.search(rb"torchrun|train\.py", cmdline):
+            if wanted(environ, cmdline):
                 found.setdefault(node, []).append(f"{pid} {cmdline.decode()[:80]}")
     return found
+
+
+def job_processes(sandbox: Sandbox) -> dict[str, list[str]]:
+    """Processes that belong to a job: the job marker in their environment, or a
+    torchrun/train.py command line."""
+    return node_processes(sandbox, lambda environ, cmdline: b"GPUCLUSTER_JOB=" in environ
+                          or re.search(rb"torchrun|train\.py", cmdline) is not None)
 
 
 def start_attached(cluster: Sandbox, project: Path, *args: str) -> subprocess.Popen[str]:
@@ -225,6 +233,8 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         # doctor's port test never takes the port from a starting job (it would hang)
         assert f"port 29500 is held by gpucluster job {job}" in refused.stderr
         assert "nothing was started" in refused.stderr
+        # The start's sessions, logged in while the checks ran, were sent nothing and ended.
+        assert node_processes(cluster, lambda _, cmdline: b"read -r gpc_n" in cmdline) == {}
         jobs = gpucluster("jobs", "-i", inventory)
         assert re.search(rf"{job}.*running: node\[1-3\]", jobs.stdout), jobs.stdout
         assert sorted(recorded.iterdir()) == jobs_before  # the refused one left no record

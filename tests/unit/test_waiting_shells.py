@@ -1,0 +1,71 @@
+"""Shells that log in ahead of time (remote/waiting.py), with real local shells."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+from gpucluster.inventory import load
+from gpucluster.remote.local import LocalConnection
+from gpucluster.remote.session import Session
+from gpucluster.remote.ssh import SshOptions
+from gpucluster.remote.waiting import BOOTSTRAP, DeferredStdin, WaitingShells, framed
+
+
+def test_the_bootstrap_runs_the_framed_script_and_leaves_it_the_rest_of_stdin() -> None:
+    # Backslashes, quotes, blank lines and a last line without a newline survive.
+    script = 'printf "%s|" "a\\\\b" \'$HOME\'\n\necho; cat; echo "[$GREETING]"'
+    stdin = io.BytesIO(framed(script) + b"the rest\n")
+    result = LocalConnection("here").run(BOOTSTRAP, timeout=10, env={"GREETING": "hi"},
+                                         stdin=stdin)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "a\\b|$HOME|\nthe rest\n[hi]\n"  # sh's "\\" is one \
+
+
+def test_the_bootstrap_sent_nothing_ends_quietly_without_running_anything() -> None:
+    result = LocalConnection("here").run(BOOTSTRAP, timeout=10, stdin=b"")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_a_deferred_stdin_holds_its_reader_until_given() -> None:
+    stdin = DeferredStdin()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(stdin.read1(4)))
+    reader.start()
+    time.sleep(0.2)
+    assert reader.is_alive() and got == []
+    stdin.give(b"script", io.BytesIO(b"stream"))
+    reader.join(5)
+    assert got == [b"scri"]
+    assert stdin.read1(100) == b"pt" and stdin.read1(100) == b"stream"
+    assert stdin.read1(100) == b""
+
+
+def _local_session(tmp_path: Path) -> Session:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  - name: a\n    address: localhost\n"
+                         "  - name: b\n    address: 127.0.0.1\n")
+    return Session(load(inventory), SshOptions(tmp_path / "known_hosts"))
+
+
+def test_waiting_shells_run_what_each_host_is_sent_and_nothing_elsewhere(tmp_path: Path
+                                                                        ) -> None:
+    session = _local_session(tmp_path)
+    with WaitingShells(session, session.inventory.hosts, timeout=30,
+                       env={"JOB": "j1"}) as shells:
+        time.sleep(0.3)  # the shells are up and waiting, with nothing to run yet
+        ran = shells.run({"a": ("echo \"$JOB\"; cat", io.BytesIO(b"files"))})
+    assert not ran.failures
+    assert ran.values["a"].stdout == "j1\nfiles"
+    assert ran.values["b"].exit_code == 0 and ran.values["b"].stdout == ""
+
+
+def test_leaving_the_block_without_a_run_ends_every_shell(tmp_path: Path) -> None:
+    session = _local_session(tmp_path)
+    # Far longer than the block waits for them on its way out: only their stdin's end
+    # can have ended them.
+    with WaitingShells(session, session.inventory.hosts, timeout=300) as shells:
+        pass
+    assert not shells._thread.is_alive()
