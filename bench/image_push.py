@@ -24,11 +24,13 @@ import yaml
 from bench.common import (
     CPUS_HELP,
     GPUCLUSTER,
+    LOGIN_DELAY_HELP,
     PLAIN_LOGINS_HELP,
     cpu_limit,
     machine_cpu_seconds,
     plain_logins,
     sandbox,
+    slow_logins,
 )
 
 REFERENCE = "localhost/gpcbench-image:1"
@@ -117,6 +119,7 @@ def main() -> None:
                         help="Leave out the star peers (for experiments on the relay alone).")
     parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
     parser.add_argument("--cpus", type=float, default=None, help=CPUS_HELP)
+    parser.add_argument("--login-delay", type=float, default=0.0, help=LOGIN_DELAY_HELP)
     args = parser.parse_args()
     with cpu_limit(args.cpus), tempfile.TemporaryDirectory() as tmp, sandbox(
             "gpcbench", "198.18.9.0/24", args.nodes, Path(tmp),
@@ -136,6 +139,8 @@ def main() -> None:
         hosts = data["hosts"]
         if args.plain_logins:
             plain_logins(everyone)
+        if args.login_delay:
+            slow_logins(everyone, args.login_delay)
         results: dict[str, float] = {}
         _clear(data)
         results["gpucluster, 1 node"] = _gpucluster(one, "1 node")
@@ -155,6 +160,7 @@ def main() -> None:
 
     relay = results[f"gpucluster, {len(hosts)} nodes (relay)"]
     cpus = f", the machine limited to {args.cpus:g} CPUs" if args.cpus else ""
+    cpus += f", every login {args.login_delay:g} s slower" if args.login_delay else ""
     print(f"\nimage push: {args.mb} MB incompressible, {len(hosts)} nodes, every link "
           f"(controller uplink included) at {args.rate}{cpus}")
     print(f"{'method':<42} {'seconds':>8} {'vs relay':>9}")
