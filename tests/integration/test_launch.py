@@ -93,10 +93,13 @@ def kill_workers(node: str) -> list[str]:
     killed = []
     for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
                               text=True, check=True).stdout.split():
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"train.py" in cmdline and b"torchrun" not in cmdline:
-            os.kill(int(pid), signal.SIGKILL)
-            killed.append(pid)
+        try:  # short-lived processes (the follower's, a login's) come and go meanwhile
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"train.py" in cmdline and b"torchrun" not in cmdline:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return killed
 
 
