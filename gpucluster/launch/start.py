@@ -110,7 +110,7 @@ def launch(session: Session, inventory: Inventory, store: JobStore,
 def _launch(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
             on_phase: Callable[[str], None] | None) -> JobRecord:
     phase = on_phase or (lambda _: None)
-    check_request(request)
+    files, script = check_request(request)
     if request.image and request.image.endswith(".sqsh"):
         raise GpuclusterError(f"{request.image}: provision distributes enroot images, but "
                               f"launch does not run them yet (fix: use an OCI image or an "
@@ -124,13 +124,14 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
     # on an open channel, not a second login (whose scripts can take longer than it).
     with WaitingShells(session, inventory.hosts, env=env,
                        timeout=DEFAULT_PROBE_TIMEOUT_S + workdir.SYNC_TIMEOUT_S + 60) as shells:
-        return _check_and_start(session, inventory, store, request, phase, env, shells)
+        return _check_and_start(session, inventory, store, request, phase, env, shells,
+                                files, script)
 
 
 def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      request: LaunchRequest, phase: Callable[[str], None],
-                     env: dict[str, str], shells: WaitingShells) -> JobRecord:
-    files, script = check_request(request)  # checked before any login, read again here
+                     env: dict[str, str], shells: WaitingShells,
+                     files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
     phase("checking nodes (running jobs, GPU processes, rendezvous port)")
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, code_dir)

@@ -75,13 +75,20 @@ def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
                 raise ValueError(f"not a valid environment variable name: {name!r}")
         exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
         prefix = exports.encode()
-        command = (f'gpc_n={exports.count(chr(10))} gpc_e=; while [ "$gpc_n" -gt 0 ] && '
-                   f'IFS= read -r gpc_l; do gpc_e="$gpc_e$gpc_l\n"; gpc_n=$((gpc_n - 1)); '
-                   f'done; eval "$gpc_e"; unset gpc_n gpc_e gpc_l; {command}')
+        command = f"{eval_stdin_lines(str(exports.count(chr(10))))}; {command}"
     if sudo and not is_root:
         # -n: fail at once instead of waiting for a password prompt nobody will answer.
         command = f"sudo -n -- /bin/sh -c {shlex.quote(command)}"
     return Envelope(command, prefix)
+
+
+def eval_stdin_lines(count: str) -> str:
+    """Shell that reads `count` lines (a number, or a shell word that expands to one) from
+    stdin and evals them. `read` never reads past a line on a pipe, so whatever follows
+    them on stdin stays there for what runs next."""
+    return (f'gpc_n={count} gpc_e=; while [ "$gpc_n" -gt 0 ] && IFS= read -r gpc_l; do '
+            f'gpc_e="$gpc_e$gpc_l\n"; gpc_n=$((gpc_n - 1)); done; eval "$gpc_e"; '
+            f'unset gpc_n gpc_e gpc_l')
 
 
 def shell_path(path: str) -> str:

@@ -16,15 +16,14 @@ from typing import BinaryIO, cast
 
 from gpucluster.errors import Interrupted
 from gpucluster.inventory import Host
+from gpucluster.remote.connection import eval_stdin_lines
 from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.remote.session import Session
 
-# Reads a line count, then that many lines of script, and runs them. `read` stops at
-# each newline, so whatever follows the script on stdin stays there for the script.
-# The end of stdin before any count (the caller sent nothing) ends the shell quietly.
-BOOTSTRAP = ('IFS= read -r gpc_n || exit 0; gpc_s=; while [ "$gpc_n" -gt 0 ] && '
-             'IFS= read -r gpc_l; do gpc_s="$gpc_s$gpc_l\n"; gpc_n=$((gpc_n - 1)); done; '
-             'unset gpc_n gpc_l; eval "$gpc_s"')
+# Reads a line count, then that many lines of script, and runs them (with the reader
+# the job's variables arrive by), leaving what follows on stdin for the script. The end
+# of stdin before any count (the caller sent nothing) ends the shell quietly.
+BOOTSTRAP = 'IFS= read -r gpc_c || exit 0; ' + eval_stdin_lines('"$gpc_c"')
 CANCEL_WAIT_S = 30.0  # for the shells to see their stdin end, on the way out
 
 
