@@ -2,22 +2,26 @@
 pipelined relay over the node-to-node SSH mesh: controller -> node1 -> node2 -> ...
 
 Each hop loads the stream while passing it on, so N nodes take about as long as one,
-and the controller's uplink carries the image once. All hops connect (SSH control
-masters) before any data flows. The stream is compressed with zstd when every hop has
-it. Nodes that already hold the same image ID are skipped; a node whose disk is too
-small is refused before anything is sent; every node's image ID is verified after.
+and the controller's uplink carries the image once. Every hop logs in and links to the
+next before any data flows (provision/relay_chain.py), so no login is on the data path,
+and a hop that cannot reach the next stops the push before it starts. The stream is
+compressed with zstd when every hop has it. Nodes that already hold the same image ID
+are skipped; a node whose disk is too small is refused before anything is sent; every
+node's image ID is verified after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import shlex
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from typing import BinaryIO, cast
 
-from gpucluster import reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
 from gpucluster.provision.image_source import ImageSource, locate
@@ -25,13 +29,12 @@ from gpucluster.provision.logged import LoggedConnection
 from gpucluster.provision.model import (
     Change,
     Each,
-    Progress,
     ProvisionContext,
     Step,
     StepSkipped,
 )
+from gpucluster.provision.relay_chain import Hop, RelayChain
 from gpucluster.remote.connection import shell_path
-from gpucluster.remote.result import RemoteError
 from gpucluster.templating import render, script_text
 from gpucluster.torchrun import node_images_dir
 
@@ -151,81 +154,56 @@ class ImageStep(Step):
                                          f"{run_id}-{h.name}") for h in targets}
         runtimes = context.gathered.get("runtimes", {})
         following = dict(itertools.pairwise([h.name for h in targets]))
-        scripts = {}
-        for host in targets:
+        by_name = {h.name: h for h in targets}
+        hops = []
+        for index, host in enumerate(targets):
             sink, report = _sink_and_report(context, image, str(runtimes[host.name]),
                                             sudo=host.user != "root", node=host.name)
-            scripts[host.name] = render(
+            after = following.get(host.name)
+            script = render(
                 "provision/image_relay.sh.j2", node=host.name, dir=relay_dirs[host.name],
-                next=following.get(host.name),
-                next_dir=relay_dirs.get(following.get(host.name, "")),
+                first=index == 0, next=after, next_dir=relay_dirs.get(after or ""),
                 python=context.inventory.cluster.python,
                 counter=script_text("provision/relay_counter.py"),
-                sink=sink, report=report,
+                sink=sink, report=report, ciphers=HOP_CIPHERS,
+                connect_timeout=math.ceil(_connect_timeout(context, by_name.get(after or ""))),
                 decompress="zstd -dc" if zstd_everywhere else "cat")
-
-        def prepare_hop(host: Host, connection: LoggedConnection) -> str:
-            """Write this hop's script and connect it to the next hop, before any data."""
-            command = render("provision/relay_hop_prepare.sh.j2", dir=relay_dirs[host.name],
-                             next=following.get(host.name), ciphers=HOP_CIPHERS)
-            result = connection.run(command, timeout=60, stdin=scripts[host.name].encode())
-            if result.ok:
-                return ""
-            return (result.stdout + result.stderr).strip()[-200:] or f"exit {result.exit_code}"
-
-        prepared = each(prepare_hop, targets)
-        problems = {**{n: f.message for n, f in prepared.failures.items()},
-                    **{n: e for n, e in prepared.values.items() if e}}
-        loaded: dict[str, str] = {}
-        failure = None
-        if problems:
-            failure = "relay hops could not connect (run the ssh-mesh step first): " + \
-                "; ".join(f"{n}: {e}" for n, e in problems.items())
-        else:
-            try:
-                self._stream(image, connections[targets[0].name], relay_dirs[targets[0].name],
-                             zstd_everywhere, loaded, context.on_progress)
-            except (GpuclusterError, RemoteError) as error:
-                failure = error.message if isinstance(error, RemoteError) else str(error)
-        if failure is not None:  # remove what the relay scripts did not remove themselves
+            hops.append(Hop(host, connections[host.name], script))
+        chain = RelayChain(hops, context.on_progress)
+        with _image_stream(image, zstd_everywhere) as stream:
+            problems = chain.run(stream)
+        if problems:  # remove what a hop cut short could not remove itself
             each(lambda host, connection: connection.run(
                 render("provision/relay_cleanup.sh.j2", dir=relay_dirs[host.name]),
                 timeout=30), targets)
-        return {h.name: None if loaded.get(h.name) == image.image_id else failure or
-                f"after loading, the node reports image {loaded.get(h.name) or 'none'}, "
+        return {h.name: None if chain.loaded.get(h.name) == image.image_id else
+                problems.get(h.name) or
+                f"after loading, the node reports image {chain.loaded.get(h.name) or 'none'}, "
                 f"not {image.image_id[:12]}" for h in targets}
 
-    def _stream(self, image: ImageSource, connection: LoggedConnection, relay_dir: str,
-                compress: bool, loaded: dict[str, str], on_progress: Progress | None
-                ) -> None:
-        saver = subprocess.Popen(image.stream_argv, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL)
-        source = cast("BinaryIO | None", saver.stdout)
-        compressor = None
-        if compress:
-            compressor = subprocess.Popen(["zstd", "-1", "-T0", "-q", "-c"], stdin=saver.stdout,
-                                          stdout=subprocess.PIPE)
-            source = cast("BinaryIO | None", compressor.stdout)
-        assert source is not None
 
-        def on_line(_stream: str, line: str) -> None:
-            kind, rest = reports.parse(line) or ("", "")
-            parts = rest.split()
-            if kind == "loaded" and len(parts) >= 2:
-                loaded[parts[0]] = parts[1].removeprefix("sha256:")
-            elif kind == "progress" and len(parts) >= 2 and parts[1].isdigit() and \
-                    on_progress is not None:
-                on_progress(parts[0], int(parts[1]), parts[-1] == "done")
+def _connect_timeout(context: ProvisionContext, host: Host | None) -> float:
+    own = host.connect_timeout if host is not None else None
+    return own or context.inventory.cluster.connect_timeout
 
-        try:
-            result = connection.run(f"sh {relay_dir}/relay.sh", timeout=24 * 3600,
-                                    stdin=source, on_line=on_line)
-            if not result.ok:  # which nodes missed out shows in the re-check
-                tail = result.stderr.strip().splitlines()[-3:]
-                raise GpuclusterError(f"the relay stopped (exit {result.exit_code}): "
-                                      + " | ".join(tail))
-        finally:
-            for process in (compressor, saver):
-                if process is not None:
-                    process.kill()
-                    process.wait()
+
+@contextlib.contextmanager
+def _image_stream(image: ImageSource, compress: bool) -> Iterator[BinaryIO]:
+    """The image as the controller reads it (`podman save` or the file), zstd-compressed
+    when every hop can decompress it; the readers are stopped on the way out."""
+    saver = subprocess.Popen(image.stream_argv, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    source = cast("BinaryIO | None", saver.stdout)
+    compressor = None
+    if compress:
+        compressor = subprocess.Popen(["zstd", "-1", "-T0", "-q", "-c"], stdin=saver.stdout,
+                                      stdout=subprocess.PIPE)
+        source = cast("BinaryIO | None", compressor.stdout)
+    assert source is not None
+    try:
+        yield source
+    finally:
+        for process in (compressor, saver):
+            if process is not None:
+                process.kill()
+                process.wait()

@@ -101,6 +101,7 @@ def _feed(pipe: IO[bytes], stdin: Stdin, prefix: bytes) -> None:
     try:
         for chunk in stdin_chunks(stdin, prefix):
             pipe.write(chunk)
+            pipe.flush()  # now: a paced stdin (remote/waiting.py) waits between chunks
     except BrokenPipeError:
         pass  # the command stopped reading; its exit code tells the story
     finally:

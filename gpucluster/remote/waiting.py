@@ -9,6 +9,7 @@ so the second round costs one message on an open channel instead of another logi
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -34,32 +35,53 @@ def framed(script: str) -> bytes:
 
 
 class DeferredStdin:
-    """A command's stdin that holds its reader until it is given what to send: a script,
-    then optionally a stream; or until it is cancelled, which sends nothing."""
+    """A command's stdin fed as the caller goes: what is sent now, then what is sent
+    later, optionally a stream, then its end. The reader waits in between; `cancel`
+    ends it wherever it is."""
 
-    def __init__(self) -> None:
-        self._given = threading.Event()
-        self._head = b""
-        self._rest: BinaryIO | None = None
+    def __init__(self, ahead: bytes = b"") -> None:
+        self._queue: queue.SimpleQueue[bytes | BinaryIO | None] = queue.SimpleQueue()
+        self._pending = b""
+        self._stream: BinaryIO | None = None
+        self._ended = False
+        if ahead:
+            self.send(ahead)
+
+    def send(self, data: bytes) -> None:
+        self._queue.put(data)
 
     def give(self, head: bytes, rest: BinaryIO | None = None) -> None:
-        self._head, self._rest = head, rest
-        self._given.set()
+        """Send `head`, then `rest` to its end, then end."""
+        self.send(head)
+        if rest is not None:
+            self._queue.put(rest)
+        self._queue.put(None)
 
     def cancel(self) -> None:
-        self._given.set()
+        self._queue.put(None)
 
     def read1(self, size: int = -1) -> bytes:
-        # No timeout of its own: the command's run has one, and WaitingShells gives or
-        # cancels every stdin on its way out, whatever happened.
-        self._given.wait()
-        if self._head:
-            cut = len(self._head) if size < 0 else size
-            chunk, self._head = self._head[:cut], self._head[cut:]
-            return chunk
-        if self._rest is None:
-            return b""
-        return getattr(self._rest, "read1", self._rest.read)(size)
+        # No timeout of its own: the command's run has one, and every caller gives or
+        # cancels its stdins on its way out, whatever happened.
+        while not self._ended:
+            if self._stream is not None:
+                chunk = getattr(self._stream, "read1", self._stream.read)(size)
+                if chunk:
+                    return chunk
+                self._stream = None
+            elif self._pending:
+                cut = len(self._pending) if size < 0 else size
+                chunk, self._pending = self._pending[:cut], self._pending[cut:]
+                return chunk
+            else:
+                item = self._queue.get()
+                if item is None:
+                    self._ended = True
+                elif isinstance(item, bytes):
+                    self._pending = item
+                else:
+                    self._stream = item
+        return b""
 
     read = read1
 

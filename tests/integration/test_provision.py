@@ -398,6 +398,47 @@ def test_an_apptainer_image_file_reaches_every_node_then_skips(cluster: Sandbox)
                       f"/srv/gpucluster/images/train.sif\ntrain.sif\ntrain.sif.sha256\n"}
 
 
+def test_a_hop_that_cannot_reach_the_next_stops_the_push_before_it_starts(
+        cluster: Sandbox, image: str) -> None:
+    assert gpucluster("provision", "-i", str(cluster.inventory), "--only", "ssh-mesh",
+                      timeout=300).code == 0
+    for node in cluster.nodes:  # every node needs the image: a chain of three hops
+        cluster.node_exec(node, f"podman rmi -f {image} >/dev/null 2>&1; true")
+    # node3 refuses node2's SSH: the chain's second link cannot come up.
+    rule = (f"INPUT -s {cluster.addresses['node2']} -p tcp --dport 22 -j REJECT "
+            f"--reject-with tcp-reset")
+    cluster.node_exec("node3", f"iptables -I {rule}")
+    try:
+        inventory = cluster.write_inventory(cluster.inventory.parent / "image.yaml",
+                                            cluster={**cluster.data["cluster"], "image": image})
+        result = gpucluster("provision", "-i", str(inventory), "--json", "--only", "image",
+                            timeout=300)
+    finally:
+        cluster.node_exec("node3", f"iptables -D {rule}")
+    results = {r["host"]: r for r in json.loads(result.stdout)["results"]}
+    assert result.code == 1
+    for node in cluster.nodes:
+        assert results[node]["outcome"] == "failed", results[node]
+        assert "nothing was sent" in results[node]["message"]
+        assert "node2 could not link to node3" in results[node]["message"]
+        assert "Connection refused" in results[node]["message"]  # what ssh said
+        found = cluster.node_exec(node, f"podman image exists {image}", check=False)
+        assert found.returncode != 0, f"{node} loaded the image: the stream was not held"
+        work_dir = cluster.data["cluster"].get("work_dir", "~/gpucluster")
+        leftovers = cluster.node_exec(node, f"ls -d {work_dir}/.relay-* 2>/dev/null || true")
+        assert leftovers.stdout.strip() == "", f"{node}: {leftovers.stdout}"
+    # No hop's process is left (masters, links, fifo readers): nodes share the pid space.
+    # (The brackets keep pgrep's own command line from matching.)
+    left = subprocess.run(["pgrep", "-af", "[.]relay-[0-9a-f]{8}-"], capture_output=True,
+                          text=True, check=False)
+    assert left.stdout == "", left.stdout
+    # With the link back, the same push goes through: the failure left nothing in the way.
+    again = gpucluster("provision", "-i", str(inventory), "--json", "--only", "image",
+                       timeout=300)
+    assert again.code == 0, again.stdout
+    assert set(_outcomes(json.loads(again.stdout)).values()) == {"changed"}
+
+
 def test_image_too_big_for_a_node_is_refused_before_sending(cluster: Sandbox, image: str
                                                            ) -> None:
     # node3's container storage is a 4 MiB tmpfs: too small for the 8 MB image.

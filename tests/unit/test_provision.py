@@ -162,20 +162,21 @@ def test_steps_declare_what_the_runner_does_with_them() -> None:
     assert STEP_TYPES[0]() is not STEP_TYPES[0]()  # fresh per run: no shared state
 
 
-def _relay_script(next_hop: str | None) -> str:
+def _relay_script(first: bool, next_hop: str | None) -> str:
     from gpucluster.templating import render, template_dir
 
     return render("provision/image_relay.sh.j2", node="node-1", dir="'/srv/x/.relay-1-a'",
-                  next=next_hop, next_dir="'/srv/x/.relay-1-b'" if next_hop else None,
+                  first=first, next=next_hop,
+                  next_dir="\"$HOME\"/'x/.relay-1-b'" if next_hop else None,
                   python="python3",
                   counter=(template_dir() / "provision" / "relay_counter.py").read_text(),
                   sink="podman load >&2", report="podman image inspect x",
-                  decompress="zstd -dc")
+                  decompress="zstd -dc", ciphers="aes128-gcm@openssh.com", connect_timeout=10)
 
 
-@pytest.mark.parametrize("script", ["read", "write", "write-private", "hop", "last-hop",
-                                    "cleanup", "relay", "last-relay", "listing", "apply",
-                                    "pairs"])
+@pytest.mark.parametrize("script", ["read", "write", "write-private", "cleanup",
+                                    "first-relay", "relay", "last-relay", "only-relay",
+                                    "listing", "apply", "pairs"])
 def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
     import subprocess
 
@@ -189,13 +190,11 @@ def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
                                 sha256="ab" * 32, private=False),
         "write-private": lambda: render("provision/write_file.sh.j2", path=path, mode="600",
                                         size=3, sha256="ab" * 32, private=True),
-        "hop": lambda: render("provision/relay_hop_prepare.sh.j2", dir="'/srv/.relay-1'",
-                              next="node-2", ciphers="aes128-gcm@openssh.com"),
-        "last-hop": lambda: render("provision/relay_hop_prepare.sh.j2", dir="/srv/r",
-                                   next=None, ciphers="x"),
         "cleanup": lambda: render("provision/relay_cleanup.sh.j2", dir="'/srv/.relay-1'"),
-        "relay": lambda: _relay_script("node-2"),
-        "last-relay": lambda: _relay_script(None),
+        "first-relay": lambda: _relay_script(True, "node-2"),
+        "relay": lambda: _relay_script(False, "node-2"),
+        "last-relay": lambda: _relay_script(False, None),
+        "only-relay": lambda: _relay_script(True, None),
         "listing": lambda: workdir.listing_command(path),
         "apply": lambda: workdir.apply_command(path, ("a b", "it's"), "node1"),
         "pairs": lambda: render("provision/ssh_pairs.sh.j2", timeout=5,

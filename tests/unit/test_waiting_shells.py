@@ -69,3 +69,20 @@ def test_leaving_the_block_without_a_run_ends_every_shell(tmp_path: Path) -> Non
     with WaitingShells(session, session.inventory.hosts, timeout=300) as shells:
         pass
     assert not shells._thread.is_alive()
+
+
+def test_a_deferred_stdin_sends_what_it_has_then_waits_for_more_or_its_end() -> None:
+    stdin = DeferredStdin(b"script\n")
+    assert stdin.read1(100) == b"script\n"  # at once: nothing to wait for
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(stdin.read1(100)))
+    reader.start()
+    time.sleep(0.2)
+    assert reader.is_alive() and got == []  # waits for the caller's next word
+    stdin.send(b"go\n")
+    reader.join(5)
+    assert got == [b"go\n"]
+    stdin.cancel()
+    assert stdin.read1(100) == b""  # the end, and it stays the end
+    stdin.send(b"too late\n")
+    assert stdin.read1(100) == b""
