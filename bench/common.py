@@ -5,6 +5,7 @@ Benchmarks print figures; they never assert timings (those are noisy on 2 cores)
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -109,24 +110,23 @@ def machine_cpu_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-PLAIN_LOGINS_HELP = ("Empty ~/.bashrc on every node (each node's own home layer): measures "
-                     "what this box's login scripts (pyenv init) cost.")
+def add_login_options(parser: argparse.ArgumentParser) -> None:
+    """--plain-logins and --login-delay: what the nodes' login scripts cost, either way."""
+    parser.add_argument("--plain-logins", action="store_true",
+                        help="Empty ~/.bashrc on every node (each node's own home layer): "
+                             "measures what this box's login scripts (pyenv init) cost.")
+    parser.add_argument("--login-delay", type=float, default=0.0,
+                        help="Make every login on the nodes take this many seconds longer (a "
+                             "sleep in each node's own ~/.bashrc), as conda or module init do "
+                             "on real clusters: what each login a tool makes costs there.")
 
 
-def plain_logins(inventory_path: str | Path) -> None:
-    """Every node's ~/.bashrc emptied, in the node's own layer over root's home (the
-    host's stays as it is): logins then cost only sshd and the shell."""
-    subprocess.run([*GPUCLUSTER, "run", "-i", str(inventory_path), ": > ~/.bashrc"],
-                   capture_output=True, check=True)
-
-
-LOGIN_DELAY_HELP = ("Make every login on the nodes take this many seconds longer (a sleep "
-                    "in each node's own ~/.bashrc), as conda or module init do on real "
-                    "clusters: what each login a tool makes costs there.")
-
-
-def slow_logins(inventory_path: str | Path, seconds: float) -> None:
-    """Every node's ~/.bashrc (its own layer) ends with a sleep: a login that waits,
-    without the CPU a real init script would also use."""
-    subprocess.run([*GPUCLUSTER, "run", "-i", str(inventory_path),
-                    f"echo 'sleep {seconds:g}' >> ~/.bashrc"], capture_output=True, check=True)
+def shape_logins(inventory_path: str | Path, args: argparse.Namespace) -> None:
+    """Apply add_login_options' choices to every node's ~/.bashrc, in the node's own layer
+    over root's home (the host's stays as it is). The delay is a sleep: a login that
+    waits, without the CPU a real init script would also use."""
+    edits = ([": > ~/.bashrc"] if args.plain_logins else []) + \
+        ([f"echo 'sleep {args.login_delay:g}' >> ~/.bashrc"] if args.login_delay else [])
+    if edits:
+        subprocess.run([*GPUCLUSTER, "run", "-i", str(inventory_path), "; ".join(edits)],
+                       capture_output=True, check=True)

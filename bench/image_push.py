@@ -24,13 +24,11 @@ import yaml
 from bench.common import (
     CPUS_HELP,
     GPUCLUSTER,
-    LOGIN_DELAY_HELP,
-    PLAIN_LOGINS_HELP,
+    add_login_options,
     cpu_limit,
     machine_cpu_seconds,
-    plain_logins,
     sandbox,
-    slow_logins,
+    shape_logins,
 )
 
 REFERENCE = "localhost/gpcbench-image:1"
@@ -119,9 +117,8 @@ def main() -> None:
                              "how long a packet may queue in each shaper")
     parser.add_argument("--relay-only", action="store_true",
                         help="Leave out the star peers (for experiments on the relay alone).")
-    parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
+    add_login_options(parser)
     parser.add_argument("--cpus", type=float, default=None, help=CPUS_HELP)
-    parser.add_argument("--login-delay", type=float, default=0.0, help=LOGIN_DELAY_HELP)
     args = parser.parse_args()
     with cpu_limit(args.cpus), tempfile.TemporaryDirectory() as tmp, sandbox(
             "gpcbench", "198.18.9.0/24", args.nodes, Path(tmp),
@@ -139,10 +136,7 @@ def main() -> None:
         if setup.returncode != 0:
             raise SystemExit(f"ssh-mesh failed:\n{setup.stdout[-1500:]}")
         hosts = data["hosts"]
-        if args.plain_logins:
-            plain_logins(everyone)
-        if args.login_delay:
-            slow_logins(everyone, args.login_delay)
+        shape_logins(everyone, args)
         results: dict[str, float] = {}
         _clear(data)
         results["gpucluster, 1 node"] = _gpucluster(one, "1 node")

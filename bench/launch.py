@@ -25,12 +25,10 @@ from pathlib import Path
 
 from bench.common import (
     GPUCLUSTER,
-    LOGIN_DELAY_HELP,
-    PLAIN_LOGINS_HELP,
+    add_login_options,
     median_of,
-    plain_logins,
     sandbox,
-    slow_logins,
+    shape_logins,
 )
 
 # Each rank also prints when its torchrun started (its parent's start time from /proc,
@@ -136,8 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--plain-logins", action="store_true", help=PLAIN_LOGINS_HELP)
-    parser.add_argument("--login-delay", type=float, default=0.0, help=LOGIN_DELAY_HELP)
+    add_login_options(parser)
     args = parser.parse_args()
     name = "gpcbench"
     with tempfile.TemporaryDirectory() as tmp, \
@@ -146,10 +143,7 @@ def main() -> None:
         path = inventory["path"]
         subprocess.run([*GPUCLUSTER, "provision", "-i", path, "--only", "hosts"], check=True,
                        capture_output=True)
-        if args.plain_logins:
-            plain_logins(path)
-        if args.login_delay:
-            slow_logins(path, args.login_delay)
+        shape_logins(path, args)
         project = Path(tmp) / "bench_project"
         project.mkdir()
         (project / "init_job.py").write_text(INIT_JOB)
