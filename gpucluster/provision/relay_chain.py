@@ -37,17 +37,13 @@ class Hop:
     script: str  # image_relay.sh.j2 rendered for this hop
 
 
-def _tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if reports.parse(line) is None]
-    return " | ".join(lines[-3:])[-300:]
-
-
 class RelayChain:
     """`RelayChain(hops, on_progress).run(stream)` pushes `stream` through the hops, in
     order; `loaded` then holds the image ID each hop reported."""
 
     def __init__(self, hops: Sequence[Hop], on_progress: Progress | None) -> None:
         self._hops = list(hops)
+        self._by_name = {h.host.name: h for h in self._hops}
         self._on_progress = on_progress
         self._stdins = {h.host.name: DeferredStdin(framed(h.script)) for h in self._hops}
         self._waiting = {("relay-ready", h.host.name) for h in self._hops} | \
@@ -55,7 +51,7 @@ class RelayChain:
         self._lock = threading.Lock()
         self._stream: BinaryIO | None = None
         self._beat = "setup"  # then "go", or "stopped" (nothing sent)
-        self._said: dict[str, list[str]] = {h.host.name: [] for h in self._hops}
+        self._said: dict[str, list[str]] = {h.host.name: [] for h in self._hops}  # last 3
         self.stopped: str | None = None  # why the chain stopped before any data flowed
         self.loaded: dict[str, str] = {}
 
@@ -76,11 +72,15 @@ class RelayChain:
         problems = {name: failure.message for name, failure in done.failures.items()}
         for name, result in done.values.items():
             if not result.ok:
-                problems[name] = _tail(result.stderr) or f"exit {result.exit_code}"
+                problems[name] = self._last_words(name) or f"exit {result.exit_code}"
         return problems
 
+    def _last_words(self, name: str) -> str:
+        """What the hop said last, other than its reports: where it went wrong."""
+        return " | ".join(self._said[name])[-300:]
+
     def _run_hop(self, host: Host) -> CommandResult:
-        hop = next(h for h in self._hops if h.host.name == host.name)
+        hop = self._by_name[host.name]
 
         def on_line(_stream: str, line: str) -> None:
             kind, rest = reports.parse(line) or ("", "")
@@ -91,7 +91,7 @@ class RelayChain:
                 self._seen(kind, parts[0])
             elif kind == "relay-link-ended" and parts:
                 self._stop(f"{host.name} could not link to {parts[0]}: "
-                           f"{' | '.join(self._said[host.name]) or 'ssh ended'}")
+                           f"{self._last_words(host.name) or 'ssh ended'}")
             elif kind == "loaded" and len(parts) >= 2:
                 self.loaded[parts[0]] = parts[1].removeprefix("sha256:")
             elif kind == "progress" and len(parts) >= 2 and parts[1].isdigit() and \
@@ -114,7 +114,7 @@ class RelayChain:
     def _hop_ended(self, name: str, outcome: CommandResult | HostFailure) -> None:
         """A hop that ends before the stream starts stops the whole chain."""
         why = outcome.message if isinstance(outcome, HostFailure) else \
-            _tail(outcome.stderr) or f"exit {outcome.exit_code}"
+            self._last_words(name) or f"exit {outcome.exit_code}"
         self._stop(f"{name}: {why}")
 
     def _link_timed_out(self) -> None:
