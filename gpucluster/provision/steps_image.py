@@ -13,7 +13,6 @@ node's image ID is verified after.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import shlex
 import shutil
@@ -153,20 +152,18 @@ class ImageStep(Step):
         relay_dirs = {h.name: shell_path(f"{context.inventory.cluster.work_dir}/.relay-"
                                          f"{run_id}-{h.name}") for h in targets}
         runtimes = context.gathered.get("runtimes", {})
-        following = dict(itertools.pairwise([h.name for h in targets]))
-        by_name = {h.name: h for h in targets}
         hops = []
-        for index, host in enumerate(targets):
+        for host, after in zip(targets, [*targets[1:], None], strict=True):
             sink, report = _sink_and_report(context, image, str(runtimes[host.name]),
                                             sudo=host.user != "root", node=host.name)
-            after = following.get(host.name)
             script = render(
                 "provision/image_relay.sh.j2", node=host.name, dir=relay_dirs[host.name],
-                first=index == 0, next=after, next_dir=relay_dirs.get(after or ""),
+                first=host is targets[0], next=after.name if after else None,
+                next_dir=relay_dirs[after.name] if after else None,
                 python=context.inventory.cluster.python,
                 counter=script_text("provision/relay_counter.py"),
                 sink=sink, report=report, ciphers=HOP_CIPHERS,
-                connect_timeout=math.ceil(_connect_timeout(context, by_name.get(after or ""))),
+                connect_timeout=math.ceil(_connect_timeout(context, after)),
                 decompress="zstd -dc" if zstd_everywhere else "cat")
             hops.append(Hop(host, connections[host.name], script))
         chain = RelayChain(hops, context.on_progress)
