@@ -50,7 +50,7 @@ class RelayChain:
             {("relay-linked", h.host.name) for h in self._hops[1:]}
         self._lock = threading.Lock()
         self._stream: BinaryIO | None = None
-        self._beat = "setup"  # then "go", or "stopped" (nothing sent)
+        self._going = False  # `go` sent: from then on a hop's end is its own failure
         self._said: dict[str, list[str]] = {h.host.name: [] for h in self._hops}  # last 3
         self.stopped: str | None = None  # why the chain stopped before any data flowed
         self.loaded: dict[str, str] = {}
@@ -104,8 +104,8 @@ class RelayChain:
     def _seen(self, kind: str, node: str) -> None:
         with self._lock:
             self._waiting.discard((kind, node))
-            if self._beat == "setup" and not self._waiting:
-                self._beat = "go"
+            if not self._going and self.stopped is None and not self._waiting:
+                self._going = True
                 first, *rest = self._hops
                 self._stdins[first.host.name].give(b"go\n", self._stream)
                 for hop in rest:
@@ -124,9 +124,8 @@ class RelayChain:
 
     def _stop(self, why: str) -> None:
         with self._lock:
-            if self._beat in ("go", "stopped"):
+            if self._going or self.stopped is not None:
                 return
-            self._beat = "stopped"
             self.stopped = f"the relay could not link its hops, so nothing was sent " \
                            f"(is the ssh-mesh step done?): {why}"
         self._stop_all()
