@@ -46,6 +46,19 @@ class Sandbox:
         return subprocess.run(self.node_argv(node, ["/bin/sh", "-c", command]),
                               capture_output=True, text=True, timeout=30, check=check)
 
+    @contextmanager
+    def slow_login(self, node: str, seconds: float, extra: str = "") -> Iterator[None]:
+        """Every login on `node` takes `seconds` longer inside the block: a sleep in its
+        ~/.bashrc, which is the node's own (its layer over root's home), restored after."""
+        self.node_exec(node, "if [ -e ~/.bashrc ]; then cp -p ~/.bashrc ~/.bashrc.gpc-test; "
+                             f"fi; echo '{extra}sleep {seconds:g}  # gpc-test slow login' "
+                             ">> ~/.bashrc")
+        try:
+            yield
+        finally:
+            self.node_exec(node, "if [ -e ~/.bashrc.gpc-test ]; then mv -f ~/.bashrc.gpc-test "
+                                 "~/.bashrc; else rm -f ~/.bashrc; fi")
+
     def write_inventory(self, path: Path, **changes: object) -> Path:
         """A copy of the sandbox inventory with some top-level sections replaced."""
         data = {**self.data, **changes}

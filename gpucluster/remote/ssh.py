@@ -245,7 +245,10 @@ class SshConnection:
             try:
                 # The login shell says its pid first: sshd made it a session and process
                 # group leader, so a timeout or Ctrl-C can end all the command started.
-                channel.exec_command(f"echo {PID_REPORT} $$ >&2; {envelope.command}")
+                # A shell whose login scripts outlasted the timeout finds the channel
+                # closed and must not start a command nobody can end: the write kills it
+                # (SIGPIPE), or fails where a login script ignores SIGPIPE (the exit).
+                channel.exec_command(f"echo {PID_REPORT} $$ >&2 || exit 1; {envelope.command}")
             finally:
                 watchdog.cancel()
         except RemoteError:

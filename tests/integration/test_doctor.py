@@ -188,11 +188,7 @@ def test_duplicate_hostname_and_dead_node(resolvable: Sandbox) -> None:
 
 def test_a_slow_login_script_is_named_on_its_node(resolvable: Sandbox) -> None:
     sandbox = resolvable
-    # node3's root home is its own layer over the host's: this .bashrc is node3's alone.
-    stall = "sleep 6  # doctor-test slow login"
-    sandbox.node_exec("node3", "if [ -e ~/.bashrc ]; then cp -p ~/.bashrc ~/.bashrc.doctor-test; "
-                               f"fi; echo '{stall}' >> ~/.bashrc")
-    try:
+    with sandbox.slow_login("node3", 6):
         result = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", timeout=120)
         payload = result.json()
         results = _results(payload)
@@ -205,9 +201,6 @@ def test_a_slow_login_script_is_named_on_its_node(resolvable: Sandbox) -> None:
         for node in ("node1", "node2", "node4"):
             assert results[("ssh", node)]["status"] == "OK", results[("ssh", node)]
             assert payload["facts"][node]["login_s"] < 5
-    finally:
-        sandbox.node_exec("node3", "if [ -e ~/.bashrc.doctor-test ]; then mv -f "
-                                   "~/.bashrc.doctor-test ~/.bashrc; else rm -f ~/.bashrc; fi")
 
 
 def test_a_hung_node_times_out_while_the_others_are_reported(resolvable: Sandbox) -> None:

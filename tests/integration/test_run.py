@@ -110,6 +110,28 @@ def test_command_timeout_is_a_typed_failure_and_leaves_nothing_running(
     assert _processes_running("sleep 424[12]") == []  # on no node, children included
 
 
+@pytest.mark.parametrize("login", ["", "trap \"\" PIPE; "], ids=["plain", "ignoring-sigpipe"])
+def test_a_command_whose_login_outlasts_its_timeout_never_starts(sandbox: Sandbox,
+                                                                 login: str) -> None:
+    """The time limit ends while node2's login script still runs: nothing is left to end
+    yet (the shell has not said its pid), and the command must not start afterwards with
+    nobody watching it. Its shell dies writing its pid to the closed channel, or, where a
+    login script ignores SIGPIPE, exits when that write fails."""
+    marker = "/tmp/gpc-late-start-4244"
+    sandbox.node_exec("node2", f"rm -f {marker}")
+    with sandbox.slow_login("node2", 3, login):
+        result = gpucluster("run", "-i", str(sandbox.inventory), "-w", "node2", "--json",
+                            "--timeout", "1", f"touch {marker}; sleep 4244")
+        assert result.code == 1
+        assert result.json()["hosts"][0]["error"]["kind"] == "timed out"
+        deadline = time.monotonic() + 10  # the login's 3 s, then its shell ends either way
+        while _processes_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_running(marker) == []
+    assert sandbox.node_exec("node2", f"ls {marker}", check=False).returncode != 0
+    assert _processes_running("sleep 4244") == []
+
+
 def test_env_values_never_appear_in_a_nodes_process_list(sandbox: Sandbox,
                                                          tmp_path: Path) -> None:
     secret = "hf_gpcSecretValue4243"
