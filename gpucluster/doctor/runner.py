@@ -58,11 +58,13 @@ def select_checks(only: Sequence[str] | None, skip: Sequence[str] | None) -> lis
 def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckSpec],
                probe_timeout: float = DEFAULT_PROBE_TIMEOUT_S,
                on_node: Callable[[str], None] | None = None,
-               rider: str = "") -> DoctorReport:
+               rider: str = "",
+               probe_via: Callable[[str], Connection] | None = None) -> DoctorReport:
     """All facts in one round trip per node (plus the head's test listener), then every
     selected check. `rider`: shell code that rides along in the same round trip (in a
     subshell, after the probe), printing report sections of its own; each node's are in
-    the report's `sections`."""
+    the report's `sections`. `probe_via(host)`: where the probe runs instead of a
+    command of its own on the session's connection (launch's waiting shells)."""
     started = time.monotonic()
     script = render_probe(inventory, probe_sections(selected)) + (
         f"\n( {rider}\n)\n" if rider else "")
@@ -94,8 +96,9 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
 
     listening = head_listener(session, inventory) if test_port else nullcontext(None)
     with listening as listener:
-        gathered = session.map(inventory.hosts, probe,
-                               on_done=(lambda host, _: on_node(host)) if on_node else None)
+        gathered = session.map(
+            inventory.hosts, probe if probe_via is None else lambda c: probe(probe_via(c.host)),
+            on_done=(lambda host, _: on_node(host)) if on_node else None)
     facts = dict(gathered.values)
     note = listener.note if listener is not None else "not tested (--skip)"
     context = Context(inventory, facts, dict(gathered.failures),

@@ -44,13 +44,13 @@ TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
 
 
-def preflight(session: Session, inventory: Inventory, code_dir: str = ""
+def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str
               ) -> tuple[list[CheckResult], dict[str, dict[str, Section]]]:
     """Doctor's job-readiness checks, and in the same round trip each node's listing of
-    its copy of the work dir (for the sync). Everything not OK or SKIP refuses the
-    launch."""
+    its copy of the work dir (for the sync), run in the shells that start the job next.
+    Everything not OK or SKIP refuses the launch."""
     report = run_doctor(session, inventory, [REGISTRY[name] for name in PREFLIGHT_CHECKS],
-                        rider=workdir.listing_command(code_dir) if code_dir else "")
+                        rider=workdir.listing_command(code_dir), probe_via=shells.step)
     return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)],
             report.sections)
 
@@ -120,8 +120,9 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
         # Without it, a torchrun restart's workers dial the previous round's store and
         # peers and the job never re-forms (pytorch/pytorch#135712; seen on the sandbox).
         env[RESTARTABLE_STORE] = "1"
-    # The start's sessions log in while the checks run: the start then costs one message
-    # on an open channel, not a second login (whose scripts can take longer than it).
+    # One login per node: the checks run in the shells that then start the job, so the
+    # start costs one message on an open channel, not a second login (whose scripts can
+    # take longer than the start itself).
     with WaitingShells(session, inventory.hosts, env=env,
                        timeout=DEFAULT_PROBE_TIMEOUT_S + workdir.SYNC_TIMEOUT_S + 60) as shells:
         return _check_and_start(session, inventory, store, request, phase, env, shells,
@@ -134,7 +135,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
     phase("checking nodes (running jobs, GPU processes, rendezvous port)")
     code_dir = code_dir_for(inventory, request.workdir)
-    findings, listed = preflight(session, inventory, code_dir)
+    findings, listed = preflight(session, inventory, shells, code_dir)
     if findings:
         raise LaunchRefused("the cluster is not ready for a new job", findings)
     # The changes go with the start, in one round trip per node: what each node lacks is

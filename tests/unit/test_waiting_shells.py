@@ -7,8 +7,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gpucluster.inventory import load
 from gpucluster.remote.local import LocalConnection
+from gpucluster.remote.result import FailureKind, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
 from gpucluster.remote.waiting import BOOTSTRAP, DeferredStdin, WaitingShells, framed
@@ -86,3 +89,33 @@ def test_a_deferred_stdin_sends_what_it_has_then_waits_for_more_or_its_end() -> 
     assert stdin.read1(100) == b""  # the end, and it stays the end
     stdin.send(b"too late\n")
     assert stdin.read1(100) == b""
+
+
+def test_a_step_runs_in_the_shell_that_then_runs_the_script(tmp_path: Path) -> None:
+    session = _local_session(tmp_path)
+    seen: list[tuple[str, str]] = []
+    with WaitingShells(session, session.inventory.hosts, timeout=30,
+                       env={"JOB": "j1"}) as shells:
+        # The step reads nothing of the shell's stdin (the script comes there next),
+        # and its exit ends only its own subshell.
+        step = shells.step("a").run('echo "$JOB $$"; echo note >&2; cat; exit 3', timeout=10,
+                                    on_line=lambda stream, line: seen.append((stream, line)))
+        ran = shells.run({"a": ('echo "$$"; cat', io.BytesIO(b"files"))})
+    assert (step.exit_code, step.stderr) == (3, "note\n")
+    job, shell_pid = step.stdout.split()
+    assert job == "j1" and ("stderr", "note") in seen and ("stdout", step.stdout.strip()) in seen
+    assert ran.values["a"].stdout == f"{shell_pid}\nfiles"  # one shell; the step's left out
+    assert ran.values["a"].stderr == ""
+
+
+def test_a_step_out_of_time_or_whose_shell_ended_is_a_remote_error(tmp_path: Path) -> None:
+    session = _local_session(tmp_path)
+    with WaitingShells(session, session.inventory.hosts, timeout=30) as shells:
+        with pytest.raises(RemoteError) as late:
+            shells.step("a").run("sleep 1", timeout=0.2)
+        with pytest.raises(RemoteError) as gone:
+            shells.step("b").run("kill -KILL $$", timeout=10)  # $$: the shell itself
+        ran = shells.run({})
+    assert late.value.kind is FailureKind.TIMED_OUT
+    assert "shell ended" in gone.value.message
+    assert ran.values["b"].exit_code != 0
