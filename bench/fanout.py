@@ -19,7 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import GPUCLUSTER, median_of, print_table, sandbox, timed
+from bench.common import GPUCLUSTER, ROOT, median_of, print_table, sandbox, timed
+
+PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"  # scripts/setup --bench
 
 # Fabric 3's ThreadingGroup, host keys verified against the sandbox's known_hosts (its
 # default would add unknown keys). One thread per host, as its docs show.
@@ -55,10 +57,8 @@ def main() -> None:
     for tool in ("pdsh", "ansible"):
         if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
             raise SystemExit(f"{tool} missing: run scripts/setup")
-    try:
-        import fabric  # noqa: F401 - only whether it is there
-    except ImportError:
-        raise SystemExit("fabric missing: run scripts/setup --bench") from None
+    if not PEERS_PYTHON.exists():
+        raise SystemExit("fabric missing: run scripts/setup --bench")
     ansible = str(Path(sys.executable).parent / "ansible")
 
     with tempfile.TemporaryDirectory() as tmp, \
@@ -89,7 +89,7 @@ def main() -> None:
             "ansible all -m raw (forks 64)": ([ansible, "all", "-i", str(ansible_inventory),
                                                "-m", "raw", "-a", "hostname", "-f", "64"],
                                               ansible_env),
-            "fabric ThreadingGroup.run": ([sys.executable, "-c", FABRIC, known_hosts, key,
+            "fabric ThreadingGroup.run": ([str(PEERS_PYTHON), "-c", FABRIC, known_hosts, key,
                                            *addresses], None),
         }
         check = _expect_hostnames(args.nodes)
