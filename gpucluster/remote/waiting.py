@@ -43,6 +43,7 @@ from gpucluster.remote.session import Session
 BOOTSTRAP = 'IFS= read -r gpc_c || exit 0; ' + eval_stdin_lines('"$gpc_c"')
 CANCEL_WAIT_S = 30.0  # for the shells to see their stdin end, on the way out
 STEP_END = "step-end"  # a step's exit code, said on each stream after its last line
+_STEP_END_REPORT = f"{reports.MARK} {STEP_END} "  # ends a line: the step's may lack one
 
 
 def framed(script: str) -> bytes:
@@ -71,21 +72,21 @@ class _Step:
     def see(self, stream: str, line: str) -> None:
         if stream in self.exit_codes:
             return  # after this step, on this stream: the next script's
-        kind, rest = reports.parse(line) or ("", "")
-        if kind == STEP_END:
-            self.exit_codes[stream] = rest.strip()
+        output, end, exit_code = line.partition(_STEP_END_REPORT)
+        if output or not end:  # a line of the step's, or its last one, without a newline
+            self.lines[stream].append(output)
+            if self.on_line is not None:
+                self.on_line(stream, output)
+        if end:
+            self.exit_codes[stream] = exit_code.strip()
             if len(self.exit_codes) == 2:
                 self.done.set()
-            return
-        self.lines[stream].append(line)
-        if self.on_line is not None:
-            self.on_line(stream, line)
 
 
 def after_steps(text: str) -> str:
     """A stream's output less what its steps printed: what follows the last step's end."""
     lines = text.splitlines(keepends=True)
-    ends = [i for i, line in enumerate(lines) if (reports.parse(line) or ("",))[0] == STEP_END]
+    ends = [i for i, line in enumerate(lines) if _STEP_END_REPORT in line]
     return "".join(lines[ends[-1] + 1:]) if ends else text
 
 

@@ -98,12 +98,16 @@ def test_a_step_runs_in_the_shell_that_then_runs_the_script(tmp_path: Path) -> N
                        env={"JOB": "j1"}) as shells:
         # The step reads nothing of the shell's stdin (the script comes there next),
         # and its exit ends only its own subshell.
-        step = shells.step("a").run('echo "$JOB $$"; echo note >&2; cat; exit 3', timeout=10,
+        # Its last line may lack a newline.
+        step = shells.step("a").run('echo "$JOB $$"; echo note >&2; cat; printf "no newline"; '
+                                    'exit 3', timeout=10,
                                     on_line=lambda stream, line: seen.append((stream, line)))
         ran = shells.run({"a": ('echo "$$"; cat', io.BytesIO(b"files"))})
     assert (step.exit_code, step.stderr) == (3, "note\n")
-    job, shell_pid = step.stdout.split()
-    assert job == "j1" and ("stderr", "note") in seen and ("stdout", step.stdout.strip()) in seen
+    first, last = step.stdout.splitlines()
+    job, shell_pid = first.split()
+    assert job == "j1" and last == "no newline"
+    assert ("stderr", "note") in seen and ("stdout", first) in seen
     assert ran.values["a"].stdout == f"{shell_pid}\nfiles"  # one shell; the step's left out
     assert ran.values["a"].stderr == ""
 
