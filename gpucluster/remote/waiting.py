@@ -56,7 +56,7 @@ def step_script(script: str) -> str:
     """A step: `script` in a subshell that reads nothing (what comes next on this shell's
     stdin is the next script), its exit code said on both streams (each arrives in order
     on its own, not with the other), then the wait for the next script."""
-    said = f"printf '{reports.MARK} {STEP_END} %s\\n' \"$gpc_s\""
+    said = f"printf '{_STEP_END_REPORT}%s\\n' \"$gpc_s\""
     return f"(\n{script}\n) </dev/null\ngpc_s=$?; {said} >&2; {said}\n{BOOTSTRAP}\n"
 
 
