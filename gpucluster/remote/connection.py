@@ -49,6 +49,11 @@ class Connection(Protocol):
         could not run or did not finish within `timeout` seconds."""
         ...
 
+    def end_running(self) -> None:
+        """End every command still running here (Ctrl-C, a step out of time), with all
+        it started: TERM, then KILL. Bounded; silent where nothing runs."""
+        ...
+
     def close(self) -> None: ...
 
 

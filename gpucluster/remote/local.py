@@ -21,12 +21,16 @@ from gpucluster.remote.connection import (
 )
 from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
 
+END_GRACE_S = 1.0  # between TERM and KILL, as over SSH
+
 
 class LocalConnection:
     """Runs commands on this machine, each in its own process group."""
 
     def __init__(self, host: str) -> None:
         self.host = host
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
 
     def connect(self) -> None:
         """Nothing to open: each command is its own process."""
@@ -50,6 +54,8 @@ class LocalConnection:
             stderr=subprocess.PIPE,
             start_new_session=True,  # so a timeout can end the whole process group
         )
+        with self._lock:
+            self._running.add(process)
         if feeds:
             assert process.stdin is not None
             threading.Thread(target=_feed, args=(process.stdin, stdin, envelope.stdin_prefix),
@@ -68,6 +74,9 @@ class LocalConnection:
         except BaseException:
             _kill_group(process)
             raise
+        finally:
+            with self._lock:
+                self._running.discard(process)
         return CommandResult(
             host=self.host,
             command=command,
@@ -76,6 +85,16 @@ class LocalConnection:
             stderr=splitters[process.stderr].finish(),
             duration_s=time.monotonic() - started,
         )
+
+    def end_running(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        for process in running:
+            _signal_group(process, signal.SIGTERM)
+        for process in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(END_GRACE_S)
+            _kill_group(process)
 
     def close(self) -> None:
         """Nothing to close: each command is its own process."""
@@ -110,6 +129,10 @@ def _feed(pipe: IO[bytes], stdin: Stdin, prefix: bytes) -> None:
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+    _signal_group(process, signal.SIGKILL)
     process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], which: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, which)

@@ -88,7 +88,7 @@ class Session:
     def close(self) -> None:
         """End whatever still runs on the nodes (Ctrl-C), then close every connection."""
         with self._lock:
-            running = [c for c in self._connections.values() if isinstance(c, SshConnection)]
+            running = list(self._connections.values())
         enders = [threading.Thread(target=c.end_running, daemon=True) for c in running]
         for thread in enders:
             thread.start()

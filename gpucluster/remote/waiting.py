@@ -152,6 +152,7 @@ class WaitingShells:
                  env: Mapping[str, str] | None = None) -> None:
         self._session = session
         self._hosts = list(hosts)
+        self._by_name = {h.name: h for h in self._hosts}
         self._timeout = timeout
         self._env = dict(env) if env else None
         self._stdins = {h.name: DeferredStdin() for h in self._hosts}
@@ -228,12 +229,9 @@ class WaitingShells:
                              stderr, time.monotonic() - started)
 
     def _abandon(self, host: str) -> None:
-        """A step out of time holds its shell: end what runs there now (its process
-        group on the node), not at the shell's own, longer, limit."""
-        connection = self._session.connection(next(h for h in self._hosts if h.name == host))
-        end_running = getattr(connection, "end_running", None)  # SSH; a local run ends
-        if end_running is not None:                              # at its own limit
-            end_running()
+        """A step out of time holds its shell: end what runs there now (the shell's
+        process group on the node), not at the shell's own, longer, limit."""
+        self._session.connection(self._by_name[host]).end_running()
 
     def run(self, payloads: Mapping[str, tuple[str, BinaryIO | None]]
             ) -> FanoutResult[CommandResult]:
@@ -279,6 +277,10 @@ class _StepConnection:
             raise ValueError("a waiting shell's step runs as the shell does: no sudo, env "
                              "or stdin of its own")
         return self._shells.ask(self.host, command, timeout, on_line)
+
+    def end_running(self) -> None:
+        """A step holds its whole shell: ending it ends the shell."""
+        self._shells._abandon(self.host)
 
     def close(self) -> None:
         """The shell stays: it waits for the script that follows."""

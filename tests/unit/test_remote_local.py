@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import shlex
+import signal
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from gpucluster.inventory import Host
 from gpucluster.remote.connection import LineSplitter, build_command
 from gpucluster.remote.fanout import fan_out
 from gpucluster.remote.local import LocalConnection
-from gpucluster.remote.result import FailureKind, HostFailure, RemoteError
+from gpucluster.remote.result import CommandResult, FailureKind, HostFailure, RemoteError
 
 
 def test_exit_code_is_data_and_streams_are_separate() -> None:
@@ -92,6 +93,26 @@ def test_timeout_kills_the_whole_process_group() -> None:
     with pytest.raises(RemoteError) as caught:
         LocalConnection("here").run("sleep 30 & sleep 30; wait", timeout=0.5)
     assert caught.value.kind is FailureKind.TIMED_OUT
+
+
+@pytest.mark.parametrize(("command", "ended_by"), [
+    ("sleep 30 & echo $!; wait", signal.SIGTERM),
+    ("trap '' TERM; sleep 30 & echo $!; wait", signal.SIGKILL),  # the sleep ignores it too
+])
+def test_end_running_ends_a_command_and_all_it_started(command: str,
+                                                       ended_by: signal.Signals) -> None:
+    connection = LocalConnection("here")
+    started = threading.Event()
+    outcome: list[CommandResult] = []
+    worker = threading.Thread(target=lambda: outcome.append(connection.run(
+        command, timeout=60, on_line=lambda _stream, _line: started.set())))
+    worker.start()
+    assert started.wait(10)
+    connection.end_running()
+    worker.join(10)
+    assert outcome and outcome[0].exit_code == -ended_by
+    child = Path(f"/proc/{outcome[0].stdout.strip()}/stat")
+    assert not child.exists() or child.read_text().split(") ")[1].startswith("Z")
 
 
 def test_line_splitter_handles_partial_lines_and_bad_utf8() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import threading
 import time
 from pathlib import Path
@@ -116,10 +117,35 @@ def test_a_step_out_of_time_or_whose_shell_ended_is_a_remote_error(tmp_path: Pat
     session = _local_session(tmp_path)
     with WaitingShells(session, session.inventory.hosts, timeout=30) as shells:
         with pytest.raises(RemoteError) as late:
-            shells.step("a").run("sleep 1", timeout=0.2)
+            shells.step("a").run("sleep 20", timeout=0.2)
         with pytest.raises(RemoteError) as gone:
             shells.step("b").run("kill -KILL $$", timeout=10)  # $$: the shell itself
         ran = shells.run({})
     assert late.value.kind is FailureKind.TIMED_OUT
+    # Ended then, with its shell: not left to finish its sleep and wait for a script.
+    assert ran.values["a"].exit_code == -signal.SIGTERM
     assert "shell ended" in gone.value.message
     assert ran.values["b"].exit_code != 0
+
+
+def test_closing_the_session_ends_what_runs_on_a_local_host(tmp_path: Path) -> None:
+    """Ctrl-C closes the session: a command on a host reached without SSH ends then too,
+    not at its own time limit."""
+    session = _local_session(tmp_path)
+    started = threading.Event()
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(session.connection(session.inventory.hosts[0]).run(
+                "echo up; sleep 30", timeout=60, on_line=lambda _s, _l: started.set()))
+        except RemoteError as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert started.wait(10)
+    session.close()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert getattr(outcome[0], "exit_code", None) == -signal.SIGTERM
