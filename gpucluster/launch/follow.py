@@ -49,6 +49,8 @@ class _Copy:
         self.size = self.lines = 0  # of the current copy
         self.in_rotated = 0  # lines in NODE.log.1
         self.dropped = 0  # lines gone with an overwritten NODE.log.1
+        self.stamped = 0  # stamps seen, one per line of the node's log from its first
+        self.stamps: list[str] = []  # those of the lines kept (NODE.log.1's, then NODE.log's)
 
     def write(self, line: str) -> None:
         if self.file is None:
@@ -65,7 +67,14 @@ class _Copy:
         self.size += len(line.encode()) + 1
         self.lines += 1
 
-    def close(self, stamps: list[str], answered: bool) -> None:
+    def stamp(self, stamp: str) -> None:
+        """The next line's stamp, once the log has come whole: only the kept lines' are
+        kept (a job's log may have had millions of lines)."""
+        if self.dropped <= self.stamped < self.dropped + self.in_rotated + self.lines:
+            self.stamps.append(stamp)
+        self.stamped += 1
+
+    def close(self, answered: bool) -> None:
         """`answered`: the node sent its whole log (maybe none): the copy is that."""
         if self.file is None:
             if not answered:
@@ -74,8 +83,7 @@ class _Copy:
             self.log.write_text("", encoding="utf-8")
         else:
             self.file.close()
-        rotated = stamps[self.dropped:self.dropped + self.in_rotated]
-        current = stamps[self.dropped + self.in_rotated:]
+        rotated, current = self.stamps[:self.in_rotated], self.stamps[self.in_rotated:]
         for path, part in ((self.rotated, rotated), (self.log, current)):
             if part or path.exists():
                 path.with_name(path.name + TIMES_SUFFIX).write_text(
@@ -103,10 +111,15 @@ class _Follower:
 
     def _run(self) -> None:
         copy = _Copy(self.log, self.cap_bytes)
-        stamps: list[str] = []
+        stamping = False  # the log and its state have come: the rest is its stamps
         try:
             def on_line(stream: str, line: str) -> None:
+                nonlocal stamping
                 self.last_heard = time.monotonic()
+                if stamping:
+                    if stream == "stdout":
+                        copy.stamp(line)
+                    return
                 kind, rest = reports.parse(line) or ("", "")
                 if kind == "alive" and stream == "stderr":
                     mtime, step = [*rest.split(), "", ""][:2]
@@ -118,6 +131,9 @@ class _Follower:
                 if kind == "state":
                     self.state = parse_state(self.host.name, rest)
                     return
+                if kind == "times" and self.state is not None:
+                    stamping = True
+                    return
                 rank, text = split_rank(line)
                 # A rank's own line is progress; torchrun's (its start-up warnings, printed
                 # before the workers have even imported torch) is not, else the hang
@@ -128,21 +144,16 @@ class _Follower:
                 if self.on_output is not None:
                     self.on_output(self.host.name, rank, text)
 
-            connection = self.session.connection(self.host)
-            connection.run(node_scripts.follow_script(self.record, self.host.name,
-                                                      self.follow),
-                           timeout=FOLLOW_LIMIT_S if self.follow else 120,
-                           on_line=on_line)
+            self.session.connection(self.host).run(
+                node_scripts.follow_script(self.record, self.host.name, self.follow),
+                timeout=FOLLOW_LIMIT_S if self.follow else 120, on_line=on_line)
             state = self.state or NodeState(self.host.name, "lost", None,
                                             "the log ended without a state")
-            # When each line was written, for logs --since and merging nodes in time.
-            stamps = connection.run(node_scripts.times_script(self.record, self.host.name),
-                                    timeout=60).stdout.split()
         except RemoteError as error:
             state = self.state or NodeState(self.host.name, "unreachable", None,
                                             error.message)
         finally:
-            copy.close(stamps, self.state is not None)
+            copy.close(self.state is not None)
         self.done.put((self.host.name, state))
 
     def _beat(self, step: int | None) -> None:

@@ -110,12 +110,6 @@ def follow_script(record: JobRecord, node: str, follow: bool) -> str:
                   marker_pattern=_marker_pattern(record, node))
 
 
-def times_script(record: JobRecord, node: str) -> str:
-    """The node's stamps of its log's lines (start.sh's node.times)."""
-    return (f"cat {record.jobs_dir}/{shlex.quote(record.id)}/{shlex.quote(node)}/node.times "
-            f"2>/dev/null; true")
-
-
 def stop_script(record: JobRecord, node: str, grace_s: float,
                 runtime: str | None = None) -> str:
     # podman/docker containers are stopped by name; apptainer's processes are the

@@ -118,6 +118,13 @@ def test_launch_debug_sets_the_variables_on_every_rank(cluster: Sandbox,
                            ready.stdout, re.M)
         assert sorted(int(r) for _, r, _ in found) == list(range(6)), ready.stdout
         assert all(r == again for _, r, again in found)
+        # Each line's stamp came with the log, in the same session: the copy has them.
+        for node in cluster.nodes:
+            copy = cluster.inventory.parent / ".gpucluster" / "jobs" / job / f"{node}.log"
+            lines = copy.read_text().splitlines()
+            stamps = [float(s) for s in Path(f"{copy}.times").read_text().split()]
+            assert len(lines) // 2 <= len(stamps) <= len(lines) and stamps == sorted(stamps)
+            assert record["started_at"] - 5 < stamps[0] <= stamps[-1] < time.time() + 5
     finally:
         gpucluster("stop", "-i", str(cluster.inventory), job)
 

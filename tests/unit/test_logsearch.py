@@ -78,7 +78,9 @@ def test_a_nodes_copy_rotates_at_half_its_cap_with_its_stamps(tmp_path: Path) ->
     lines = [f"line {i:02d} ......" for i in range(7)]  # 16 bytes each with the newline
     for line in lines:
         copy.write(line)
-    copy.close([str(100 + i) for i in range(7)], answered=True)
+    for i in range(7):
+        copy.stamp(str(100 + i))
+    copy.close(answered=True)
     rotated = log.with_name("node1.log.1")
     # 7 lines of 16 bytes: [0,1] [2,3] [4,5] [6]: the first two rotations dropped 0-3.
     assert rotated.read_text().splitlines() == lines[4:6]
@@ -90,7 +92,7 @@ def test_a_nodes_copy_rotates_at_half_its_cap_with_its_stamps(tmp_path: Path) ->
 def test_an_unreachable_node_leaves_the_old_copy_be(tmp_path: Path) -> None:
     log = tmp_path / "node1.log"
     log.write_text("what we had\n")
-    _Copy(log, 1 << 20).close([], answered=False)
+    _Copy(log, 1 << 20).close(answered=False)
     assert log.read_text() == "what we had\n"
-    _Copy(log, 1 << 20).close([], answered=True)  # it answered: its log is empty
+    _Copy(log, 1 << 20).close(answered=True)  # it answered: its log is empty
     assert log.read_text() == ""
