@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -316,6 +317,48 @@ def test_logs_f_of_an_old_job_ends_when_its_leader_pid_was_reused(tmp_path: Path
         stranger.wait()
     assert "[0]:epoch 5 done" in result.stdout
     assert reports.by_kind(result.stdout)["state"] == ["exited 0 1700000000.0"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+def test_following_a_job_beats_and_ends_with_its_state_and_stamps(tmp_path: Path,
+                                                                  shell: str) -> None:
+    """Its heartbeat waits fork no `sleep` under bash (a job that never writes its
+    heartbeat file is followed for days); sh, which has no timed read, still works."""
+    import shlex
+
+    from gpucluster import reports
+    from gpucluster.remote.local import LocalConnection
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    job = tmp_path / record.id / "node1"
+    job.mkdir(parents=True)
+    (job / "node.log").write_text("[0]:epoch 1\n[0]:epoch 2\n")
+    (job / "node.times").write_text("1700000001.5\n1700000002.5\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    naps = tmp_path / "naps"
+    (fake / "sleep").write_text(f'#!/bin/sh\necho "$1" >> {naps}\nexec /bin/sleep "$@"\n')
+    (fake / "sleep").chmod(0o755)
+    leader = subprocess.Popen(["/bin/sleep", "1.5"],
+                              env={**os.environ, "GPUCLUSTER_JOB": record.marker("node1")})
+    reaper = threading.Thread(target=leader.wait)  # a zombie would look alive to the node
+    reaper.start()
+    try:
+        (job / "leader.pid").write_text(f"{leader.pid}\n")
+        script = node_scripts.follow_script(record, "node1", follow=True)
+        result = LocalConnection("here").run(
+            f"PATH={shlex.quote(str(fake))}:$PATH exec {shell} -c {shlex.quote(script)}",
+            timeout=15)
+    finally:
+        reaper.join()
+    found = reports.by_kind(result.stdout)
+    assert result.stdout.startswith("[0]:epoch 1\n[0]:epoch 2\n")
+    assert found["state"] == ["lost -"] and "times" in found  # no exit code was written
+    assert result.stdout.rstrip().endswith("1700000001.5\n1700000002.5")
+    assert "@@gpc alive - " in result.stderr
+    napped = naps.read_text().split() if naps.exists() else []
+    assert napped == [] if shell == "bash" else napped.count("0.1") >= 5
+    assert not list(job.glob(".nap*"))  # the fifo is gone
 
 
 def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path) -> None:
