@@ -6,8 +6,10 @@ and all in parallel, in the same run.
     sudo .venv/bin/python -m bench.image_push [--nodes 8] [--mb 50] [--rate 100mbit]
         [--relay-only] [--cpus 1]
 
-Goals: 8 nodes within 1.3x of 1 node; at least 4x faster than the parallel star; a
-re-push with the image everywhere under 2 s.
+Goals: 8 nodes within 1.15x of 1 node at 20 Mbit/s, 1.3x at 100 Mbit/s; at least 4x
+faster than the parallel star; a re-push with the image everywhere under 1.5 s. The
+re-push is one round of checks on every node, so `gpucluster run true` (one login and
+one command per node) is measured beside it, alternated, as its floor.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from bench.common import (
     add_login_options,
     cpu_limit,
     machine_cpu_seconds,
+    median_of,
     sandbox,
     shape_logins,
+    timed,
 )
 
 REFERENCE = "localhost/gpcbench-image:1"
@@ -107,6 +111,11 @@ def _gpucluster(path: Path, label: str) -> float:
     return elapsed
 
 
+def _ran(done: subprocess.CompletedProcess[str]) -> None:
+    if done.returncode != 0:
+        raise SystemExit(f"run true failed:\n{done.stdout[-1500:]}\n{done.stderr[-500:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=8)
@@ -144,7 +153,12 @@ def main() -> None:
         _clear(data)
         results[f"gpucluster, {len(hosts)} nodes (relay)"] = _gpucluster(everyone, "relay")
         _verify(data, image_id, hosts)
-        results["gpucluster re-push, image everywhere"] = _gpucluster(everyone, "re-push")
+        repushes, floors = [], []
+        for _ in range(3):  # alternated: the box's speed drifts within a run
+            repushes.append(_gpucluster(everyone, "re-push"))
+            floors.append(timed([*GPUCLUSTER, "run", "-i", str(everyone), "true"], _ran))
+        results["gpucluster re-push, image everywhere"] = median_of(repushes)
+        results["gpucluster run true (re-push's floor)"] = median_of(floors)
         if not args.relay_only:
             _clear(data)
             results["naive star, sequential"] = _star(data, hosts, parallel=False)
@@ -162,8 +176,13 @@ def main() -> None:
     print(f"{'method':<42} {'seconds':>8} {'vs relay':>9}")
     for name, seconds in results.items():
         print(f"{name:<42} {seconds:>8.2f} {seconds / relay:>8.2f}x")
+    goal = 1.15 if args.rate == "20mbit" else 1.3  # issue 14: the CPUs idle at 20 Mbit/s
     print(f"relay {len(hosts)} nodes / 1 node: {relay / results['gpucluster, 1 node']:.2f}x "
-          f"(goal <= 1.3x)")
+          f"(goal <= {goal:g}x)")
+    floor = results["gpucluster run true (re-push's floor)"]
+    print(f"re-push (median of 3): {results['gpucluster re-push, image everywhere']:.2f} s "
+          f"(goal <= 1.5 s), {results['gpucluster re-push, image everywhere'] / floor:.2f}x "
+          f"`run true` on the same nodes")
     if "naive star, parallel" in results:
         print(f"parallel star / relay: {results['naive star, parallel'] / relay:.2f}x "
               f"(goal >= 4x)")
