@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.procfs import gone
 from tests.cli import gpucluster
 from tests.sandbox import Sandbox, start_sandbox
 
@@ -253,13 +254,6 @@ def _kill_agents(node: str, job: str) -> None:
                 os.kill(int(pid), signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, job: str,
                                                              project: Path) -> None:
     # Two jobs of their own: one keeps running on node[1-2], one on node3 loses its
@@ -294,16 +288,16 @@ def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, j
         assert ended.code == 0, ended.stderr
         node3 = next(n for n in json.loads(ended.stdout)["nodes"] if n["host"] == "node3")
         assert node3["freed_mib"] > 0 and all(p["ended"] for p in node3["processes"])
-        assert not any(_alive(pid) for pid in leftovers)
-        assert all(_alive(pid) for pid in running)  # a running job's: never touched
+        assert all(gone(pid) for pid in leftovers)
+        assert not any(gone(pid) for pid in running)  # a running job's: never touched
         assert foreign.poll() is None  # foreign: only with --foreign
         assert _gpu_processes_check(cluster, "node3") == "OK"
 
-        gone = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node1", "--yes",
-                          "--foreign", "--grace", "3")
-        assert gone.code == 0, gone.stderr
+        foreign_reap = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node1",
+                                  "--yes", "--foreign", "--grace", "3")
+        assert foreign_reap.code == 0, foreign_reap.stderr
         assert foreign.wait(timeout=10) != 0  # ended by TERM
-        assert all(_alive(pid) for pid in running)
+        assert not any(gone(pid) for pid in running)
     finally:
         foreign.kill()
         gpucluster("stop", "-i", str(cluster.inventory), running_job)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.procfs import gone
 from tests.cli import gpucluster
 from tests.sandbox import Sandbox, start_sandbox
 
@@ -76,14 +77,6 @@ def leftovers(cluster: Sandbox) -> list[str]:
                 if b"GPUCLUSTER_JOB=" in environ or b"train.py" in cmdline:
                     found.append(f"{node}:{pid}")
     return found
-
-
-def gone(pid: int) -> bool:
-    """Exited (a zombie left for whoever reaps orphans counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def rank_pids(cluster: Sandbox, node: str) -> list[int]:
