@@ -37,6 +37,7 @@ RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recover", ("--runs", "3")),
     ("top", ("--nodes", "16", "--runs", "3", "--seconds", "20")),
     ("bundle", ("--nodes", "8", "--runs", "3")),
+    ("provision", ("--nodes", "8", "--runs", "3")),
 )
 
 
