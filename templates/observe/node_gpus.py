@@ -127,11 +127,22 @@ class Loop(threading.Thread):
         super().__init__(daemon=True)
         self.rows, self.error = {}, ""
         self.key, self.width = key, width
-        self.process = subprocess.Popen(
-            ["nvidia-smi", query, FORMAT, "-lms", str(interval_ms)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            self.process = subprocess.Popen(
+                ["nvidia-smi", query, FORMAT, "-lms", str(interval_ms)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as error:  # a node without NVIDIA's driver: its CPUs still count
+            self.process = None
+            self.error = (f"no GPUs: nvidia-smi: {error.strerror or error} (a node without "
+                          f"the NVIDIA driver; gpucluster doctor says more)")
+
+    def stop(self):
+        if self.process is not None:
+            self.process.kill()
 
     def run(self):
+        if self.process is None:
+            return
         for line in self.process.stdout:
             fields = line.rstrip("\n").split(", ")
             if len(fields) == self.width:
@@ -210,7 +221,7 @@ def stream(interval_ms, peer):
     def quit_with_the_controller():  # stdin ends when the SSH session does
         sys.stdin.read()
         for loop in (gpus, apps):
-            loop.process.kill()
+            loop.stop()
         os._exit(0)
     threading.Thread(target=quit_with_the_controller, daemon=True).start()
     interface = interface_to(peer) if peer else None
@@ -252,7 +263,7 @@ def stream(interval_ms, peer):
             time.sleep(max(0.0, interval - (time.monotonic() - now)))
     finally:
         for loop in (gpus, apps):
-            loop.process.kill()
+            loop.stop()
 
 
 def main(args):

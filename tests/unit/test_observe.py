@@ -151,3 +151,29 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     mine = [p for p in last.processes if p.pid == worker.pid]
     assert [(p.job, p.rank, p.local_rank, p.gpu_uuid[-1]) for p in mine] == \
         [(JOB, 7, 1, "1")]
+
+
+def test_a_node_without_nvidia_smi_still_reports_its_cpus_and_network(tmp_path: Path) -> None:
+    """A CPU node (no NVIDIA driver): frames with no GPUs, the reason, load and traffic;
+    the sampler must not die with its loops."""
+    bin_dir = tmp_path / "bin"  # `ip` for the interface, and no nvidia-smi anywhere
+    bin_dir.mkdir()
+    ip = subprocess.run(["sh", "-c", "command -v ip"], capture_output=True, text=True,
+                        check=True).stdout.strip()
+    (bin_dir / "ip").symlink_to(ip)
+    sampler = subprocess.Popen(
+        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
+         "200", "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PATH": str(bin_dir)})
+    try:
+        assert sampler.stdout is not None
+        frames = [parse_frame(sampler.stdout.readline()) for _ in range(2)]
+    finally:
+        assert sampler.stdin is not None
+        sampler.stdin.close()
+        assert sampler.wait(timeout=10) == 0
+    for frame in frames:
+        assert frame is not None and frame.gpus == () and frame.processes == ()
+        assert frame.interface == "lo" and frame.cpus == os.cpu_count()
+        assert frame.load1 is not None
+        assert "no GPUs: nvidia-smi: No such file or directory" in frame.error
