@@ -50,6 +50,13 @@ def timed(argv: list[str], check: Callable[[subprocess.CompletedProcess[str]], N
     return elapsed
 
 
+def succeeded(done: subprocess.CompletedProcess[str]) -> None:
+    """timed()'s check for a command that must exit 0."""
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, done.args[-3:]))} failed (exit "
+                         f"{done.returncode}):\n{done.stdout[-1500:]}\n{done.stderr[-500:]}")
+
+
 def median_of(runs: list[float]) -> float:
     return statistics.median(runs)
 

@@ -22,7 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import GPUCLUSTER, add_login_options, median_of, sandbox, shape_logins
+from bench.common import (
+    GPUCLUSTER,
+    add_login_options,
+    median_of,
+    sandbox,
+    shape_logins,
+    succeeded,
+    timed,
+)
 
 # What a fresh cloud server's firewall allows: its own loopback, replies, and SSH.
 DEFAULT_DROP = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntrack "
@@ -51,14 +59,6 @@ def _expect(results: list[dict[str, Any]], allowed: set[str], what: str) -> None
         raise SystemExit(f"{what}: expected only {sorted(allowed)}, got " + "; ".join(wrong))
 
 
-def _timed(argv: list[str]) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[-3:])} failed:\n{done.stdout[-1500:]}")
-    return time.perf_counter() - started
-
-
 def _fresh_round(args: argparse.Namespace, tmp: Path,
                  measure: Callable[[str, float], None]) -> None:
     """One sandbox from scratch: the fresh provision, then what is timed beside it."""
@@ -73,12 +73,12 @@ def _fresh_round(args: argparse.Namespace, tmp: Path,
                 {"changed"}, "fresh provision")
         _expect([r for r in results if r["step"] == "smoke"], {"passed"}, "fresh provision")
         measure("fresh", elapsed)
-        measure("smoke", _timed([*GPUCLUSTER, "smoke", "-i", path]))
+        measure("smoke", timed([*GPUCLUSTER, "smoke", "-i", path], succeeded))
         for _ in range(args.runs):  # alternated: the box's speed drifts within a run
             elapsed, results = _provision(path, "--skip", "smoke")
             _expect(results, {"already ok", "skipped"}, "re-run")
             measure("re-run", elapsed)
-            measure("run true", _timed([*GPUCLUSTER, "run", "-i", path, "true"]))
+            measure("run true", timed([*GPUCLUSTER, "run", "-i", path, "true"], succeeded))
 
 
 def main() -> None:
