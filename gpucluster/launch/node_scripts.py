@@ -101,7 +101,13 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                                                          f"{record.id}",
                   attempt=record.attempt, debug=record.debug, sync_apply=sync_apply,
                   distributed_debug="INFO" if on_cpu else "DETAIL",
-                  any_job_pattern=any_job_pattern(node), container=container)
+                  any_job_pattern=any_job_pattern(node), container=container,
+                  stamper=stamper_script())
+
+
+def stamper_script() -> str:
+    """The line stamper start.sh runs beside the job: bash -c SCRIPT stamp LEADER JOB."""
+    return render("launch/stamper.sh.j2")
 
 
 def follow_script(record: JobRecord, node: str, follow: bool) -> str:

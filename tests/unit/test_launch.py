@@ -362,6 +362,38 @@ def test_following_a_job_beats_and_ends_with_its_state_and_stamps(tmp_path: Path
     assert not list(job.glob(".nap*"))  # the fifo is gone
 
 
+def test_the_line_stamper_ends_with_a_zombie_leader_and_stamps_every_line(
+        tmp_path: Path) -> None:
+    """start.sh's stamper: one stamp per line of node.log, lines written while it runs
+    included, and it ends with the leader even while nobody reaps it (it used to wait
+    with `tail --pid` on the leader, which a zombie satisfies), forking no `sleep`."""
+
+    job = tmp_path / "job"
+    job.mkdir()
+    log = job / "node.log"
+    log.write_text("[0]:one\n[0]:two\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    naps = tmp_path / "naps"
+    (fake / "sleep").write_text(f'#!/bin/sh\necho "$1" >> {naps}\nexec /bin/sleep "$@"\n')
+    (fake / "sleep").chmod(0o755)
+    leader = subprocess.Popen(["/bin/sh", "-c", f"sleep 0.6; echo '[1]:three' >> {log}"])
+    try:  # not reaped until the stamper has ended: a zombie meanwhile
+        stamper = subprocess.run(
+            ["bash", "-c", node_scripts.stamper_script(), "stamp", str(leader.pid), str(job)],
+            env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, timeout=10,
+            check=True)
+        state = Path(f"/proc/{leader.pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    finally:
+        leader.wait()
+    assert stamper.returncode == 0 and state == "Z"
+    stamps = (job / "node.times").read_text().split()
+    assert len(stamps) == 3 and all(float(s) > 1.7e9 for s in stamps)
+    assert float(stamps[2]) - float(stamps[0]) > 0.4  # stamped as written, not at the end
+    assert not naps.exists()  # waits are timed reads under bash
+    assert not list(job.glob(".nap*"))
+
+
 def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path) -> None:
     import shlex
 
