@@ -147,7 +147,7 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
                on_image_progress: Progress | None, verify: bool) -> ProvisionReport:
     started = time.monotonic()
     state_dir = state_dir_for(inventory)
-    log = CommandLog(state_dir / "logs" / f"provision-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    log = CommandLog.new(state_dir / "logs", "provision")
     run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress,
                                slurm=slurm_settings(inventory, steps))
@@ -306,7 +306,7 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
         raise GpuclusterError(f"--undo {what}: only {', '.join(UNDOABLE)} can be undone "
                               f"(the hosts block and SSH mesh are harmless to keep)")
     state_dir = state_dir_for(inventory)
-    log = CommandLog(state_dir / "logs" / f"undo-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    log = CommandLog.new(state_dir / "logs", "undo")
     run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run=False)
     step = FirewallStep() if what == "firewall" else SlurmStep()

@@ -221,6 +221,21 @@ def test_the_relay_counter_passes_bytes_through_and_reports_them() -> None:
     assert last == f"node-3 {len(data)} done"
 
 
+def test_each_run_gets_a_command_log_of_its_own_even_within_one_second(
+        tmp_path: Path) -> None:
+    """A re-run right after a run (the same second) used to append to the run's log."""
+    from gpucluster.provision.logged import CommandLog
+
+    logs = [CommandLog.new(tmp_path / "logs", "provision") for _ in range(3)]
+    for number, log in enumerate(logs):
+        log.write("node1", f"run {number}")
+    paths = [log.path for log in logs]
+    assert len(set(paths)) == 3 and all(p.name.startswith("provision-") for p in paths)
+    assert [p.read_text().split(": ", 1)[1] for p in paths] == ["run 0\n", "run 1\n",
+                                                                "run 2\n"]
+    assert (tmp_path / "logs").stat().st_mode & 0o777 == 0o700
+
+
 def test_files_are_read_and_written_atomically_keeping_mode(tmp_path: Path) -> None:
     from gpucluster.provision.logged import CommandLog, LoggedConnection
     from gpucluster.remote.local import LocalConnection
