@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,3 +42,20 @@ def exclusive(state_dir: Path, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def new_log(directory: Path, prefix: str = "") -> Path:
+    """A new, empty log file of one run's own, PREFIXYYYYmmdd-HHMMSS.log, made under
+    `directory` (0700): a run started in the same second as another (a re-run right
+    after a run) gets -2, -3... instead of writing into that run's file."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stem = f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}"
+    path, attempt = directory / f"{stem}.log", 1
+    while True:
+        try:
+            path.open("x").close()
+        except FileExistsError:
+            attempt += 1
+            path = directory / f"{stem}-{attempt}.log"
+        else:
+            return path

@@ -18,15 +18,14 @@ from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import LaunchRequest
 from gpucluster.launch.recover import RecoveryPolicy
 from gpucluster.remote.session import Session
+from gpucluster.state import new_log
 
 
 def supervise(store: JobStore, err: Console, json_output: bool) -> None:
     """launch -d --recover: the attached launch --recover, as a supervisor process."""
-    import time
-
     from gpucluster.launch import supervisor
 
-    log = store.root.parent / "supervisors" / f"{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log = new_log(store.root.parent / "supervisors")
     process = supervisor.spawn([sys.executable, "-m", "gpucluster",
                                 *supervisor.supervised_argv(sys.argv[1:])], log)
     job = supervisor.wait_for_first_job(process, log)

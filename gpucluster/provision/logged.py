@@ -21,21 +21,6 @@ class CommandLog:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
-    @classmethod
-    def new(cls, directory: Path, kind: str) -> CommandLog:
-        """A log of this run's own, `KIND-YYYYmmdd-HHMMSS.log`: two runs in one second
-        (a re-run right after a run) get -2, -3... rather than one file for both."""
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        stem = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-        path, attempt = directory / f"{stem}.log", 1
-        while True:
-            try:
-                path.open("x").close()
-                return cls(path)
-            except FileExistsError:
-                attempt += 1
-                path = directory / f"{stem}-{attempt}.log"
-
     def write(self, host: str, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         with self._lock, self.path.open("a") as handle:

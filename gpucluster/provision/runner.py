@@ -35,7 +35,7 @@ from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.remote.session import Session
 from gpucluster.reports import Section
 from gpucluster.selection import select
-from gpucluster.state import exclusive, state_dir_for
+from gpucluster.state import exclusive, new_log, state_dir_for
 
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
@@ -147,7 +147,7 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
                on_image_progress: Progress | None, verify: bool) -> ProvisionReport:
     started = time.monotonic()
     state_dir = state_dir_for(inventory)
-    log = CommandLog.new(state_dir / "logs", "provision")
+    log = CommandLog(new_log(state_dir / "logs", "provision-"))
     run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress,
                                slurm=slurm_settings(inventory, steps))
@@ -306,7 +306,7 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
         raise GpuclusterError(f"--undo {what}: only {', '.join(UNDOABLE)} can be undone "
                               f"(the hosts block and SSH mesh are harmless to keep)")
     state_dir = state_dir_for(inventory)
-    log = CommandLog.new(state_dir / "logs", "undo")
+    log = CommandLog(new_log(state_dir / "logs", "undo-"))
     run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run=False)
     step = FirewallStep() if what == "firewall" else SlurmStep()

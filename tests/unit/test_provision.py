@@ -225,8 +225,9 @@ def test_each_run_gets_a_command_log_of_its_own_even_within_one_second(
         tmp_path: Path) -> None:
     """A re-run right after a run (the same second) used to append to the run's log."""
     from gpucluster.provision.logged import CommandLog
+    from gpucluster.state import new_log
 
-    logs = [CommandLog.new(tmp_path / "logs", "provision") for _ in range(3)]
+    logs = [CommandLog(new_log(tmp_path / "logs", "provision-")) for _ in range(3)]
     for number, log in enumerate(logs):
         log.write("node1", f"run {number}")
     paths = [log.path for log in logs]
