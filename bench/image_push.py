@@ -99,8 +99,7 @@ def _gpucluster(path: Path, label: str) -> float:
     started = time.perf_counter()
     done = subprocess.run([*GPUCLUSTER, "provision", "-i", str(path), "--only", "image"],
                           capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"provision failed:\n{done.stdout[-1500:]}\n{done.stderr[-500:]}")
+    succeeded(done)
     elapsed = time.perf_counter() - started
     CPU_USED[label] = machine_cpu_seconds() - cpu_before
     log = max((path.parent / ".gpucluster" / "logs").iterdir(), key=lambda p: p.stat().st_mtime)

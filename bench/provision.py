@@ -44,9 +44,7 @@ def _provision(inventory: str, *flags: str) -> tuple[float, list[dict[str, Any]]
     done = subprocess.run([*GPUCLUSTER, "provision", "-i", inventory, "--json", *flags],
                           capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"provision {' '.join(flags)} failed:\n{done.stdout[-1500:]}\n"
-                         f"{done.stderr[-500:]}")
+    succeeded(done)
     return elapsed, json.loads(done.stdout)["results"]
 
 

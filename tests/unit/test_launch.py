@@ -367,7 +367,6 @@ def test_the_line_stamper_ends_with_a_zombie_leader_and_stamps_every_line(
     """start.sh's stamper: one stamp per line of node.log, lines written while it runs
     included, and it ends with the leader even while nobody reaps it (it used to wait
     with `tail --pid` on the leader, which a zombie satisfies), forking no `sleep`."""
-
     job = tmp_path / "job"
     job.mkdir()
     log = job / "node.log"
