@@ -151,6 +151,10 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str, python
         # Only when the node is created: later edits (provision, staged faults) are kept.
         system.write_atomically(paths.etc / "hosts", render(
             "sandbox/hosts.j2", node=node.name, address=node.address))
+        nsswitch = paths.etc / "nsswitch.conf"
+        current = nsswitch.read_text() if nsswitch.is_file() else ""
+        nsswitch.unlink(missing_ok=True)  # a link would lead back to this machine's file
+        system.write_atomically(nsswitch, names_from_files_only(current))
         containers_conf = paths.etc / "containers" / "containers.conf"
         if not containers_conf.exists():
             containers_conf.parent.mkdir(exist_ok=True)
@@ -172,6 +176,18 @@ def prepare_files(spec: SandboxSpec, node: NodeSpec, controller_key: str, python
     for target in SERVICE_DIRS:
         _service_dir(paths.service_dir(target), target)
     write_gpu_state(spec, node, python)
+
+
+def names_from_files_only(nsswitch: str) -> str:
+    """`nsswitch` with host names looked up in /etc/hosts only.
+
+    The node's copy of this machine's resolv.conf names a DNS server it cannot reach
+    from its namespace, so every name /etc/hosts lacks failed with "temporary failure"
+    (EAI_AGAIN) where a server's DNS answers "no such name". torch's store then warned
+    for every connection, as it asks for the peer's IPv4-mapped IPv6 address (which
+    /etc/hosts cannot list). Files only: a network whose DNS knows none of its nodes."""
+    lines = [line for line in nsswitch.splitlines() if not line.startswith("hosts:")]
+    return "\n".join([*lines, "# gpucluster sandbox: the nodes have no DNS", "hosts: files"]) + "\n"
 
 
 def _service_dir(own: Path, target: Path) -> None:
