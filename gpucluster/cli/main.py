@@ -3,6 +3,7 @@ errors into exit codes and one-line messages."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Annotated
 
@@ -49,6 +50,24 @@ app.command("exporter")(top_cmd.exporter)
 app.command("reap")(reap_cmd.reap)
 app.command("bundle")(bundle_cmd.bundle)
 app.command("demo")(demo_cmd.demo)
+
+
+def one_line_summaries(typer_app: typer.Typer) -> None:
+    """Give every command its docstring's first paragraph, on one line, as its short help.
+
+    Typer's rich help lists commands with that paragraph's line breaks kept, which cut
+    the list's lines mid-sentence ("image (and | Slurm, --with | slurm)"). A command's
+    own page already joins them."""
+    for command in typer_app.registered_commands:
+        doc = inspect.getdoc(command.callback) if command.callback else None
+        if command.short_help is None and doc:
+            command.short_help = " ".join(doc.split("\n\n")[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            one_line_summaries(group.typer_instance)
+
+
+one_line_summaries(app)
 
 
 def _version(value: bool) -> None:

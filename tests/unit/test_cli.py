@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from gpucluster import __version__
@@ -87,12 +88,12 @@ def _commands() -> dict[str, object]:
     return found
 
 
-def _help(path: str) -> str:
+def _help(path: str, columns: int = 200) -> str:
     from typer.testing import CliRunner
 
     from gpucluster.cli.main import app
 
-    result = CliRunner().invoke(app, [*path.split(), "-h"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, [*path.split(), "-h"], env={"COLUMNS": str(columns)})
     assert result.exit_code == 0, (path, result.output)
     return result.output
 
@@ -104,6 +105,18 @@ def test_every_command_takes_h_and_names_its_placeholders_plainly() -> None:
         assert "{" not in usage and "<bool>" not in text, (path, usage)
     assert "SCRIPT [ARGS]" in _help("launch") and "COMMAND" in _help("run")
     assert "[node/rank]" in _help("logs")  # not swallowed as rich markup
+
+
+def test_command_lists_give_each_command_one_unbroken_summary() -> None:
+    for group in ("", "inventory", "sandbox", "export"):
+        lines = _help(group, columns=600).splitlines()
+        start = next(i for i, line in enumerate(lines) if "Commands" in line)
+        rows = lines[start + 1:next(i for i in range(start, len(lines))
+                                     if lines[i].startswith("╰"))]
+        # Wide enough for any summary: a row that is not a command's is a line break
+        # kept from a docstring, which cut the summary mid-sentence
+        assert rows and all(re.match(r"│ [a-z]", row) for row in rows), (group, rows)
+    assert "image (and Slurm, --with slurm); a re-run changes nothing" in _help("", 600)
 
 
 def test_reporting_commands_have_json_and_node_commands_select_hosts() -> None:
