@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gpucluster import hostrange
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -63,6 +64,7 @@ def reap(
         ended = core.end(session, loaded, listed, foreign, grace) if yes else {}
     failed = False
     payload: dict[str, Any] = {"schema": 1, "dry_run": not yes, "nodes": []}
+    quiet = [host for host, node in listed.items() if not node.processes and not node.error]
     for host, node in listed.items():
         done = ended.get(host)
         left = {p.pid: why for p, why in done.left} if done else {}
@@ -73,8 +75,10 @@ def reap(
             "freed_mib": done.freed_mib if done else 0,
             "processes": [{**_process_json(p), "ended": p.pid in mine and p.pid not in left,
                            "left": left.get(p.pid)} for p in node.processes]})
-        if not json_output:
+        if not json_output and host not in quiet:
             _print_node(err, host, node, done, left, mine, yes, foreign)
+    if quiet and not json_output:  # one line for all of them, not one per node
+        err.print(f"{escape(hostrange.fold(quiet))}: no GPU processes")
     if json_output:
         out.file.write(json.dumps(payload, indent=2) + "\n")
     if failed:
@@ -92,8 +96,6 @@ def _print_node(err: Console, host: str, node: NodeProcesses, done: Ended | None
     if node.error:
         err.print(f"[bold red]{escape(host)}[/]: {escape(node.error)}")
     if not node.processes:
-        if not node.error:
-            err.print(f"{escape(host)}: no GPU processes")
         return
     for p in node.processes:
         gpu = p.gpu_uuid[-12:]

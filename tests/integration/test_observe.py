@@ -298,6 +298,11 @@ def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, j
         assert foreign_reap.code == 0, foreign_reap.stderr
         assert foreign.wait(timeout=10) != 0  # ended by TERM
         assert not any(gone(pid) for pid in running)
+
+        assert gpucluster("stop", "-i", str(cluster.inventory), running_job).code == 0
+        quiet = gpucluster("reap", "-i", str(cluster.inventory))
+        assert quiet.code == 0, quiet.stderr
+        assert quiet.stderr.splitlines() == ["node[1-3]: no GPU processes"]  # one line
     finally:
         foreign.kill()
         gpucluster("stop", "-i", str(cluster.inventory), running_job)
