@@ -7,12 +7,14 @@ display, grouping names that differ only in one trailing number.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
+from typing import TypeVar
 
 from gpucluster.errors import HostRangeError
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 _MAX_EXPANSION = 100_000  # a typo like node[1-999999999] must not eat the memory
+K = TypeVar("K", bound=Hashable)
 
 
 def _expand_set(body: str, pattern: str) -> list[str]:
@@ -124,3 +126,12 @@ def fold(names: Iterable[str]) -> str:
             else:
                 parts.append(f"{prefix}[{_spans(numbers, width)}]{suffix}")
     return ",".join(sorted(parts))
+
+
+def hosts_by(pairs: Iterable[tuple[K, str]]) -> dict[K, list[str]]:
+    """(what, host) pairs -> what -> its hosts, in order of first appearance: what many
+    nodes share, said once for a folded host list."""
+    grouped: dict[K, list[str]] = {}
+    for key, host in pairs:
+        grouped.setdefault(key, []).append(host)
+    return grouped

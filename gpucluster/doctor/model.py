@@ -105,9 +105,7 @@ def parity(name: str, values: Mapping[str, Any], status_on_mismatch: Status, wha
     if not values:
         return []
     reference = majority(values)
-    groups: dict[Any, list[str]] = {}
-    for host, value in values.items():
-        groups.setdefault(value, []).append(host)
+    groups = hostrange.hosts_by((value, host) for host, value in values.items())
     spread = "; ".join(f"{v} on {hostrange.fold(hosts)}" for v, hosts in groups.items())
     results = []
     for host, value in values.items():

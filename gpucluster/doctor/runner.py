@@ -159,11 +159,8 @@ def cross_node_summary(context: Context) -> dict[str, dict[str, list[str]]]:
     }
     summary: dict[str, dict[str, list[str]]] = {}
     for label, read in probes.items():
-        values: dict[str, list[str]] = {}
-        for host in context.answering():
-            value = read(context.facts[host.name])
-            if value is not None:
-                values.setdefault(value, []).append(host.name)
+        read_values = ((read(context.facts[h.name]), h.name) for h in context.answering())
+        values = hostrange.hosts_by((v, name) for v, name in read_values if v is not None)
         if values:
             summary[label] = values
     return summary

@@ -53,11 +53,8 @@ def print_findings(console: Console, results: Sequence[CheckResult], checks: Seq
                    verbose: bool = False) -> None:
     """WARN and FAIL (every status with -v), identical findings folded across hosts."""
     shown = {Status.WARN, Status.FAIL} | ({Status.OK, Status.SKIP} if verbose else set())
-    findings: dict[tuple[str, Status, str, str], list[str]] = {}
-    for result in results:
-        if result.status in shown:
-            key = (result.name, result.status, result.message, result.remedy)
-            findings.setdefault(key, []).append(result.host)
+    findings = hostrange.hosts_by(((r.name, r.status, r.message, r.remedy), r.host)
+                                  for r in results if r.status in shown)
     if not findings:
         return
     console.print("[bold]Findings[/]")

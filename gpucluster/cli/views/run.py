@@ -32,11 +32,9 @@ def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, 
 
 def fold_outputs(result: FanoutResult[CommandResult]) -> list[tuple[list[str], str, int]]:
     """Hosts grouped by identical output and exit code, in order of first appearance."""
-    groups: dict[tuple[str, int], list[str]] = {}
-    for name in result.hosts:
-        value = result.values.get(name)
-        if value is not None:
-            groups.setdefault((value.stdout + value.stderr, value.exit_code), []).append(name)
+    answered = [(name, result.values[name]) for name in result.hosts if name in result.values]
+    groups = hostrange.hosts_by(((value.stdout + value.stderr, value.exit_code), name)
+                                for name, value in answered)
     return [(hosts, output, code) for (output, code), hosts in groups.items()]
 
 
