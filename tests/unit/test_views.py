@@ -70,3 +70,27 @@ def test_inventory_json_schema_is_pinned() -> None:
                                         "torch_device", "labels", "groups"}
     assert payload["hosts"][0]["name"] == "gpu01"
     assert payload["groups"]["train"] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+
+
+def test_provision_says_what_nodes_share_once_for_all_of_them() -> None:
+    from gpucluster.cli.views.provision import print_report
+    from gpucluster.provision.model import Change, NodeResult, Outcome
+    from gpucluster.provision.runner import ProvisionReport
+
+    config = Change("write ~/.ssh/config", "+Host node1\n")
+    results = tuple(
+        [NodeResult("ssh-mesh", f"n{i}", Outcome.PLANNED, (config,)) for i in (1, 2, 3)]
+        + [NodeResult("hosts", f"n{i}", Outcome.PLANNED, (Change("write /etc/hosts",
+                                                                 f"+10.0.0.{i}\tn{i}\n"),))
+           for i in (1, 2)]
+        + [NodeResult("image", f"n{i}", Outcome.SKIPPED, message="no `image:`")
+           for i in (1, 2, 3)]
+        + [NodeResult("firewall", "n3", Outcome.FAILED, message="iptables: not found")])
+    text = _text(lambda console: print_report(console, ProvisionReport(
+        ("n1", "n2", "n3"), ("ssh-mesh", "hosts", "firewall", "image"), results), True))
+    lines = text.splitlines()
+    assert lines.count("n[1-3] ssh-mesh: write ~/.ssh/config") == 1
+    assert text.count("+Host node1") == 1
+    # Changes that differ stay apart, each with its own diff
+    assert "n1 hosts: write /etc/hosts" in lines and "n2 hosts: write /etc/hosts" in lines
+    assert "n[1-3] image: no `image:`" in lines and "n3 firewall: iptables: not found" in lines

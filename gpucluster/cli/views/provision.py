@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpucluster import hostrange
 from gpucluster.provision.model import NodeResult, Outcome
 from gpucluster.provision.runner import ProvisionReport
 
@@ -25,12 +27,13 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
                           f"{escape(finding.message)}")
         return
     if dry_run:
-        for result in report.results:
-            for change in result.changes:
-                console.print(f"[yellow]{result.host}[/] {result.step}: "
-                              f"{escape(change.summary)}")
-                if change.detail:
-                    console.print(escape(change.detail.rstrip("\n")), style="dim")
+        changes = hostrange.hosts_by(((r.step, change), r.host)
+                                     for r in report.results for change in r.changes)
+        for (step, change), hosts in changes.items():
+            console.print(f"[yellow]{escape(hostrange.fold(hosts))}[/] {step}: "
+                          f"{escape(change.summary)}")
+            if change.detail:
+                console.print(escape(change.detail.rstrip("\n")), style="dim")
     steps = [s for s in report.steps if s != "parity"]
     table = Table(title="gpucluster provision" + (" --dry-run" if dry_run else ""))
     table.add_column("node")
@@ -41,8 +44,7 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
         outcomes = [cells.get((host, step), Outcome.SKIPPED) for step in steps]
         table.add_row(host, *[f"[{STYLE[o]}]{o.value}[/]" for o in outcomes])
     console.print(table)
-    for result in report.results:
-        _print_message(console, result)
+    _print_messages(console, report.results)
     if report.mesh:
         _print_mesh(console, report)
     elif not dry_run and any(r.step == "ssh-mesh" and r.outcome is Outcome.OK
@@ -56,12 +58,16 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
                   f"log: {report.log}")
 
 
-def _print_message(console: Console, result: NodeResult) -> None:
-    """Why a node-step failed; a slow smoke node; a note on a step that went well."""
-    if result.outcome is Outcome.FAILED:
-        console.print(f"[bold red]{result.host} {result.step}:[/] {escape(result.message)}")
-    elif result.message and (result.step != "smoke" or result.message.startswith("slow")):
-        console.print(f"[yellow]{result.host} {result.step}:[/] {escape(result.message)}")
+def _print_messages(console: Console, results: Sequence[NodeResult]) -> None:
+    """Why a node-step failed; a slow smoke node; a note on a step that went well. Said
+    once for all the nodes it applies to."""
+    said = hostrange.hosts_by(((r.step, r.outcome is Outcome.FAILED, r.message), r.host)
+                              for r in results if r.outcome is Outcome.FAILED or (
+                                  r.message and (r.step != "smoke"
+                                                 or r.message.startswith("slow"))))
+    for (step, failed, message), hosts in said.items():
+        style = "bold red" if failed else "yellow"
+        console.print(f"[{style}]{escape(hostrange.fold(hosts))} {step}:[/] {escape(message)}")
 
 
 def _print_mesh(console: Console, report: ProvisionReport) -> None:
