@@ -69,8 +69,11 @@ def summary(collected: Collected, inventory_path: Path) -> str:
 def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list[str]:
     if outcome is None:
         return ["Its state could not be read."]
-    states = ", ".join(f"{n}: {s.state}" + (f" {s.exit_code}" if s.exit_code is not None
-                                            else "") for n, s in outcome.states.items())
+    by_state = hostrange.hosts_by(
+        (s.state + (f" {s.exit_code}" if s.exit_code is not None else ""), node)
+        for node, s in outcome.states.items())
+    states = ", ".join(f"{state} on {hostrange.fold(hosts)}"
+                       for state, hosts in by_state.items())
     if failure is None:
         return [f"No node failed. States: {states}."]
     rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"

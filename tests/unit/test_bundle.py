@@ -41,8 +41,20 @@ def test_the_summary_names_the_first_failure_the_lost_node_and_differing_fields(
     text = summary(Collected(nodes, doctor, outcome, record, 4.2, failure), Path("inv.yaml"))
     assert "**First failure: node2, rank 3** (exited, exit 1, worker exit 1)." in text
     assert "RuntimeError: staged failure on node2" in text
+    assert "States: exited 1 on node2, stopped on node1." in text
     assert "- **node3**: cannot connect: timed out" in text
     assert "- **driver**: `550.54` on node1; `535.104` on node2" in text
     assert "torch" not in text.split("## Fields that differ")[1].split("##")[0]
     assert "- node1: Xid 79 on GPU 0000:18:00" in text
     assert "- node1: doctor `xid`: 1 Xid errors in the kernel log" in text
+
+
+def test_a_job_that_ended_well_has_its_nodes_folded_by_state() -> None:
+    record = JobRecord("20261130-120000-abcd", "train.py", [], ["node1", "node2", "node3"],
+                       "/c", "/j", 0.0, {"node1": 2, "node2": 2, "node3": 2})
+    states = {n: NodeState(n, "exited", 0) for n in record.hosts}
+    doctor = DoctorReport(tuple(record.hosts), (), ())
+    nodes = {n: NodeBundle(n) for n in record.hosts}
+    text = summary(Collected(nodes, doctor, JobOutcome(record, states, None), record, 1.0,
+                             None), Path("inv.yaml"))
+    assert "No node failed. States: exited 0 on node[1-3]." in text
