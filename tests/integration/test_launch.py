@@ -256,6 +256,9 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         code, _, stderr, _ = finish(follower, 30)
         assert f"job {job}: stopped on node[1-3]" in stderr
         assert code == 1  # a stopped job did not succeed
+        again = gpucluster("stop", "-i", inventory, job)  # nothing to stop: it says so
+        assert again.code == 0, again.stderr
+        assert again.stdout.strip() == f"job {job} was not running: nothing of it on node[1-3]"
     finally:
         gpucluster("stop", "-i", inventory, job)
     assert job_processes(cluster) == {}

@@ -110,6 +110,10 @@ def print_stopped(console: Console, record: JobRecord,
     if stopped_cleanly(results):
         found = sum(r.found for r in results.values())
         killed = [n for n, r in results.items() if r.how == "kill"]
+        if found == 0:  # it had ended already: "stopped" would claim what did not happen
+            console.print(f"job {record.id} was not running: nothing of it on "
+                          f"{hostrange.fold(list(results))}")
+            return
         console.print(f"job {record.id} stopped: nothing of it is left on "
                       f"{hostrange.fold(list(results))} ({found} processes ended"
                       + (f"; KILL needed on {hostrange.fold(killed)}" if killed else "") + ")")
@@ -122,10 +126,9 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
 
     rows = []
     for record in records:
-        by_state: dict[str, list[str]] = {}
-        for node in record.hosts:
-            state = table[record.id].get(node)
-            by_state.setdefault("?" if state is None else state_label(state), []).append(node)
+        states = {node: table[record.id].get(node) for node in record.hosts}
+        by_state = hostrange.hosts_by(("?" if state is None else state_label(state), node)
+                                      for node, state in states.items())
         summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
                             for label, nodes in by_state.items())
         if record.run:
