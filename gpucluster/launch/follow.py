@@ -153,7 +153,9 @@ class _Follower:
             state = self.state or NodeState(self.host.name, "unreachable", None,
                                             error.message)
         finally:
-            copy.close(self.state is not None)
+            # A node that no longer has the job (its work dir wiped, the node re-imaged)
+            # sends no log: the controller's copy is all that is left, so it is kept.
+            copy.close(answered=self.state is not None and self.state.state != "missing")
         self.done.put((self.host.name, state))
 
     def _beat(self, step: int | None) -> None:

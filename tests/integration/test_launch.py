@@ -168,6 +168,18 @@ def test_a_work_dir_shared_by_every_node_keeps_each_nodes_files_apart(
             assert (job_dir / node / "exit_code").read_text().split()[0] == "0"
         states = gpucluster("jobs", "-i", str(inventory), "--json").json()
         assert {n["state"] for n in states["jobs"][-1]["nodes"].values()} == {"exited"}
+
+        # node2 no longer has the job (its files wiped): `logs` shows the controller's
+        # copy of its lines and says so; the copy is kept, so a search finds them too
+        shutil.rmtree(job_dir / "node2")
+        shown = gpucluster("logs", "-i", str(inventory), job_dir.name)
+        assert shown.code == 1, shown.stderr  # missing on node2 all the same
+        assert "[node2/1] rank 1/3 on node2 ready" in shown.stdout.splitlines(), shown.stdout
+        assert f"node2: job {job_dir.name} is gone from the node; its lines above are the " \
+               f"controller's copy" in shown.stderr
+        found = gpucluster("logs", "-i", str(inventory), job_dir.name, "-w", "node2",
+                           "--grep", "ready")
+        assert "[node2/1] rank 1/3 on node2 ready" in found.stdout, found.stdout + found.stderr
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 

@@ -76,9 +76,8 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
                   f"({store.node_log(record.id, failure.node)}):")
         for line in failure.tail:
             err.print(f"  {escape(line)}", style="dim")
-    by_state: dict[str, list[str]] = {}
-    for node, state in outcome.states.items():
-        by_state.setdefault(state_label(state), []).append(node)
+    by_state = hostrange.hosts_by((state_label(state), node)
+                                  for node, state in outcome.states.items())
     err.print(f"job {record.id}: " + ", ".join(f"{label} on {hostrange.fold(nodes)}"
                                                for label, nodes in by_state.items())
               + f"; logs in {store.directory(record.id)}")
