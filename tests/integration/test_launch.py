@@ -270,7 +270,8 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         assert code == 1  # a stopped job did not succeed
         again = gpucluster("stop", "-i", inventory, job)  # nothing to stop: it says so
         assert again.code == 0, again.stderr
-        assert again.stdout.strip() == f"job {job} was not running: nothing of it on node[1-3]"
+        assert again.stdout.strip() == \
+            f"job {job} had already ended: nothing of it is left on node[1-3]"
     finally:
         gpucluster("stop", "-i", inventory, job)
     assert job_processes(cluster) == {}

@@ -109,8 +109,8 @@ def print_stopped(console: Console, record: JobRecord,
     if stopped_cleanly(results):
         found = sum(r.found for r in results.values())
         killed = [n for n, r in results.items() if r.how == "kill"]
-        if found == 0:  # it had ended already: "stopped" would claim what did not happen
-            console.print(f"job {record.id} was not running: nothing of it on "
+        if found == 0:  # "stopped" would claim what did not happen
+            console.print(f"job {record.id} had already ended: nothing of it is left on "
                           f"{hostrange.fold(list(results))}")
             return
         console.print(f"job {record.id} stopped: nothing of it is left on "
