@@ -38,7 +38,9 @@ from gpucluster.torchrun import (
 
 # Doctor's checks that decide whether a job can start: no job of ours still running,
 # no process holding a GPU, and the rendezvous port free on the head and reachable.
-PREFLIGHT_CHECKS = ("jobs", "gpu-processes", "rendezvous-port")
+# ssh: a node that does not answer refuses the launch at once, named with doctor's remedy
+# (else the sync's second connect waited its timeout again, then failed as "sync").
+PREFLIGHT_CHECKS = ("ssh", "jobs", "gpu-processes", "rendezvous-port")
 TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"  # per-rank logs, inside the node's job dir
 TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
@@ -48,11 +50,12 @@ def preflight(session: Session, inventory: Inventory, shells: WaitingShells, cod
               ) -> tuple[list[CheckResult], dict[str, dict[str, Section]]]:
     """Doctor's job-readiness checks, and in the same round trip each node's listing of
     its copy of the work dir (for the sync), run in the shells that start the job next.
-    Everything not OK or SKIP refuses the launch."""
+    Everything not OK or SKIP refuses the launch, but a slow login (ssh's WARN): it only
+    slows the start."""
     report = run_doctor(session, inventory, [REGISTRY[name] for name in PREFLIGHT_CHECKS],
                         rider=workdir.listing_command(code_dir), probe_via=shells.step)
-    return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)],
-            report.sections)
+    return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)
+             and not (r.name == "ssh" and r.status is Status.WARN)], report.sections)
 
 
 def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:

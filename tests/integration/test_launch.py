@@ -184,6 +184,23 @@ def test_a_work_dir_shared_by_every_node_keeps_each_nodes_files_apart(
         shutil.rmtree(shared, ignore_errors=True)
 
 
+def test_a_node_that_does_not_answer_refuses_the_launch_at_once(cluster: Sandbox,
+                                                               project: Path) -> None:
+    recorded = cluster.inventory.parent / ".gpucluster" / "jobs"
+    jobs_before = sorted(recorded.glob("*"))
+    cluster.node_exec("node3", "iptables -I INPUT -p tcp --dport 22 -j DROP")
+    try:
+        refused = gpucluster("launch", "-i", str(cluster.inventory), "--connect-timeout", "2",
+                             "train.py", cwd=str(project))
+    finally:
+        cluster.node_exec("node3", "iptables -D INPUT -p tcp --dport 22 -j DROP")
+    assert refused.code == 1, refused.stderr
+    assert "FAIL ssh node3: unreachable: no answer from" in refused.stderr
+    assert "nothing was started" in refused.stderr and "sync failed" not in refused.stderr
+    assert sorted(recorded.glob("*")) == jobs_before  # no job record
+    assert job_processes(cluster) == {}
+
+
 def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
                                                             project: Path) -> None:
     process = start_attached(cluster, project, "train.py", "--", *SLOW)
