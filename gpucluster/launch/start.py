@@ -85,9 +85,7 @@ def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile],
 
 def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
     """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded."""
-    groups: dict[workdir.SyncResult, list[str]] = {}
-    for node, result in results.items():
-        groups.setdefault(result, []).append(node)
+    groups = hostrange.hosts_by((result, node) for node, result in results.items())
     return "synced: " + "; ".join(
         f"{r.sent} sent ({r.bytes_sent / 1024:.1f} KiB), {r.deleted} deleted, "
         f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
