@@ -225,7 +225,7 @@ def stop(
     if json_output:
         common.print_json(stdout_console(), view.stop_payload(record, results))
     else:
-        view.print_stopped(stdout_console(), record, results)
+        view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None)
     if not view.stopped_cleanly(results):
         raise typer.Exit(EXIT_FAILED)
 

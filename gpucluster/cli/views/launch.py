@@ -99,8 +99,9 @@ def stopped_cleanly(results: Mapping[str, StopResult]) -> bool:
 
 
 def print_stopped(console: Console, record: JobRecord,
-                  results: Mapping[str, StopResult]) -> None:
-    """A line per node that could not confirm; one summary line when all could."""
+                  results: Mapping[str, StopResult], by_supervisor: bool = False) -> None:
+    """A line per node that could not confirm; one summary line when all could.
+    `by_supervisor`: its recovery supervisor, ended first, had stopped the job."""
     for node, result in sorted(results.items()):
         if not result.confirmed:
             left = f" {len(result.left)} processes left: {result.left}" if result.left else ""
@@ -109,6 +110,11 @@ def print_stopped(console: Console, record: JobRecord,
     if stopped_cleanly(results):
         found = sum(r.found for r in results.values())
         killed = [n for n, r in results.items() if r.how == "kill"]
+        if found == 0 and by_supervisor:
+            console.print(f"job {record.id} stopped: nothing of it is left on "
+                          f"{hostrange.fold(list(results))} (its recovery supervisor stopped "
+                          f"it as it ended)")
+            return
         if found == 0:  # "stopped" would claim what did not happen
             console.print(f"job {record.id} had already ended: nothing of it is left on "
                           f"{hostrange.fold(list(results))}")
