@@ -23,7 +23,7 @@ from gpucluster.doctor.probe import NodeFacts, ProbeSteps, parse_facts, render_p
 from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import Connection
-from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
+from gpucluster.remote.result import CommandResult, FailureKind, HostFailure, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.reports import Section
 from gpucluster.selection import select
@@ -42,6 +42,7 @@ class DoctorReport:
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     duration_s: float = 0.0
     sections: dict[str, dict[str, Section]] = field(default_factory=dict)  # raw, per node
+    unreachable: dict[str, HostFailure] = field(default_factory=dict)  # no facts from these
 
     def worst(self, strict: bool) -> Status:
         statuses = {r.status for r in self.results}
@@ -116,6 +117,7 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
         facts={name: fact_summary(f) for name, f in facts.items()},
         sections={name: f.sections for name, f in facts.items()},
         duration_s=time.monotonic() - started,
+        unreachable=dict(context.unreachable),
     )
 
 

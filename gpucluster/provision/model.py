@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from gpucluster.inventory import Host, Inventory, SlurmSettings
     from gpucluster.provision.logged import LoggedConnection
-    from gpucluster.remote.result import FanoutResult
+    from gpucluster.remote.result import FanoutResult, HostFailure
 
 
 class StepSkipped(Exception):
@@ -59,6 +59,9 @@ class ProvisionContext:
     gathered: dict[str, Any] = field(default_factory=dict)
     on_progress: Progress | None = None
     slurm: SlurmSettings | None = None  # Slurm is part of this cluster: its step, its ports
+    # Nodes that did not answer this run's first round: no step connects to them again
+    # (each would wait its connect timeout), every step fails them with this.
+    down: dict[str, HostFailure] = field(default_factory=dict)
 
 
 T = TypeVar("T")

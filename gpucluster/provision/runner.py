@@ -31,7 +31,7 @@ from gpucluster.provision.steps_image import ImageStep
 from gpucluster.provision.steps_slurm import SlurmStep
 from gpucluster.provision.steps_ssh_mesh import SshMeshStep
 from gpucluster.remote.connection import Connection
-from gpucluster.remote.result import CommandResult, FanoutResult
+from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
 from gpucluster.reports import Section
 from gpucluster.selection import select
@@ -102,15 +102,29 @@ def _slurm_enabled(inventory: Inventory) -> bool:
     return inventory.slurm is not None and inventory.slurm.enabled
 
 
+# Failures to connect that the same run would only meet again, after the same wait.
+_DOWN = (FailureKind.UNREACHABLE, FailureKind.AUTH_FAILED, FailureKind.HOST_KEY_UNKNOWN,
+         FailureKind.HOST_KEY_CHANGED)
+
+
 class _Run:
     """One provision run: the logged connections and the fan-out helper steps use."""
 
-    def __init__(self, session: Session, inventory: Inventory, log: CommandLog) -> None:
+    def __init__(self, session: Session, inventory: Inventory, log: CommandLog,
+                 down: dict[str, HostFailure]) -> None:
         self.session = session
         self.inventory = inventory
         self.logged: dict[str, LoggedConnection] = {}
         self.log = log
         self.primed: dict[str, dict[prefetch.Read, CommandResult]] = {}  # read ahead
+        self.down = down  # the context's: shared with the steps
+
+    def mark_down(self, failures: Mapping[str, HostFailure]) -> None:
+        for name, failure in failures.items():
+            if failure.kind in _DOWN:
+                self.down[name] = failure
+                self.log.write(name, f"{failure.kind.value}: {failure.message} (not tried "
+                                     f"again in this run)")
 
     def connection(self, connection: Connection) -> LoggedConnection:
         if connection.host not in self.logged:
@@ -127,7 +141,12 @@ class _Run:
              hosts: Sequence[Host] | None = None) -> FanoutResult[T]:
         targets = list(hosts if hosts is not None else self.inventory.hosts)
         by_name = {h.name: h for h in targets}
-        return self.session.map(targets, lambda c: task(by_name[c.host], self.connection(c)))
+        reachable = [h for h in targets if h.name not in self.down]
+        done = self.session.map(reachable,
+                                lambda c: task(by_name[c.host], self.connection(c)))
+        down = {h.name: self.down[h.name] for h in targets if h.name in self.down}
+        return FanoutResult(tuple(by_name), done.values, {**done.failures, **down}) \
+            if down else done
 
 
 def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
@@ -148,9 +167,9 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     started = time.monotonic()
     state_dir = state_dir_for(inventory)
     log = CommandLog(new_log(state_dir / "logs", "provision-"))
-    run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress,
                                slurm=slurm_settings(inventory, steps))
+    run = _Run(session, inventory, log, context.down)
     selected = [kind() for kind in STEP_TYPES if kind.name in steps]  # fresh per run
     reads = prefetch.unique([r for step in selected for r in step.reads(context)])
     rider = prefetch.script(reads) if reads else ""
@@ -161,6 +180,7 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
         report = run_doctor(session, inventory, [REGISTRY[n] for n in PARITY_CHECKS],
                             rider=rider)
         run.prime(reads, report.sections)
+        run.mark_down(report.unreachable)
         gate = [r for r in report.results if r.status is Status.FAIL]
         if gate and not force:
             return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps), (),
@@ -169,6 +189,7 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     elif rider:
         ahead = session.map(inventory.hosts, lambda c: c.run(rider, timeout=120).stdout)
         run.prime(reads, {h: reports.sections(out) for h, out in ahead.values.items()})
+        run.mark_down(ahead.failures)
     refusal = _root_refusal(session, inventory,
                             [s.name for s in selected if s.needs_root(context)])
     if refusal:
@@ -307,8 +328,8 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
                               f"(the hosts block and SSH mesh are harmless to keep)")
     state_dir = state_dir_for(inventory)
     log = CommandLog(new_log(state_dir / "logs", "undo-"))
-    run = _Run(session, inventory, log)
     context = ProvisionContext(inventory, state_dir, dry_run=False)
+    run = _Run(session, inventory, log, context.down)
     step = FirewallStep() if what == "firewall" else SlurmStep()
     done = "commands" if what == "firewall" else "paths removed"
 

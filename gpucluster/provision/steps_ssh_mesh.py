@@ -177,12 +177,16 @@ class SshMeshStep(Step):
         """Every ordered pair: can this node log in to the peer (host key verified, key
         accepted)? -> matrix."""
         names = [h.name for h in context.inventory.hosts]
+        # A node this run could not reach is not dialled from every other one: each pair
+        # would wait its connect timeout to learn what the controller already knows.
+        untried = {name: failure.kind.value for name, failure in context.down.items()}
 
         def probe(host: Host, connection: LoggedConnection) -> dict[str, str]:
             script = render("provision/ssh_pairs.sh.j2", timeout=PAIR_CONNECT_TIMEOUT_S,
-                            peers=[n for n in names if n != host.name])
+                            peers=[n for n in names if n != host.name and n not in untried])
             output = connection.run(script, timeout=PAIR_TIMEOUT_S * 2).stdout
-            return dict(line.split() for line in output.splitlines() if len(line.split()) == 2)
+            found = dict(line.split() for line in output.splitlines() if len(line.split()) == 2)
+            return {**found, **{n: why for n, why in untried.items() if n != host.name}}
 
         result = each(probe)
         matrix = {name: dict(row) for name, row in result.values.items()}

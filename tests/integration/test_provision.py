@@ -314,6 +314,27 @@ def test_a_node_dying_mid_run_fails_alone_and_a_rerun_completes(cluster: Sandbox
     assert outcomes[("hosts", "node1")] == "already ok"
 
 
+def test_a_node_that_does_not_answer_fails_every_step_after_one_wait(cluster: Sandbox
+                                                                     ) -> None:
+    cluster.node_exec("node3", "iptables -I INPUT -p tcp --dport 22 -j DROP")
+    try:
+        code, payload = _provision(cluster, "--only", "ssh-mesh,hosts,firewall",
+                                   "--connect-timeout", "2")
+    finally:
+        cluster.node_exec("node3", "iptables -D INPUT -p tcp --dport 22 -j DROP")
+    assert code == 1, payload
+    node3 = {r["step"]: r["message"] for r in payload["results"] if r["host"] == "node3"}
+    assert set(node3) == {"ssh-mesh", "hosts", "firewall"}
+    assert all(m.startswith("unreachable: no answer from") for m in node3.values()), node3
+    assert {o for (_, host), o in _outcomes(payload).items() if host != "node3"} <= \
+        {"already ok", "changed"}  # the others are provisioned all the same
+    # Not dialled again by each step, nor from every peer by the pair test: one attempt
+    assert payload["ssh_mesh"]["node1"]["node3"] == "unreachable"
+    attempts = [line for line in Path(payload["log"]).read_text().splitlines()
+                if " node3: " in line]
+    assert len(attempts) == 1 and "unreachable" in attempts[0], attempts
+
+
 def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None:
     _up(cluster.inventory, "--driver", "node2=535.104.05")
     try:
