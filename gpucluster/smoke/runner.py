@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpucluster import hostrange
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import Connection, shell_path
-from gpucluster.remote.result import CommandResult
+from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.remote.session import Session
 from gpucluster.torchrun import (
     JOB_VARIABLE,
@@ -67,34 +68,48 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
     job = JOB.read_bytes()
     work_dir = shell_path(inventory.cluster.work_dir)
 
-    def task(connection: Connection) -> CommandResult:
-        host = inventory.host(connection.host)
+    def write(connection: Connection) -> CommandResult:
         # Written beside and renamed: on a work dir every node shares (an NFS home), a
         # node still writing must not hand another's torchrun half a script.
-        written = connection.run(
+        return connection.run(
             f"mkdir -p {work_dir} && t=$(mktemp {work_dir}/.{SCRIPT}.XXXXXX) && "
             f'cat > "$t" && chmod 644 "$t" && mv -f "$t" {work_dir}/{SCRIPT}',
             timeout=30, stdin=job)
-        if not written.ok:
-            return written
+
+    def start(connection: Connection) -> CommandResult:
+        host = inventory.host(connection.host)
         return connection.run(command_for(inventory, host, rendezvous_id,
                                           nproc_for(host, nproc), sizes, iterations),
                               timeout=timeout,
                               env={**inventory.cluster.env,
                                    JOB_VARIABLE: f"{rendezvous_id}@{host.name}"})
 
-    result = session.map(inventory.hosts, task)
+    # Every node first: a node that cannot take part would leave the others' torchrun
+    # waiting for it until the rendezvous times out (a minute), then fail unclearly.
+    errors = _errors(session.map(inventory.hosts, write), "writing the script exited")
+    if errors:
+        return SmokeReport(None, 0, [], {}, {}, [
+            f"not run: {hostrange.fold(errors)} could not take part",
+            *(f"{node}: {error}" for node, error in errors.items())], errors)
+    result = session.map(inventory.hosts, start)
+    errors = _errors(result, "torchrun exited")
+    head = result.values.get(inventory.head.name)
+    found = _measurements(head.stdout if head else "")
+    if found is None:
+        return SmokeReport(None, 0, [], {}, {}, [
+            "no measurement came back", *(f"{node}: {error}" for node, error in errors.items())],
+            errors)
+    return judge(found, errors, min_busbw_gbps)
+
+
+def _errors(result: FanoutResult[CommandResult], what: str) -> dict[str, str]:
+    """Node -> why it gave no result, or `what`, its exit code and its last lines."""
     errors = {name: f"{f.kind.value}: {f.message}" for name, f in result.failures.items()}
     for name, value in result.values.items():
         if not value.ok:
             tail = (value.stdout + value.stderr).strip().splitlines()[-3:]
-            errors[name] = f"torchrun exited {value.exit_code}: " + " | ".join(tail)
-    head = result.values.get(inventory.head.name)
-    found = _measurements(head.stdout if head else "")
-    if found is None:
-        return SmokeReport(None, 0, [], {}, {}, ["no measurement came back (see the node "
-                                                 "errors)"], errors)
-    return judge(found, errors, min_busbw_gbps)
+            errors[name] = f"{what} {value.exit_code}: " + " | ".join(tail)
+    return errors
 
 
 def _measurements(stdout: str) -> dict[str, Any] | None:

@@ -516,6 +516,23 @@ def test_smoke_through_the_provisioned_cluster(cluster: Sandbox) -> None:
     assert "backend gloo" in human.stdout and "smoke: passed" in human.stdout
 
 
+def test_smoke_with_a_node_that_does_not_answer_is_not_run_and_says_why(cluster: Sandbox
+                                                                         ) -> None:
+    cluster.node_exec("node3", "iptables -I INPUT -p tcp --dport 22 -j DROP")
+    try:
+        human = gpucluster("smoke", "-i", str(cluster.inventory), "--connect-timeout", "2",
+                           timeout=300)
+    finally:
+        cluster.node_exec("node3", "iptables -D INPUT -p tcp --dport 22 -j DROP")
+    assert human.code == 1, human.stdout + human.stderr
+    # Not started on the others (whose torchrun would wait a minute for node3), and
+    # the reason shown, not only referred to
+    assert human.stdout.splitlines()[:3] == [
+        "FAIL not run: node3 could not take part",
+        f"FAIL node3: unreachable: no answer from {cluster.addresses['node3']}:22 within 2s",
+        "smoke: FAILED"]
+
+
 def test_smoke_names_the_node_with_a_slow_link(cluster: Sandbox) -> None:
     _up(cluster.inventory, "--link-rate", "node3=20mbit")
     try:

@@ -17,6 +17,16 @@ def smoke_payload(report: SmokeReport) -> dict[str, Any]:
 
 
 def print_smoke(console: Console, report: SmokeReport) -> None:
+    if report.sweep:  # else nothing was measured: the problems say why
+        console.print(_sweep_table(report))
+    for node, why in report.slow.items():
+        console.print(f"[yellow]slow node {node}[/]: {escape(why)}")
+    for problem in report.problems:
+        console.print(f"[bold red]FAIL[/] {escape(problem)}")
+    console.print("smoke: " + ("passed" if report.passed else "FAILED"))
+
+
+def _sweep_table(report: SmokeReport) -> Table:
     table = Table(title=f"all-reduce, {report.world_size} ranks, backend "
                         f"{report.backend or '?'}")
     for column in ("size", "time", "algbw Gbit/s", "busbw Gbit/s", "correct"):
@@ -25,12 +35,7 @@ def print_smoke(console: Console, report: SmokeReport) -> None:
         table.add_row(_size(entry["bytes"]), f"{entry['time_s'] * 1e3:.2f} ms",
                       f"{entry['algbw_gbps']:.3f}", f"{entry['busbw_gbps']:.3f}",
                       "yes" if entry["correct"] else "[bold red]NO[/]")
-    console.print(table)
-    for node, why in report.slow.items():
-        console.print(f"[yellow]slow node {node}[/]: {escape(why)}")
-    for problem in report.problems:
-        console.print(f"[bold red]FAIL[/] {escape(problem)}")
-    console.print("smoke: " + ("passed" if report.passed else "FAILED"))
+    return table
 
 
 def _size(count: int) -> str:
