@@ -110,18 +110,15 @@ def print_stopped(console: Console, record: JobRecord,
     if stopped_cleanly(results):
         found = sum(r.found for r in results.values())
         killed = [n for n, r in results.items() if r.how == "kill"]
-        if found == 0 and by_supervisor:
-            console.print(f"job {record.id} stopped: nothing of it is left on "
-                          f"{hostrange.fold(list(results))} (its recovery supervisor stopped "
-                          f"it as it ended)")
-            return
-        if found == 0:  # "stopped" would claim what did not happen
+        if found == 0 and not by_supervisor:  # "stopped" would claim what did not happen
             console.print(f"job {record.id} had already ended: nothing of it is left on "
                           f"{hostrange.fold(list(results))}")
             return
+        how = "its recovery supervisor stopped it as it ended" if found == 0 else \
+            f"{found} processes ended" + (f"; KILL needed on {hostrange.fold(killed)}"
+                                          if killed else "")
         console.print(f"job {record.id} stopped: nothing of it is left on "
-                      f"{hostrange.fold(list(results))} ({found} processes ended"
-                      + (f"; KILL needed on {hostrange.fold(killed)}" if killed else "") + ")")
+                      f"{hostrange.fold(list(results))} ({how})")
 
 
 def print_jobs(console: Console, records: Sequence[JobRecord],
