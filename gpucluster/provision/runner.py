@@ -141,12 +141,10 @@ class _Run:
              hosts: Sequence[Host] | None = None) -> FanoutResult[T]:
         targets = list(hosts if hosts is not None else self.inventory.hosts)
         by_name = {h.name: h for h in targets}
-        reachable = [h for h in targets if h.name not in self.down]
-        done = self.session.map(reachable,
-                                lambda c: task(by_name[c.host], self.connection(c)))
         down = {h.name: self.down[h.name] for h in targets if h.name in self.down}
-        return FanoutResult(tuple(by_name), done.values, {**done.failures, **down}) \
-            if down else done
+        done = self.session.map([h for h in targets if h.name not in down],
+                                lambda c: task(by_name[c.host], self.connection(c)))
+        return FanoutResult(tuple(by_name), done.values, {**done.failures, **down})
 
 
 def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,
