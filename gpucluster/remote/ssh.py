@@ -72,15 +72,27 @@ class SshConnection:
         self._lock = threading.Lock()
         self._running: set[RemoteGroup] = set()
         self._retired = False
+        self._failed: tuple[float, RemoteError] | None = None  # the last attempt's, and when
 
     # -- connecting
 
     def connect(self) -> None:
+        asked = time.monotonic()
         with self._lock:
             if self._retired:
                 raise RemoteError(FailureKind.INTERRUPTED, "the run was interrupted")
-            if self._client is None:
+            if self._client is not None:
+                return
+            # A caller that waited here while an attempt failed gets that failure, not a
+            # second attempt and a second wait (doctor, the logs and the collection of a
+            # bundle connect at once); one that asks later tries again.
+            if self._failed is not None and self._failed[0] >= asked:
+                raise RemoteError(self._failed[1].kind, self._failed[1].message)
+            try:
                 self._client = self._open()
+            except RemoteError as error:
+                self._failed = (time.monotonic(), error)
+                raise
 
     def _open(self) -> paramiko.SSHClient:
         import paramiko
