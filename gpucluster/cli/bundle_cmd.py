@@ -23,6 +23,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
+from gpucluster.wording import counted
 
 
 def bundle(
@@ -62,8 +63,8 @@ def bundle(
     def progress(node: NodeBundle) -> None:
         size = sum(len(d) for d in node.files.values())
         state = f"[bold red]partial: {escape(node.error)}[/]" if node.error else "done"
-        err.print(f"{escape(node.host)}: {len(node.files)} files, {size / 1024:.0f} KiB in "
-                  f"{node.duration_s:.1f}s, {state}")
+        err.print(f"{escape(node.host)}: {counted(len(node.files), 'file')}, "
+                  f"{size / 1024:.0f} KiB in {node.duration_s:.1f}s, {state}")
 
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         collected = collect(session, loaded, store, record, progress)

@@ -18,6 +18,7 @@ from gpucluster.cli.options import (
 from gpucluster.cli.views import common
 from gpucluster.cli.views import inventory as inventory_view
 from gpucluster.errors import InventoryError
+from gpucluster.wording import counted
 
 app = typer.Typer(help="Inspect and validate the inventory.", no_args_is_help=True)
 
@@ -54,8 +55,8 @@ def check(inventory: InventoryOption = None, json_output: JsonOption = False) ->
     if json_output:
         common.print_json(stdout_console(), inventory_view.check_payload(loaded, []))
     else:
-        stdout_console().print(f"{loaded.path}: OK, {len(loaded.hosts)} hosts, "
-                               f"{len(loaded.groups)} groups")
+        stdout_console().print(f"{loaded.path}: OK, {counted(len(loaded.hosts), 'host')}, "
+                               f"{counted(len(loaded.groups), 'group')}")
 
 
 @app.command("export")

@@ -23,6 +23,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
+from gpucluster.wording import counted
 
 if TYPE_CHECKING:
     from gpucluster.observe.streams import ClusterStreams
@@ -121,7 +122,7 @@ def exporter(
             ClusterStreams(session, loaded, selected, interval) as streams:
         try:
             serve(streams, address.strip("[]"), int(port),
-                  lambda url: stderr_console().print(f"serving {url} for "
-                                                     f"{len(selected)} nodes; Ctrl-C ends"))
+                  lambda url: stderr_console().print(
+                      f"serving {url} for {counted(len(selected), 'node')}; Ctrl-C ends"))
         except KeyboardInterrupt:
             return

@@ -110,8 +110,8 @@ def parity(name: str, values: Mapping[str, Any], status_on_mismatch: Status, wha
     results = []
     for host, value in values.items():
         if len(groups) == 1:
-            results.append(CheckResult(name, host, Status.OK,
-                                       f"{what} {value} (same on all {len(values)} nodes)"))
+            same = f" (same on all {len(values)} nodes)" if len(values) > 1 else ""
+            results.append(CheckResult(name, host, Status.OK, f"{what} {value}{same}"))
         elif value == reference:
             results.append(CheckResult(name, host, Status.OK,
                                        f"{what} {value} (the majority; {spread})"))

@@ -32,6 +32,7 @@ from gpucluster.launch.model import (
 )
 from gpucluster.launch.node_scripts import HEARTBEAT_S
 from gpucluster.remote.session import Session
+from gpucluster.wording import counted
 
 # What a node must pass to rejoin: reachable, its GPUs there and healthy, nothing of
 # ours or anyone's still holding them.
@@ -172,7 +173,7 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
         if on_attempt is not None:
             on_attempt(record)
         say(f"attempt {number}: job {record.id} on {hostrange.fold(record.hosts)} "
-            f"({len(record.hosts)} nodes)")
+            f"({counted(len(record.hosts), 'node')})")
         attempt = Attempt(session, nodes, store, attempt_request, record)
         # A lost node is not waited for (its connect timeout) when stopping the others:
         # the health checks below re-check it, and stop it if it answers after all.

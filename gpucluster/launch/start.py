@@ -35,6 +35,7 @@ from gpucluster.torchrun import (
     nproc_for,
     torchrun_argv,
 )
+from gpucluster.wording import counted
 
 # Doctor's checks that decide whether a job can start: no job of ours still running,
 # no process holding a GPU, and the rendezvous port free on the head and reachable.
@@ -148,7 +149,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
             f"{n}: {f.message}" for n, f in planned.failures.items()))
     plans = {node: _Sync(request.workdir, files, code_dir, plan, needed)
              for node, (plan, needed) in planned.values.items()}
-    phase(f"syncing {request.workdir} ({len(files)} files) to {len(inventory.hosts)} nodes: "
+    phase(f"syncing {request.workdir} ({counted(len(files), 'file')}) to "
+          f"{counted(len(inventory.hosts), 'node')}: "
           + sync_summary({n: workdir.result_of(s.plan) for n, s in plans.items()}))
     job_id = new_job_id()
     record = JobRecord(
@@ -162,7 +164,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                        f"{request.run or job_id}", debug=request.debug)
     record = dataclasses.replace(record, env=masked(env, request.secret_env))
     store.save(record)
-    phase(f"starting job {record.id} (torchrun on {len(inventory.hosts)} nodes)")
+    phase(f"starting job {record.id} (torchrun on {counted(len(inventory.hosts), 'node')})")
     try:
         with contextlib.ExitStack() as streams:
             payloads = {}

@@ -143,6 +143,10 @@ def test_majority_and_parity() -> None:
     tie = parity("x", {"a": "1", "b": "2"}, Status.FAIL, "v", "fix")
     assert [r.status for r in tie] == [Status.FAIL, Status.FAIL]
     assert "1 on a; 2 on b" in tie[0].message
+    same = parity("x", {"a": "1", "b": "1"}, Status.FAIL, "v", "fix")
+    assert same[0].message == "v 1 (same on all 2 nodes)"
+    alone = parity("x", {"a": "1"}, Status.FAIL, "v", "fix")  # a one-server cluster
+    assert [(r.status, r.message) for r in alone] == [(Status.OK, "v 1")]
 
 
 def test_a_check_that_raises_becomes_fail_with_the_error(tmp_path: Path) -> None:

@@ -94,3 +94,19 @@ def test_provision_says_what_nodes_share_once_for_all_of_them() -> None:
     # Changes that differ stay apart, each with its own diff
     assert "n1 hosts: write /etc/hosts" in lines and "n2 hosts: write /etc/hosts" in lines
     assert "n[1-3] image: no `image:`" in lines and "n3 firewall: iptables: not found" in lines
+    assert lines[-1].startswith("provision: 5 node-steps would change;")
+
+
+def test_a_one_node_cluster_is_counted_in_the_singular_and_has_no_ssh_matrix() -> None:
+    from gpucluster.cli.views.provision import print_report
+    from gpucluster.provision.model import NodeResult, Outcome
+    from gpucluster.provision.runner import ProvisionReport
+
+    report = ProvisionReport(("n1",), ("ssh-mesh",), (
+        NodeResult("ssh-mesh", "n1", Outcome.CHANGED),), verified={"ssh-mesh": {"n1": {}}})
+    text = _text(lambda console: print_report(console, report, False))
+    assert "SSH from" not in text and "pairs" not in text
+    assert text.splitlines()[-1].startswith("provision: 1 node-step changed;")
+    assert run.failure_summary(FanoutResult(hosts=("n1",), values={}, failures={
+        "n1": HostFailure("n1", FailureKind.UNREACHABLE, "no answer")})).startswith(
+        "1 of 1 host failed")

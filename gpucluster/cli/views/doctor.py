@@ -14,6 +14,7 @@ from rich.table import Table
 from gpucluster import hostrange
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import DoctorReport, fold_summary
+from gpucluster.wording import counted
 
 STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
 
@@ -30,11 +31,11 @@ def print_report(console: Console, report: DoctorReport, verbose: bool) -> None:
     counts = Counter(r.status for r in report.results)
     console.print(f"doctor: {counts[Status.FAIL]} FAIL, {counts[Status.WARN]} WARN, "
                   f"{counts[Status.OK]} OK, {counts[Status.SKIP]} SKIP on "
-                  f"{len(report.hosts)} nodes in {report.duration_s:.1f}s")
+                  f"{counted(len(report.hosts), 'node')} in {report.duration_s:.1f}s")
 
 
 def _print_table(console: Console, report: DoctorReport) -> None:
-    table = Table(title=f"gpucluster doctor: {len(report.hosts)} nodes")
+    table = Table(title=f"gpucluster doctor: {counted(len(report.hosts), 'node')}")
     table.add_column("check")
     for host in report.hosts:
         table.add_column(host, justify="center")

@@ -10,6 +10,7 @@ from rich.table import Table
 from gpucluster.env_names import masked
 from gpucluster.errors import Problem
 from gpucluster.inventory import Inventory
+from gpucluster.wording import counted
 
 
 def hosts_payload(inventory: Inventory) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def print_hosts(console: Console, inventory: Inventory) -> None:
         "labels": [",".join(f"{k}={v}" for k, v in h.labels.items()) for h in inventory.hosts],
     }
     shown = {name: cells for name, cells in columns.items() if any(cells)}
-    table = Table(title=f"{len(inventory.hosts)} hosts in {inventory.path}")
+    table = Table(title=f"{counted(len(inventory.hosts), 'host')} in {inventory.path}")
     for name in shown:
         table.add_column(name)
     for row in zip(*shown.values(), strict=True):

@@ -22,6 +22,7 @@ from gpucluster.launch.model import (
     OutputCallback,
     StopResult,
 )
+from gpucluster.wording import counted
 
 
 def line_printer(stream: TextIO) -> OutputCallback:
@@ -104,7 +105,8 @@ def print_stopped(console: Console, record: JobRecord,
     `by_supervisor`: its recovery supervisor, ended first, had stopped the job."""
     for node, result in sorted(results.items()):
         if not result.confirmed:
-            left = f" {len(result.left)} processes left: {result.left}" if result.left else ""
+            left = f" {counted(len(result.left), 'process', 'processes')} left: " \
+                f"{result.left}" if result.left else ""
             console.print(f"[bold red]{node}: could not confirm the job ended: "
                           f"{escape(result.detail)}{left}[/]")
     if stopped_cleanly(results):

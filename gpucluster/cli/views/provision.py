@@ -12,6 +12,7 @@ from rich.table import Table
 from gpucluster import hostrange
 from gpucluster.provision.model import NodeResult, Outcome
 from gpucluster.provision.runner import ProvisionReport
+from gpucluster.wording import counted
 
 STYLE = {Outcome.CHANGED: "cyan", Outcome.OK: "green", Outcome.PASSED: "green",
          Outcome.PLANNED: "yellow",
@@ -45,7 +46,9 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
         table.add_row(host, *[f"[{STYLE[o]}]{o.value}[/]" for o in outcomes])
     console.print(table)
     _print_messages(console, report.results)
-    if report.mesh:
+    if len(report.hosts) < 2:
+        pass  # one node: no pairs to log in between
+    elif report.mesh:
         _print_mesh(console, report)
     elif not dry_run and any(r.step == "ssh-mesh" and r.outcome is Outcome.OK
                              for r in report.results):
@@ -54,7 +57,7 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
     changed = sum(1 for r in report.results if r.outcome is Outcome.CHANGED)
     verb = "would change" if dry_run else "changed"
     planned = sum(1 for r in report.results if r.outcome is Outcome.PLANNED)
-    console.print(f"provision: {planned if dry_run else changed} node-steps {verb}; "
+    console.print(f"provision: {counted(planned if dry_run else changed, 'node-step')} {verb}; "
                   f"log: {report.log}")
 
 
@@ -87,7 +90,7 @@ def _print_mesh(console: Console, report: ProvisionReport) -> None:
     broken = [f"{source} -> {target}" for source in report.hosts
               for target, state in report.mesh.get(source, {}).items() if state != "ok"]
     if broken:
-        console.print(f"[bold red]ssh-mesh:[/] {len(broken)} pair(s) cannot log in: "
+        console.print(f"[bold red]ssh-mesh:[/] {counted(len(broken), 'pair')} cannot log in: "
                       f"{escape(', '.join(broken))} (fix: `ssh -v PEER` from the first node "
                       f"of the pair shows why: sshd down, a firewall, a changed host key)")
 

@@ -12,11 +12,11 @@ from gpucluster import hostrange
 from gpucluster.cli.views.launch import outcome_payload
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.recover import AttemptReport, RecoveryResult
+from gpucluster.wording import counted
 
 
 def print_recovery(err: Console, result: RecoveryResult) -> None:
-    err.print(f"run {result.run}: {len(result.attempts)} attempt"
-              f"{'s' if len(result.attempts) != 1 else ''}")
+    err.print(f"run {result.run}: {counted(len(result.attempts), 'attempt')}")
     previous: AttemptReport | None = None
     for attempt in result.attempts:
         ended = attempt.ended + (f" ({attempt.detail})" if attempt.detail else "")

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from gpucluster import hostrange
 from gpucluster.remote.result import CommandResult, FanoutResult
+from gpucluster.wording import counted
 
 
 def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, Any]:
@@ -71,4 +72,4 @@ def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
             reasons.append(f"{name} (exit {value.exit_code})")
     if not reasons:
         return None
-    return f"{len(reasons)} of {len(result.hosts)} hosts failed: {', '.join(reasons)}"
+    return f"{len(reasons)} of {counted(len(result.hosts), 'host')} failed: {', '.join(reasons)}"

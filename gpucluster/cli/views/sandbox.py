@@ -11,12 +11,13 @@ from rich.console import Console
 from gpucluster.cli.views.common import print_table
 from gpucluster.sandbox.cluster import NodeStatus, UpResult
 from gpucluster.sandbox.spec import SandboxSpec
+from gpucluster.wording import counted
 
 
 def print_up(console: Console, result: UpResult) -> None:
     spec = result.spec
     started = ", ".join(result.started) or "none (all were up)"
-    console.print(f"sandbox {spec.name}: {len(spec.nodes)} nodes on {spec.subnet}; "
+    console.print(f"sandbox {spec.name}: {counted(len(spec.nodes), 'node')} on {spec.subnet}; "
                   f"started: {started}")
     if result.removed:
         console.print(f"removed: {', '.join(result.removed)}")

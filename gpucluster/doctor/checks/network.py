@@ -79,8 +79,9 @@ def name_resolution(context: Context) -> list[CheckResult]:
                                        "127.0.1.1 line naming the host)",
                                        {"resolved": dict(seen.resolved)}))
         else:
-            results.append(CheckResult("name-resolution", host.name, Status.OK,
-                                       f"all {len(peers)} hostnames resolve to cluster addresses"))
+            said = f"all {len(peers)} hostnames resolve to cluster addresses" \
+                if len(peers) > 1 else "its hostname resolves to its cluster address"
+            results.append(CheckResult("name-resolution", host.name, Status.OK, said))
     return results
 
 
