@@ -40,6 +40,7 @@ class Summary:
     slowest: tuple[str, float] | None  # node, mean GPU utilisation (of 2+ nodes)
     busiest: tuple[str, str, int] | None  # node, interface, rx + tx bytes/s
     idle_in_jobs: tuple[tuple[str, int, str], ...]  # node, GPU, job
+    busy_gpus: tuple[int, int] = (0, 0)  # GPUs at IDLE_UTIL or more, of all sampled
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,11 @@ class Snapshot:
                  for name, (rx, tx) in n.sample.rates.items() if rx + tx > 0]
         # The slowest node matters when some GPUs work: among idle ones there is none.
         busy = len(utils) > 1 and max(u for _, u in utils) >= IDLE_UTIL
+        gpus = [g for n in fresh if n.sample for g in n.sample.gpus]
+        working = sum(1 for g in gpus if g.util is not None and g.util >= IDLE_UTIL)
         return Summary(min(utils, key=lambda x: x[1]) if busy else None,
                        max(links, key=lambda x: x[2]) if links else None,
-                       tuple(_idle_in_jobs(fresh)))
+                       tuple(_idle_in_jobs(fresh)), (working, len(gpus)))
 
 
 def _idle_in_jobs(nodes: list[NodeView]) -> list[tuple[str, int, str]]:

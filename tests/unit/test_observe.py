@@ -66,6 +66,17 @@ def test_the_summary_names_the_slowest_node_the_busiest_link_and_idle_job_gpus()
     idle = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((0, 0), rx=0))),
                                view("node2", parse_frame(frame((1, 0), rx=0)))))
     assert idle.summary.slowest is None and idle.summary.busiest is None  # nothing works
+    assert summary.busy_gpus == (3, 4) and idle.summary.busy_gpus == (0, 4)
+
+
+def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
+    from gpucluster.cli.views.top import summary_line
+
+    alone = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((65, 50), rx=0))),))
+    assert alone.summary.slowest is None and alone.summary.busiest is None
+    assert summary_line(alone).plain == "2/2 GPUs busy"  # not "no GPU activity"
+    none = Snapshot(0.0, 1.0, (view("node1", None, stale=True),))
+    assert summary_line(none).plain == "no GPUs sampled | stale: node1"
 
 
 def test_json_counts_ecc_errors_since_first_seen_and_marks_stale_nodes() -> None:

@@ -26,7 +26,9 @@ def rate(bytes_per_s: int | None) -> str:
 
 def summary_line(snapshot: Snapshot) -> Text:
     summary = snapshot.summary
-    parts = []
+    busy, sampled = summary.busy_gpus
+    # Always first: on one node, or before the rates of a second frame, it may be alone.
+    parts = [f"{busy}/{sampled} GPUs busy" if sampled else "no GPUs sampled"]
     if summary.slowest:
         parts.append(f"slowest node: {summary.slowest[0]} ({summary.slowest[1]:.0f}% GPU)")
     if summary.busiest:
@@ -39,7 +41,7 @@ def summary_line(snapshot: Snapshot) -> Text:
     stale = [n.host for n in snapshot.nodes if n.stale]
     if stale:
         parts.append(f"stale: {', '.join(stale)}")
-    return Text(" | ".join(parts) or "no GPU activity", style="bold")
+    return Text(" | ".join(parts), style="bold")
 
 
 def _who(processes: list[GpuProcess]) -> str:
