@@ -24,9 +24,10 @@ def stale_after(interval_s: float) -> float:
 
 
 def sampler_command(inventory: Inventory, host: Host, interval_s: float) -> str:
-    # The interface that carries the cluster's traffic is the one towards a peer.
+    # The interface that carries the cluster's traffic is the one towards a peer (alone,
+    # the one holding the node's own address).
     peers = [h for h in inventory.hosts if h.name != host.name]
-    peer = peers[0].address if peers else ""
+    peer = peers[0].address if peers else host.address
     return "exec " + node_gpus_command(inventory.cluster.python, "stream",
                                        str(max(100, round(interval_s * 1000))),
                                        shlex.quote(peer))

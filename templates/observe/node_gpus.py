@@ -157,6 +157,8 @@ class Loop(threading.Thread):
 
 
 def interface_to(peer):
+    """The interface towards a peer; given the node's own address (a one-node cluster),
+    the interface holding it rather than the loopback its route takes."""
     try:
         address = socket.getaddrinfo(peer, None)[0][4][0]  # a name, or an address
     except OSError:
@@ -164,6 +166,10 @@ def interface_to(peer):
     done = subprocess.run(["ip", "-o", "route", "get", address], check=False,
                           capture_output=True, text=True)
     words = done.stdout.split()
+    if words[:1] == ["local"]:
+        done = subprocess.run(["ip", "-o", "addr", "show", "to", address], check=False,
+                              capture_output=True, text=True)
+        words = ["dev", done.stdout.split()[1]] if len(done.stdout.split()) > 1 else []
     return words[words.index("dev") + 1] if "dev" in words else None
 
 

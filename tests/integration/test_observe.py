@@ -83,8 +83,8 @@ def top_once(cluster: Sandbox, *args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox,
-                                                                job: str) -> None:
+def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox, job: str,
+                                                                tmp_path: Path) -> None:
     snapshot = top_once(cluster)
     # The schema, pinned: a change here is a new schema number.
     assert snapshot["schema"] == 1
@@ -114,6 +114,11 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
     assert all(len({r for r, h in ranks.items() if h == host}) == 2 for host in cluster.nodes)
     # -w selects hosts.
     assert [n["host"] for n in top_once(cluster, "-w", "node2")["nodes"]] == ["node2"]
+    # A one-node cluster has no peer to find its interface by: the one holding its address.
+    alone = cluster.write_inventory(tmp_path / "one.yaml", hosts=[
+        h for h in cluster.data["hosts"] if h["name"] == "node2"])
+    done = gpucluster("top", "-i", str(alone), "--once", "--json")
+    assert json.loads(done.stdout)["nodes"][0]["interface"] == "eth0", done.stderr
 
 
 def _read_snapshots(process: subprocess.Popen[str], until: object, limit: float) -> dict:
