@@ -71,9 +71,9 @@ def bundle(
     size = write(collected, store, loaded.path, target.absolute())
     stdout_console().print(str(target))
     lost = [h for h, b in collected.nodes.items() if b.error]
-    err.print(f"bundle {target}: {size / 1024 / 1024:.1f} MiB from {len(collected.nodes)} "
-              f"nodes in {collected.duration_s:.1f}s" + (f"; partial for {', '.join(lost)}"
-                                                         if lost else "")
-              + "; start with its SUMMARY.md")
+    partial = f"; partial for {', '.join(lost)}" if lost else ""
+    err.print(f"bundle {target}: {size / 1024 / 1024:.1f} MiB from "
+              f"{counted(len(collected.nodes), 'node')} in {collected.duration_s:.1f}s"
+              f"{partial}; start with its SUMMARY.md")
     if lost:
         raise typer.Exit(EXIT_FAILED)

@@ -110,3 +110,25 @@ def test_a_one_node_cluster_is_counted_in_the_singular_and_has_no_ssh_matrix() -
     assert run.failure_summary(FanoutResult(hosts=("n1",), values={}, failures={
         "n1": HostFailure("n1", FailureKind.UNREACHABLE, "no answer")})).startswith(
         "1 of 1 host failed")
+
+
+def test_counts_are_worded_in_the_singular_for_one() -> None:
+    from gpucluster.wording import counted
+
+    assert [counted(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
+    assert counted(1, "process", "processes") == "1 process"
+    assert counted(3, "process", "processes") == "3 processes"
+
+
+def test_a_one_rank_smoke_says_it_measured_no_link() -> None:
+    from gpucluster.cli.views.smoke import print_smoke
+    from gpucluster.smoke.runner import SmokeReport
+
+    sweep = [{"bytes": 65536, "time_s": 3e-5, "algbw_gbps": 18.7, "busbw_gbps": 0.0,
+              "correct": True}]
+    alone = _text(lambda console: print_smoke(console, SmokeReport("gloo", 1, sweep, {}, {},
+                                                                   [])))
+    assert "all-reduce, 1 rank, backend gloo" in alone and "crossed no link" in alone
+    two = _text(lambda console: print_smoke(console, SmokeReport("gloo", 2, sweep, {}, {},
+                                                                 [])))
+    assert "2 ranks" in two and "crossed no link" not in two

@@ -116,9 +116,9 @@ def print_stopped(console: Console, record: JobRecord,
             console.print(f"job {record.id} had already ended: nothing of it is left on "
                           f"{hostrange.fold(list(results))}")
             return
+        kill = f"; KILL needed on {hostrange.fold(killed)}" if killed else ""
         how = "its recovery supervisor stopped it as it ended" if found == 0 else \
-            f"{found} processes ended" + (f"; KILL needed on {hostrange.fold(killed)}"
-                                          if killed else "")
+            f"{counted(found, 'process', 'processes')} ended{kill}"
         console.print(f"job {record.id} stopped: nothing of it is left on "
                       f"{hostrange.fold(list(results))} ({how})")
 

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpucluster.smoke.runner import SmokeReport
+from gpucluster.wording import counted
 
 
 def smoke_payload(report: SmokeReport) -> dict[str, Any]:
@@ -19,6 +20,9 @@ def smoke_payload(report: SmokeReport) -> dict[str, Any]:
 def print_smoke(console: Console, report: SmokeReport) -> None:
     if report.sweep:  # else nothing was measured: the problems say why
         console.print(_sweep_table(report))
+    if report.sweep and report.world_size == 1:
+        console.print("[yellow]one rank: the all-reduce crossed no link and no other GPU "
+                      "(busbw is 0 by definition); it checks torch and the backend only[/]")
     for node, why in report.slow.items():
         console.print(f"[yellow]slow node {node}[/]: {escape(why)}")
     for problem in report.problems:
@@ -27,7 +31,7 @@ def print_smoke(console: Console, report: SmokeReport) -> None:
 
 
 def _sweep_table(report: SmokeReport) -> Table:
-    table = Table(title=f"all-reduce, {report.world_size} ranks, backend "
+    table = Table(title=f"all-reduce, {counted(report.world_size, 'rank')}, backend "
                         f"{report.backend or '?'}")
     for column in ("size", "time", "algbw Gbit/s", "busbw Gbit/s", "correct"):
         table.add_column(column, justify="right")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.inventory import Host
+from gpucluster.wording import counted
 
 DRIVER_REMEDY = ("check that the kernel module is loaded (lsmod | grep nvidia; dmesg | grep -i "
                  "nvrm); after a kernel update reinstall the driver (DKMS) or reboot")
@@ -49,7 +50,8 @@ def nvidia_smi_present(context: Context) -> list[CheckResult]:
                                        facts.driver_failure, DRIVER_REMEDY))
         else:
             results.append(CheckResult("nvidia-smi", host.name, Status.OK,
-                                       f"{len(facts.gpus)} GPUs answer"))
+                                       f"{counted(len(facts.gpus), 'GPU')} answer"
+                                       if len(facts.gpus) != 1 else "its GPU answers"))
     return results
 
 
@@ -62,7 +64,7 @@ def gpu_count(context: Context) -> list[CheckResult]:
         if host.gpus is not None and found != host.gpus:
             results.append(CheckResult(
                 "gpu-count", host.name, Status.FAIL,
-                f"{found} GPUs found, inventory expects {host.gpus}",
+                f"{counted(found, 'GPU')} found, inventory expects {host.gpus}",
                 "compare nvidia-smi -L with the hardware; a GPU that fell off the bus shows "
                 "in dmesg (grep -i 'fallen off'); or fix `gpus:` in the inventory"))
         elif found or expects_gpus(host, context):
