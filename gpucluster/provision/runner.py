@@ -36,6 +36,7 @@ from gpucluster.remote.session import Session
 from gpucluster.reports import Section
 from gpucluster.selection import select
 from gpucluster.state import exclusive, new_log, state_dir_for
+from gpucluster.wording import counted
 
 T = TypeVar("T")
 PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
@@ -329,7 +330,7 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
     context = ProvisionContext(inventory, state_dir, dry_run=False)
     run = _Run(session, inventory, log, context.down)
     step = FirewallStep() if what == "firewall" else SlurmStep()
-    done = "commands" if what == "firewall" else "paths removed"
+    done = ("command", "commands") if what == "firewall" else ("path removed", "paths removed")
 
     def remove(host: Host, connection: LoggedConnection) -> NodeResult:
         try:
@@ -337,9 +338,11 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
         except GpuclusterError as error:
             return NodeResult(what, host.name, Outcome.FAILED, message=str(error))
         outcome = Outcome.CHANGED if undone else Outcome.OK
-        return NodeResult(what, host.name, outcome, message=f"{len(undone)} {done}")
+        return NodeResult(what, host.name, outcome, message=counted(len(undone), *done)
+                          if undone else f"nothing of the {what} step's to remove")
 
     result = run.each(remove)
     failed = [NodeResult(what, n, Outcome.FAILED, message=f.message)
               for n, f in result.failures.items()]
-    return [*result.values.values(), *failed]
+    order = {h.name: i for i, h in enumerate(inventory.hosts)}
+    return sorted([*result.values.values(), *failed], key=lambda r: order[r.host])

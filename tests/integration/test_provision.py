@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpucluster import hostrange
 from tests.cli import gpucluster
 from tests.sandbox import Sandbox, busybox_image
 
@@ -270,6 +271,12 @@ def test_undo_firewall_restores_the_ruleset(cluster: Sandbox) -> None:
     assert "--comment gpucluster" in with_ours
     done = gpucluster("provision", "-i", str(cluster.inventory), "--undo", "firewall")
     assert done.code == 0, done.stderr
+    # Said once for every node, in the inventory's order.
+    assert re.fullmatch(rf"{re.escape(hostrange.fold(cluster.nodes))} firewall: changed "
+                        rf"\(\d+ commands\)\n", done.stdout), done.stdout
+    again = gpucluster("provision", "-i", str(cluster.inventory), "--undo", "firewall")
+    assert again.stdout == f"{hostrange.fold(cluster.nodes)} firewall: already ok (nothing " \
+                           f"of the firewall step's to remove)\n", again.stdout
     after = cluster.node_exec("node1", "iptables -S INPUT").stdout
     original = [line for line in with_ours.splitlines() if "gpucluster" not in line]
     assert after.splitlines() == original

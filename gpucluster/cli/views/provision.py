@@ -111,7 +111,9 @@ def summary_payload(report: ProvisionReport) -> dict[str, Any]:
 
 
 def print_undo(console: Console, results: list[NodeResult]) -> None:
-    """`--undo STEP`: per node what was removed."""
-    for result in results:
-        console.print(f"{result.host} {result.step}: {result.outcome.value} "
-                      f"({escape(result.message)})")
+    """`--undo STEP`: per node what was removed, said once for the nodes it is the same on."""
+    said = hostrange.hosts_by(((r.step, r.outcome, r.message), r.host) for r in results)
+    for (step, outcome, message), hosts in said.items():
+        style = "bold red" if outcome is Outcome.FAILED else ""
+        line = f"{hostrange.fold(hosts)} {step}: {outcome.value} ({message})"
+        console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
