@@ -69,7 +69,8 @@ def running_daemons(cluster: Sandbox, node: str) -> list[str]:
     names = set()
     for pid in pids:
         with contextlib.suppress(OSError):
-            names.add(Path(f"/proc/{pid}/comm").read_text().strip())
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                names.add(Path(f"/proc/{pid}/comm").read_text().strip())
     return sorted(names & set(DAEMONS))
 
 
@@ -135,6 +136,13 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     # A second run changes nothing; a changed setting shows as a diff, changing nothing.
     again = provision(cluster, "--with", "slurm")
     assert again["exit"] == 0 and set(slurm_outcomes(again).values()) == {"already ok"}
+    # A slurmd killed outright leaves its pid file, and a zombie until the node's init
+    # reaps it: the next run takes it for down, not for a daemon, and starts it again.
+    cluster.node_exec("node3", "kill -KILL $(cat /run/slurm/slurmd.pid)")
+    revived = provision(cluster, "--with", "slurm")
+    assert slurm_outcomes(revived) == {"node1": "already ok", "node2": "already ok",
+                                       "node3": "changed"}, revived
+    assert "slurmd" in running_daemons(cluster, "node3")
     # Beside the inventory: the same state directory, so the same munge key.
     renamed = cluster.write_inventory(cluster.inventory.parent / "renamed.yaml",
                                       slurm={**cluster.data["slurm"], "partition": "train"})
