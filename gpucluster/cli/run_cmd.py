@@ -54,7 +54,9 @@ def run(
     selected = loaded.select(hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
             common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
-        result = session.run(selected, command, timeout=timeout, sudo=sudo,
+        # The command's stdin is empty, as with `ssh -n`: a command that reads it ends
+        # rather than waiting out its time limit for input that never comes.
+        result = session.run(selected, command, timeout=timeout, sudo=sudo, stdin=b"",
                              env=loaded.cluster.env, on_done=lambda _host, _outcome: advance())
     console = stdout_console()
     if json_output:

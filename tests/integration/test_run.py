@@ -38,6 +38,13 @@ def test_identical_outputs_are_folded_and_unique_ones_prefixed(sandbox: Sandbox)
         assert f"{node}: {node}" in different.stdout
 
 
+def test_a_command_reading_stdin_sees_its_end_at_once(sandbox: Sandbox) -> None:
+    """As `ssh -n`: nothing is sent, so `cat` ends instead of waiting out the limit."""
+    done = gpucluster("run", "-i", str(sandbox.inventory), "-t", "15", "cat; echo read-all")
+    assert done.code == 0, done.stderr
+    assert "read-all" in done.stdout
+
+
 def test_selection_by_range_and_by_group(sandbox: Sandbox, tmp_path: Path) -> None:
     picked = gpucluster("run", "-i", str(sandbox.inventory), "--json", "--hosts",
                         "node[2-3]", "hostname")
