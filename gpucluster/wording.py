@@ -6,3 +6,12 @@ from __future__ import annotations
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`3 nodes`, `1 node`: a one-server cluster is where many users start."""
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def size(count: int) -> str:
+    """Bytes in binary units, one decimal where it says something: `7.2 KiB`, `64 KiB`,
+    `286.1 MiB`."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= factor:
+            return f"{count / factor:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} B"

@@ -23,7 +23,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
-from gpucluster.wording import counted
+from gpucluster.wording import counted, size
 
 
 def bundle(
@@ -61,18 +61,18 @@ def bundle(
     err = stderr_console()
 
     def progress(node: NodeBundle) -> None:
-        size = sum(len(d) for d in node.files.values())
+        collected_bytes = sum(len(d) for d in node.files.values())
         state = f"[bold red]partial: {escape(node.error)}[/]" if node.error else "done"
         err.print(f"{escape(node.host)}: {counted(len(node.files), 'file')}, "
-                  f"{size / 1024:.0f} KiB in {node.duration_s:.1f}s, {state}")
+                  f"{size(collected_bytes)} in {node.duration_s:.1f}s, {state}")
 
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         collected = collect(session, loaded, store, record, progress)
-    size = write(collected, store, loaded.path, target.absolute())
+    archive_bytes = write(collected, store, loaded.path, target.absolute())
     stdout_console().print(str(target))
     lost = [h for h, b in collected.nodes.items() if b.error]
     partial = f"; partial for {', '.join(lost)}" if lost else ""
-    err.print(f"bundle {target}: {size / 1024 / 1024:.1f} MiB from "
+    err.print(f"bundle {target}: {size(archive_bytes)} from "
               f"{counted(len(collected.nodes), 'node')} in {collected.duration_s:.1f}s"
               f"{partial}; start with its SUMMARY.md")
     if lost:

@@ -35,7 +35,7 @@ from gpucluster.torchrun import (
     nproc_for,
     torchrun_argv,
 )
-from gpucluster.wording import counted
+from gpucluster.wording import counted, size
 
 # Doctor's checks that decide whether a job can start: no job of ours still running,
 # no process holding a GPU, and the rendezvous port free on the head and reachable.
@@ -45,6 +45,8 @@ PREFLIGHT_CHECKS = ("ssh", "jobs", "gpu-processes", "rendezvous-port")
 TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"  # per-rank logs, inside the node's job dir
 TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
+LARGE_SYNC_BYTES = 100 << 20  # sent to one node: worth naming what is that big
+LARGE_FILE_BYTES = 10 << 20
 
 
 def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str
@@ -88,8 +90,23 @@ def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
     """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded."""
     groups = hostrange.hosts_by((result, node) for node, result in results.items())
     return "synced: " + "; ".join(
-        f"{r.sent} sent ({r.bytes_sent / 1024:.1f} KiB), {r.deleted} deleted, "
+        f"{r.sent} sent ({size(r.bytes_sent)}), {r.deleted} deleted, "
         f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
+
+
+def large_files_note(plans: Mapping[str, workdir.SyncPlan]) -> str | None:
+    """Name the largest files when a sync sends much: a dataset or checkpoint left in
+    the work dir goes to every node, on every change, unless it is ignored."""
+    if max((plan.bytes_to_send for plan in plans.values()), default=0) < LARGE_SYNC_BYTES:
+        return None
+    sending = {f.path: f.size for plan in plans.values() for f in plan.send}
+    largest = sorted(((p, n) for p, n in sending.items() if n >= LARGE_FILE_BYTES),
+                     key=lambda item: -item[1])[:3]
+    what = ", ".join(f"{p} ({size(n)})" for p, n in largest) if largest else \
+        f"{counted(len(sending), 'file')}, none of them large"
+    return (f"{size(max(p.bytes_to_send for p in plans.values()))} to send to a node; "
+            f"the largest files: {what}; data the nodes have another way belongs in "
+            f".gpuclusterignore")
 
 
 def code_dir_for(inventory: Inventory, local_dir: Path) -> str:
@@ -142,8 +159,9 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         raise LaunchRefused("the cluster is not ready for a new job", findings)
     # The changes go with the start, in one round trip per node: what each node lacks is
     # known from the listing that came back with the checks.
+    ignored = workdir.IgnoreRules(request.workdir).ignored
     planned = session.map(inventory.hosts, lambda c: workdir.plan_for(
-        c, files, code_dir, listed.get(c.host)))
+        c, files, code_dir, listed.get(c.host), ignored))
     if planned.failures:
         raise GpuclusterError("sync failed on " + "; ".join(
             f"{n}: {f.message}" for n, f in planned.failures.items()))
@@ -152,6 +170,9 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     phase(f"syncing {request.workdir} ({counted(len(files), 'file')}) to "
           f"{counted(len(inventory.hosts), 'node')}: "
           + sync_summary({n: workdir.result_of(s.plan) for n, s in plans.items()}))
+    note = large_files_note({n: s.plan for n, s in plans.items()})
+    if note is not None:
+        phase(note)
     job_id = new_job_id()
     record = JobRecord(
         id=job_id, script=script, args=list(request.args),

@@ -9,15 +9,16 @@ outputs) are never touched.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import io
 import os
 import tarfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from pathspec import GitIgnoreSpec
 
 from gpucluster import reports
 from gpucluster.errors import GpuclusterError
@@ -61,55 +62,52 @@ class SyncResult:
     bytes_sent: int
 
 
-def read_ignore_file(root: Path) -> list[str]:
-    """Patterns from `.gpuclusterignore`, gitignore-style: one per line, # comments,
-    a trailing / for directories only, a / inside anchors the pattern at the root."""
-    path = root / IGNORE_FILE
-    if not path.is_file():
-        return []
-    patterns = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("!"):
-            raise GpuclusterError(f"{path}:{number}: negated patterns (!) are not supported "
-                                  f"(fix: list what to exclude, not what to keep)")
-        patterns.append(line)
-    return patterns
+class IgnoreRules:
+    """What is never sent: ALWAYS_EXCLUDED names anywhere, and `.gpuclusterignore` with
+    git's own rules (pathspec's GitIgnoreSpec: `**`, anchoring, negation, escapes), so
+    that a pattern means here what it means in a .gitignore."""
 
+    def __init__(self, root: Path) -> None:
+        self.path = root / IGNORE_FILE
+        lines = self.path.read_text(encoding="utf-8").splitlines() \
+            if self.path.is_file() else []
+        self._spec = self._compile(lines)
 
-def is_ignored(relative: str, is_dir: bool, patterns: list[str]) -> bool:
-    name = relative.rsplit("/", 1)[-1]
-    if name in ALWAYS_EXCLUDED:
-        return True
-    for pattern in patterns:
-        if pattern.endswith("/") and not is_dir:
-            continue
-        bare = pattern.rstrip("/")
-        if "/" in bare:
-            if fnmatch.fnmatchcase(relative, bare.lstrip("/")):
-                return True
-        elif fnmatch.fnmatchcase(name, bare):
+    def _compile(self, lines: list[str]) -> GitIgnoreSpec:
+        try:
+            return GitIgnoreSpec.from_lines(lines)
+        except ValueError as error:  # pathspec names no line: find it
+            for number, line in enumerate(lines, 1):
+                try:
+                    GitIgnoreSpec.from_lines([line])
+                except ValueError:
+                    raise GpuclusterError(f"{self.path}:{number}: {line!r} is not a valid "
+                                          f"gitignore pattern ({error}; fix or remove "
+                                          f"it)") from None
+            raise GpuclusterError(f"{self.path}: {error}") from None
+
+    def ignored(self, relative: str, is_dir: bool = False) -> bool:
+        if relative.rsplit("/", 1)[-1] in ALWAYS_EXCLUDED:
             return True
-    return False
+        return self._spec.match_file(relative + "/" if is_dir else relative)
 
 
 def local_files(root: Path) -> dict[str, LocalFile]:
     """Regular files under `root` that are not excluded; virtualenvs are recognised by
-    their pyvenv.cfg whatever they are called."""
-    patterns = read_ignore_file(root)
+    their pyvenv.cfg whatever they are called. As in git, a file under an excluded
+    directory stays out whatever a later `!pattern` says."""
+    rules = IgnoreRules(root)
     found: dict[str, LocalFile] = {}
     for directory, dirs, files in os.walk(root):
         base = Path(directory)
         prefix = base.relative_to(root).as_posix()
         prefix = "" if prefix == "." else prefix + "/"
         dirs[:] = sorted(d for d in dirs
-                         if not is_ignored(prefix + d, True, patterns)
+                         if not rules.ignored(prefix + d, is_dir=True)
                          and not (base / d / "pyvenv.cfg").exists())
         for name in sorted(files):
             relative = prefix + name
-            if "\n" in relative or is_ignored(relative, False, patterns):
+            if "\n" in relative or rules.ignored(relative):
                 continue
             status = (base / name).stat()
             if not (base / name).is_file():
@@ -142,9 +140,14 @@ def parse_listing(found: Mapping[str, reports.Section]
 
 
 def plan_sync(local: Mapping[str, LocalFile], previous: set[str],
-              remote: Mapping[str, tuple[int, int]]) -> SyncPlan:
+              remote: Mapping[str, tuple[int, int]],
+              ignored: Callable[[str], bool] = lambda _path: False) -> SyncPlan:
+    """Send what differs; delete what we sent before and the work dir no longer has,
+    but not what it now ignores (as rsync's --delete spares excluded files): ignoring a
+    dataset the nodes hold must not delete it there."""
     send = tuple(f for p, f in local.items() if remote.get(p) != (f.size, f.mtime))
-    delete = tuple(sorted(p for p in previous if p not in local and p in remote))
+    delete = tuple(sorted(p for p in previous
+                          if p not in local and p in remote and not ignored(p)))
     return SyncPlan(send, delete, len(local) - len(send))
 
 
@@ -198,7 +201,8 @@ def apply_command(code_dir: str, delete: tuple[str, ...], node: str) -> str:
 
 
 def plan_for(connection: Connection, local: Mapping[str, LocalFile], code_dir: str,
-             listed: Mapping[str, reports.Section] | None = None) -> tuple[SyncPlan, bool]:
+             listed: Mapping[str, reports.Section] | None = None,
+             ignored: Callable[[str], bool] = lambda _path: False) -> tuple[SyncPlan, bool]:
     """What to send the node, and whether anything must be applied there (the manifest
     too can be out of date). From `listed` when the caller's own round trip brought the
     node's listing; else one round trip for it."""
@@ -208,7 +212,7 @@ def plan_for(connection: Connection, local: Mapping[str, LocalFile], code_dir: s
             raise GpuclusterError(f"cannot list {code_dir}: {listing.stderr.strip()[-200:]}")
         listed = reports.sections(listing.stdout)
     previous, remote = parse_listing(listed)
-    plan = plan_sync(local, previous, remote)
+    plan = plan_sync(local, previous, remote, ignored)
     return plan, bool(plan.send or plan.delete or previous != set(local))
 
 
@@ -220,7 +224,7 @@ def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
          code_dir: str, listed: Mapping[str, reports.Section] | None = None) -> SyncResult:
     """Bring the node's copy of `root` up to date: its listing, then one round that sends
     the changes (launch sends them with the job's start instead)."""
-    plan, needed = plan_for(connection, local, code_dir, listed)
+    plan, needed = plan_for(connection, local, code_dir, listed, IgnoreRules(root).ignored)
     if needed:
         with tar_stream(root, plan.send, sorted(local)) as tar:
             applied = connection.run(apply_command(code_dir, plan.delete, connection.host),

@@ -424,6 +424,14 @@ def test_sync_sends_only_what_changed_and_keeps_job_output(cluster: Sandbox,
     assert cluster.node_exec("node3", f"cat {code_dir}/written-by-job.txt").stdout == \
         "job output"
 
+    # Ignoring what was sent before (a dataset the nodes hold now) keeps their copy.
+    (project / ".gpuclusterignore").write_text("*.ckpt\ndata/\n")
+    stdout, stderr = launch()
+    assert re.search(r"synced: 1 sent .*, 0 deleted, 2 unchanged on node\[1-3\]", stderr), \
+        stderr
+    assert cluster.node_exec("node3", f"cat {code_dir}/data/a.txt").stdout == "changed"
+    (project / ".gpuclusterignore").write_text("# not for the nodes\n*.ckpt\n")
+
 
 FAKE_TORCHRUN = """#!/bin/sh
 # Stands in for torchrun inside a busybox image: the sandbox has no image with torch.

@@ -20,7 +20,7 @@ from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import FirstFailure, LaunchRequest, NodeState, parse_state
-from gpucluster.launch.start import check_request, sync_summary
+from gpucluster.launch.start import check_request, large_files_note, sync_summary
 from gpucluster.torchrun import TorchrunSpec, torchrun_argv
 from tests.cli import gpucluster
 
@@ -47,9 +47,21 @@ def test_local_files_leave_out_vcs_virtualenvs_caches_state_and_ignored(tmp_path
     assert files["train.py"].mtime == int((tmp_path / "train.py").stat().st_mtime)
 
 
-def test_negated_ignore_pattern_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / ".gpuclusterignore").write_text("*.log\n!keep.log\n")
-    with pytest.raises(GpuclusterError, match=r"\.gpuclusterignore:2: negated patterns"):
+def test_the_ignore_file_follows_gits_rules(tmp_path: Path) -> None:
+    _tree(tmp_path, {
+        "a.log": "x", "keep.log": "k", "logs/keep.log": "k2", "data/x/raw/1.bin": "r",
+        "data/raw.txt": "t", "src/model.py": "m", "build/keep.log": "b",
+        ".gpuclusterignore": "*.log\n!keep.log\ndata/**/raw/\nbuild/\n",
+    })
+    # A negated pattern brings a file back, unless a directory above it is excluded.
+    assert sorted(workdir.local_files(tmp_path)) == [
+        ".gpuclusterignore", "data/raw.txt", "keep.log", "logs/keep.log", "src/model.py"]
+
+
+def test_an_invalid_ignore_pattern_names_its_line(tmp_path: Path) -> None:
+    (tmp_path / ".gpuclusterignore").write_text("*.log\n!\n")
+    with pytest.raises(GpuclusterError, match=r"\.gpuclusterignore:2: '!' is not a valid "
+                                              r"gitignore pattern"):
         workdir.local_files(tmp_path)
 
 
@@ -63,6 +75,11 @@ def test_plan_sends_changed_and_deletes_only_what_it_sent(tmp_path: Path) -> Non
     assert [f.path for f in plan.send] == ["b.py", "c.py"]
     assert plan.delete == ("old.py",)  # never checkpoint.pt: the job wrote it
     assert plan.unchanged == 1
+    # Sent before and ignored now (a dataset the nodes keep): not deleted there.
+    (tmp_path / ".gpuclusterignore").write_text("old.py\n")
+    kept = workdir.plan_sync(local, {"a.py", "old.py"}, remote,
+                             workdir.IgnoreRules(tmp_path).ignored)
+    assert kept.delete == ()
 
 
 def test_listing_round_trip_keeps_odd_names() -> None:
@@ -223,9 +240,25 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
 
 def test_sync_summary_folds_identical_nodes() -> None:
     same = workdir.SyncResult(1, 0, 2, 2048)
-    text = sync_summary({"n1": same, "n2": same, "n3": workdir.SyncResult(3, 0, 0, 4096)})
-    assert text == ("synced: 1 sent (2.0 KiB), 0 deleted, 2 unchanged on n[1-2]; "
-                    "3 sent (4.0 KiB), 0 deleted, 0 unchanged on n3")
+    text = sync_summary({"n1": same, "n2": same, "n3": workdir.SyncResult(3, 0, 0, 307 << 20)})
+    assert text == ("synced: 1 sent (2 KiB), 0 deleted, 2 unchanged on n[1-2]; "
+                    "3 sent (307 MiB), 0 deleted, 0 unchanged on n3")
+
+
+def test_a_large_sync_names_its_largest_files() -> None:
+    def plan(*sizes: tuple[str, int]) -> workdir.SyncPlan:
+        return workdir.SyncPlan(tuple(workdir.LocalFile(p, n, 0, 0o644) for p, n in sizes),
+                                (), 0)
+    code = ("train.py", 7 << 10)
+    assert large_files_note({"n1": plan(code), "n2": plan(code)}) is None
+    data, ckpt = ("data/train.bin", 300 << 20), ("last.ckpt", 1536 << 20)
+    note = large_files_note({"n1": plan(code, data, ckpt), "n2": plan(data)})
+    assert note is not None and note.startswith(
+        "1.8 GiB to send to a node; the largest files: last.ckpt (1.5 GiB), data/train.bin "
+        "(300 MiB); ")
+    assert ".gpuclusterignore" in note
+    many = large_files_note({"n1": plan(*((f"f{i}", 1 << 20) for i in range(120)))})
+    assert many is not None and "the largest files: 120 files, none of them large" in many
 
 
 def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpucluster.smoke.runner import SmokeReport
-from gpucluster.wording import counted
+from gpucluster.wording import counted, size
 
 
 def smoke_payload(report: SmokeReport) -> dict[str, Any]:
@@ -36,14 +36,9 @@ def _sweep_table(report: SmokeReport) -> Table:
     for column in ("size", "time", "algbw Gbit/s", "busbw Gbit/s", "correct"):
         table.add_column(column, justify="right")
     for entry in report.sweep:
-        table.add_row(_size(entry["bytes"]), f"{entry['time_s'] * 1e3:.2f} ms",
+        table.add_row(size(entry["bytes"]), f"{entry['time_s'] * 1e3:.2f} ms",
                       f"{entry['algbw_gbps']:.3f}", f"{entry['busbw_gbps']:.3f}",
                       "yes" if entry["correct"] else "[bold red]NO[/]")
     return table
 
 
-def _size(count: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= factor:
-            return f"{count / factor:g} {unit}"
-    return f"{count} B"
