@@ -240,10 +240,14 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
 
 
 def _gpu_processes_check(cluster: Sandbox, node: str) -> str:
+    return _gpu_processes_finding(cluster, node)["status"]
+
+
+def _gpu_processes_finding(cluster: Sandbox, node: str) -> dict:
     done = gpucluster("doctor", "-i", str(cluster.inventory), "-w", node, "--json",
                       "--only", "gpu-processes")
     payload = json.loads(done.stdout)
-    return next(r["status"] for r in payload["results"] if r["check"] == "gpu-processes")
+    return next(r for r in payload["results"] if r["check"] == "gpu-processes")
 
 
 def _kill_agents(node: str, job: str) -> None:
@@ -272,7 +276,17 @@ def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, j
     try:
         _kill_agents("node3", dead_job)
         time.sleep(1)
-        assert _gpu_processes_check(cluster, "node3") == "FAIL"
+        # doctor tells a running job's ranks (stop the job, never kill a rank by pid),
+        # a dead job's leftovers (reap) and a foreign process apart.
+        dead = _gpu_processes_finding(cluster, "node3")
+        assert dead["status"] == "FAIL"
+        assert f"GPUs held by leftovers of job {dead_job}" in dead["message"], dead
+        assert "gpucluster reap --yes" in dead["remedy"]
+        busy = _gpu_processes_finding(cluster, "node1")
+        assert f"GPUs held by running job {running_job} (2 processes)" in busy["message"], busy
+        assert f"gpucluster stop {running_job}" in busy["remedy"]
+        assert f"GPUs held by: pid {foreign.pid} " in busy["message"]
+        assert f"kill {foreign.pid};" in busy["remedy"]  # the foreign pid alone
 
         listed = gpucluster("reap", "-i", str(cluster.inventory), "--json")
         assert listed.code == 0, listed.stderr

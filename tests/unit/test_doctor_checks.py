@@ -279,7 +279,7 @@ def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
     path.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
     loaded = inventory_module.load(path)
     wanted = probe_sections([REGISTRY[name] for name in PREFLIGHT_CHECKS])
-    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "port"}
+    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port"}
     assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
     for sections, expected in ((wanted, {"clock", "hostname", "jobs", "nvidia_smi_path"}),
                                (None, {"clock", "hostname", "jobs", "torch", "disk", "xid"})):

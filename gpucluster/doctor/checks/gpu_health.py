@@ -7,6 +7,7 @@ from collections.abc import Callable
 from gpucluster.doctor import nvidia_smi
 from gpucluster.doctor.checks.gpu import gpu_hosts
 from gpucluster.doctor.model import CheckResult, Context, Status, check
+from gpucluster.wording import counted
 
 
 def _per_gpu(context: Context, name: str,
@@ -131,7 +132,7 @@ def xid(context: Context) -> list[CheckResult]:
 
 
 @check("gpu-processes", "gpu-health", "no compute process already holding a GPU",
-       sections=("nvidia_smi_path", "gpus", "apps"))
+       sections=("nvidia_smi_path", "gpus", "apps", "app_jobs"))
 def gpu_processes(context: Context) -> list[CheckResult]:
     results = []
     for host, facts in gpu_hosts(context):
@@ -140,13 +141,42 @@ def gpu_processes(context: Context) -> list[CheckResult]:
             results.append(CheckResult("gpu-processes", host.name, Status.OK,
                                        "no compute processes"))
             continue
-        listed = ", ".join(f"pid {p.pid} {p.name} ({p.used_mib} MiB)" for p in processes)
-        pids = " ".join(str(p.pid) for p in processes)
+        owners = _app_jobs(facts.text("app_jobs") or "")
+        by_owner: dict[tuple[str, str], list[nvidia_smi.GpuProcess]] = {}
+        for process in processes:
+            by_owner.setdefault(owners.get(process.pid, ("", "")), []).append(process)
+        said, fixes = [], []
+        for (job, state), held in sorted(by_owner.items()):
+            listed = ", ".join(f"pid {p.pid} {p.name} ({p.used_mib} MiB)" for p in held)
+            if state == "running":  # a job's ranks: no pids, never advise killing a rank
+                said.append(f"GPUs held by running job {job} "
+                            f"({counted(len(held), 'process', 'processes')})")
+                fixes.append(f"let job {job} finish, or end it: gpucluster stop {job}")
+            elif job:
+                said.append(f"GPUs held by leftovers of job {job} (its torchrun ended): "
+                            f"{listed}")
+                fixes.append("end them: gpucluster reap --yes (gpucluster reap lists them)")
+            else:
+                said.append(f"GPUs held by: {listed}")
+                fixes.append(f"see whose they are (gpucluster reap lists them with their "
+                             f"user) and end them if they are leftovers: kill "
+                             f"{' '.join(str(p.pid) for p in held)}")
         results.append(CheckResult(
-            "gpu-processes", host.name, Status.FAIL, f"GPUs held by: {listed}",
-            f"see whose they are and end the leftovers: gpucluster reap (then "
-            f"gpucluster reap --yes; or kill {pids}); a new job would run out of memory "
-            f"or hang",
+            "gpu-processes", host.name, Status.FAIL, "; ".join(said),
+            "; ".join(fixes) + "; a new job would run out of memory or hang",
             {"processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
-                            "bus_id": p.bus_id} for p in processes]}))
+                            "bus_id": p.bus_id, "job": owners.get(p.pid, ("", ""))[0] or None,
+                            "job_state": owners.get(p.pid, ("", ""))[1] or None}
+                           for p in processes]}))
     return results
+
+
+def _app_jobs(text: str) -> dict[int, tuple[str, str]]:
+    """The probe's `PID JOB running|ended` lines (`PID - -` for no job of ours)."""
+    owners = {}
+    for line in text.splitlines():
+        pid, _, rest = line.strip().partition(" ")
+        job, _, state = rest.rpartition(" ")
+        if pid.isdigit() and job not in ("", "-") and state in ("running", "ended"):
+            owners[int(pid)] = (job, state)
+    return owners
