@@ -19,6 +19,7 @@ from gpucluster.cli import (
     launch_cmd,
     logs_cmd,
     provision_cmd,
+    prune_cmd,
     reap_cmd,
     run_cmd,
     sandbox_cmd,
@@ -45,6 +46,7 @@ app.command("launch")(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
 app.command("logs")(logs_cmd.logs)
 app.command("stop")(launch_cmd.stop)
+app.command("prune")(prune_cmd.prune)
 app.command("top")(top_cmd.top)
 app.command("exporter")(top_cmd.exporter)
 app.command("reap")(reap_cmd.reap)

@@ -43,6 +43,11 @@ class JobRecord:
     def container_name(self) -> str:
         return f"gpucluster-{self.id}"
 
+    def checkpoints_on_node(self) -> str:
+        """The checkpoint dir on the nodes, a shell path: its run's (kept across a
+        recovery's attempts), else its own (a record from before that field)."""
+        return self.checkpoint_dir or f"{self.jobs_dir}/../checkpoints/{self.id}"
+
 
 def new_job_id(now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))

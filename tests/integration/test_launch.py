@@ -6,6 +6,7 @@ from outside SSH, with `ip netns pids`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -503,3 +504,49 @@ def test_a_node_that_dies_mid_job_stops_the_job_everywhere(cluster: Sandbox,
         up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
                         "--write-inventory", str(cluster.inventory), timeout=120)
         assert up.code == 0, up.stderr
+
+
+def test_prune_forgets_ended_jobs_and_never_a_running_one(cluster: Sandbox,
+                                                           project: Path) -> None:
+    inventory = str(cluster.inventory)
+    recorded = cluster.inventory.parent / ".gpucluster" / "jobs"
+    ended = sorted(p.name for p in recorded.iterdir())  # every earlier test's job has ended
+    assert ended
+    started = gpucluster("launch", "-i", inventory, "-d", "train.py", "--", *SLOW,
+                         cwd=str(project))
+    assert started.code == 0, started.stderr
+    running = started.stdout.strip()
+
+    def on_nodes(directory: str) -> dict[str, set[str]]:
+        return {node: set(cluster.node_exec(node, f"ls /srv/gpucluster/{directory}")
+                          .stdout.split()) for node in cluster.nodes}
+    try:
+        young = gpucluster("prune", "-i", inventory)  # the default: older than 7 days
+        assert young.code == 0 and "no ended job started more than 7d ago" in young.stderr
+        listed = gpucluster("prune", "-i", inventory, "--older-than", "0", "--json")
+        assert listed.code == 0, listed.stderr
+        payload = json.loads(listed.stdout)
+        assert sorted(j["job"] for j in payload["jobs"]) == ended
+        assert payload["skipped"] == [{"job": running, "why": "running on node[1-3]"}]
+        assert sorted(p.name for p in recorded.iterdir()) == sorted([*ended, running])
+        checkpoints = on_nodes("checkpoints")
+
+        removed = gpucluster("prune", "-i", inventory, "--older-than", "0", "--yes", "--json")
+        assert removed.code == 0, removed.stderr
+        assert all(j["removed"] and not j["checkpoints_removed"]
+                   for j in json.loads(removed.stdout)["jobs"])
+        assert sorted(p.name for p in recorded.iterdir()) == [running]
+        for node, left in on_nodes("jobs").items():
+            assert running in left and not left & set(ended), (node, left)
+        for node, kept in on_nodes("checkpoints").items():
+            assert checkpoints[node] <= kept, node  # checkpoints only with --checkpoints
+        jobs = gpucluster("jobs", "-i", inventory)
+        assert re.search(rf"{running}.*running: node\[1-3\]", jobs.stdout), jobs.stdout
+    finally:
+        gpucluster("stop", "-i", inventory, running)
+    gone = gpucluster("prune", "-i", inventory, "--older-than", "0", "--yes", "--checkpoints")
+    assert gone.code == 0, gone.stderr
+    assert re.search(rf"^job {running} .* removed$", gone.stderr, re.MULTILINE), gone.stderr
+    assert not any(recorded.iterdir())
+    assert not any(running in names for names in on_nodes("checkpoints").values())
+    assert not any(running in names for names in on_nodes("jobs").values())

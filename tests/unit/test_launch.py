@@ -531,3 +531,13 @@ def test_recovery_bounds_nccl_waits() -> None:
     assert env[COLLECTIVE_TIMEOUT] == env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "60"
     assert watchdog_env(RecoveryPolicy(hang_timeout_s=300))[COLLECTIVE_TIMEOUT] == "600"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+
+
+def test_prune_ages_read_as_a_user_writes_them() -> None:
+    from gpucluster.launch.prune import parse_age
+
+    assert [parse_age(t) for t in ("7d", "12h", "30m", "90s", "0", "1.5d", "2")] == \
+        [7 * 86400, 12 * 3600, 1800, 90, 0, 1.5 * 86400, 2 * 86400]
+    for bad in ("7x", "-1d", "", "d"):
+        with pytest.raises(GpuclusterError, match="not an age"):
+            parse_age(bad)

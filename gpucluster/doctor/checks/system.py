@@ -66,11 +66,14 @@ def disk(context: Context) -> list[CheckResult]:
         message = f"{free / GIB:.1f} GiB free for {work_dir}"
         if free < DISK_FAIL_BYTES:
             results.append(CheckResult("disk", host.name, Status.FAIL, message,
-                                       "free space (checkpoints and logs need room), or set "
-                                       "cluster.work_dir on a larger disk"))
+                                       "free space (checkpoints and logs need room: "
+                                       "gpucluster prune --older-than 7d --checkpoints "
+                                       "lists old jobs' files), or set cluster.work_dir "
+                                       "on a larger disk"))
         elif free < DISK_WARN_BYTES:
             results.append(CheckResult("disk", host.name, Status.WARN, message,
-                                       "checkpoints fill disks fast: free some space"))
+                                       "checkpoints fill disks fast: free some space "
+                                       "(gpucluster prune lists old jobs' files)"))
         else:
             results.append(CheckResult("disk", host.name, Status.OK, message))
     return results

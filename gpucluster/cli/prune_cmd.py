@@ -1,0 +1,127 @@
+"""`gpucluster prune`: forget ended jobs, on every node and here; a dry run unless --yes."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gpucluster import hostrange
+from gpucluster.cli.launch_cmd import job_store
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    InventoryOption,
+    JsonOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.cli.views import common
+from gpucluster.errors import EXIT_FAILED
+from gpucluster.wording import counted, size
+
+if TYPE_CHECKING:
+    from gpucluster.launch.prune import JobPrune, PruneReport
+
+
+def prune(
+    inventory: InventoryOption = None,
+    older_than: Annotated[str, typer.Option(
+        "--older-than", metavar="AGE",
+        help="Only jobs started longer ago: 7d, 12h, 30m; 0 for every ended job.")] = "7d",
+    checkpoints: Annotated[bool, typer.Option(
+        "--checkpoints", help="Remove the jobs' checkpoints too (kept by default).")] = False,
+    yes: Annotated[bool, typer.Option(
+        "--yes", "-y", help="Remove them; without it, only list and size them.")] = False,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Forget jobs that ended: their logs and state on every node and their record here
+    (--checkpoints: their checkpoints too). Lists what it would remove unless --yes; a
+    running job, or one a node cannot vouch for, is never touched."""
+    from gpucluster.launch import prune as core
+
+    age_s = core.parse_age(older_than)
+    loaded = load_inventory(inventory)
+    store = job_store(loaded)
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        report = core.prune(session, loaded, store, age_s, checkpoints, yes)
+    if json_output:
+        common.print_json(stdout_console(), _payload(report, age_s, checkpoints))
+    else:
+        _print(stderr_console(), report, older_than, checkpoints)
+    if any(job.problem for job in report.jobs):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print(err: Console, report: PruneReport, older_than: str, checkpoints: bool) -> None:
+    for job_id, why in report.skipped:
+        err.print(f"job {job_id}: kept, {escape(why)}")
+    if not report.jobs:
+        err.print(f"no ended job started more than {escape(older_than)} ago")
+        return
+    now = time.time()
+    for job in report.jobs:
+        err.print(_job_line(job, now, report.removing))
+    freed = sum(j.node_bytes for j in report.jobs if j.removed or not report.removing)
+    here = sum(j.local_bytes for j in report.jobs if j.removed or not report.removing)
+    kept = sum(j.checkpoint_bytes for j in report.jobs if not j.remove_checkpoints)
+    tail = f"; checkpoints kept: {size(kept)} (--checkpoints removes them)" \
+        if kept and not checkpoints else ""
+    if report.removing:
+        gone = [j for j in report.jobs if j.removed]
+        err.print(f"removed {counted(len(gone), 'job')}: {size(freed)} on the nodes, "
+                  f"{size(here)} here{tail}")
+    else:
+        err.print(f"would remove {counted(len(report.jobs), 'job')}: {size(freed)} on the "
+                  f"nodes, {size(here)} here{tail}; --yes removes them")
+
+
+def _job_line(job: JobPrune, now: float, removing: bool) -> str:
+    record = job.record
+    present = sorted(n for n, f in job.nodes.items() if f.job_bytes is not None)
+    parts = [f"logs {size(sum(f.job_bytes or 0 for f in job.nodes.values()))} on "
+             f"{hostrange.fold(present)}" if present else "no files left on the nodes"]
+    if job.checkpoint_bytes:
+        verb = ("removed" if job.removed else "removing") if removing else "would go"
+        parts.append(f"checkpoints {size(job.checkpoint_bytes)} "
+                     + (verb if job.remove_checkpoints else "kept"))
+    if job.unlisted:
+        parts.append(f"left on {hostrange.fold(job.unlisted)} (not in the inventory)")
+    state = ""
+    if job.problem:
+        state = f" [bold red]not removed: {escape(job.problem)}[/]"
+    elif removing:
+        state = " [green]removed[/]"
+    command = " ".join([record.script, *record.args])
+    return (f"job {record.id} ({escape(command[:40])}), started {_age(now - record.started_at)} "
+            f"ago: "
+            f"{escape('; '.join(parts))}{state}")
+
+
+def _age(seconds: float) -> str:
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds // length:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _payload(report: PruneReport, age_s: float, checkpoints: bool) -> dict[str, Any]:
+    return {
+        "older_than_s": age_s, "checkpoints": checkpoints, "removing": report.removing,
+        "jobs": [{"job": j.record.id, "removed": j.removed, "problem": j.problem or None,
+                  "local_bytes": j.local_bytes, "checkpoints_removed":
+                      j.remove_checkpoints and j.removed, "unlisted": j.unlisted,
+                  "nodes": {n: {"job_bytes": f.job_bytes, "checkpoint_bytes":
+                                f.checkpoint_bytes} for n, f in sorted(j.nodes.items())}}
+                 for j in report.jobs],
+        "skipped": [{"job": job_id, "why": why} for job_id, why in report.skipped],
+    }
