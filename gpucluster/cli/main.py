@@ -26,7 +26,10 @@ from gpucluster.cli import (
     smoke_cmd,
     top_cmd,
 )
+from gpucluster.cli.views.common import discard_writes
 from gpucluster.errors import GpuclusterError
+
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer a pipe ended
 
 app = typer.Typer(
     name="gpucluster",
@@ -95,3 +98,7 @@ def main() -> None:
         for line in str(error).splitlines():
             print(f"gpucluster: error: {line}", file=sys.stderr)
         sys.exit(error.exit_code)
+    except BrokenPipeError:  # `gpucluster ... | head`: the reader has what it wanted
+        for stream in (sys.stdout, sys.stderr):
+            discard_writes(stream)
+        sys.exit(EXIT_CLOSED_PIPE)

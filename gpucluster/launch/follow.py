@@ -25,6 +25,7 @@ from gpucluster.launch.model import (
     JobOutcome,
     NodeState,
     OutputCallback,
+    OutputClosed,
     Progress,
     StopResult,
     parse_state,
@@ -95,9 +96,11 @@ class _Follower:
 
     def __init__(self, session: Session, host: Host, record: JobRecord, log: Path,
                  follow: bool, on_output: OutputCallback | None,
-                 done: queue.Queue[tuple[str, NodeState]], cap_bytes: int) -> None:
+                 done: queue.Queue[tuple[str, NodeState]], cap_bytes: int,
+                 output_closed: threading.Event) -> None:
         self.session, self.host, self.record = session, host, record
         self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
+        self.output_closed = output_closed  # shared: the output's reader went away
         self.cap_bytes = cap_bytes
         self.last_heard = time.monotonic()
         self.last_progress = time.monotonic()  # output, or a newer heartbeat file
@@ -141,8 +144,11 @@ class _Follower:
                 if rank is not None:
                     self.last_progress, self.progressed = time.monotonic(), True
                 copy.write(line)
-                if self.on_output is not None:
-                    self.on_output(self.host.name, rank, text)
+                if self.on_output is not None and not self.output_closed.is_set():
+                    try:
+                        self.on_output(self.host.name, rank, text)
+                    except OutputClosed:  # the copy goes on; follow() decides the rest
+                        self.output_closed.set()
 
             self.session.connection(self.host).run(
                 node_scripts.follow_script(self.record, self.host.name, self.follow),
@@ -152,6 +158,9 @@ class _Follower:
         except RemoteError as error:
             state = self.state or NodeState(self.host.name, "unreachable", None,
                                             error.message)
+        except Exception as error:  # else the wait for this node's end would never end
+            state = self.state or NodeState(self.host.name, "lost", None,
+                                            f"following its log failed: {error!r}")
         finally:
             # A node that no longer has the job (its work dir wiped, the node re-imaged)
             # sends no log: the controller's copy is all that is left, so it is kept.
@@ -186,8 +195,10 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     (its connect timeout): the caller deals with it (recovery re-checks it)."""
     hosts = hosts_of(inventory, record, nodes)
     done: queue.Queue[tuple[str, NodeState]] = queue.Queue()
+    output_closed = threading.Event()
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
-                                   live, on_output, done, _cap_bytes(inventory, record))
+                                   live, on_output, done, _cap_bytes(inventory, record),
+                                   output_closed)
                  for h in hosts}
     store.directory(record.id).mkdir(parents=True, exist_ok=True)
     for follower in followers.values():
@@ -197,7 +208,8 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
 
     def stop_all(why: str) -> threading.Thread:
         if on_stopping is not None:
-            on_stopping(why)
+            with contextlib.suppress(OSError):  # a closed stderr must not keep the job on
+                on_stopping(why)
 
         lost = [] if stop_lost else [n for n, s in outcome.states.items()
                                      if s.state == "unreachable"]
@@ -217,15 +229,11 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
                 node, state = done.get(timeout=0.5)
             except queue.Empty:
                 _drop_silent(session, followers, outcome.states, node_timeout_s)
-                # Armed once every node has made progress: starting up (imports, the
-                # rendezvous) is torchrun's join timeout's to judge, not a hang.
-                if hang_timeout_s is not None and stopper is None and live and all(
-                        f.progressed for f in followers.values()):
-                    quiet = time.monotonic() - max(f.last_progress for f in followers.values())
-                    if quiet > hang_timeout_s:
-                        outcome.hang = (f"no rank made progress for {quiet:.0f}s "
-                                        f"(--hang-timeout {hang_timeout_s:g})")
-                        stopper = stop_all(f"{outcome.hang}: stopping the job on every node")
+                why = None if stopper is not None else _stop_reason(
+                    followers, outcome, output_closed, stop_on_interrupt,
+                    hang_timeout_s if live else None)
+                if why is not None:
+                    stopper = stop_all(why)
                 continue
             outcome.states[node] = state
             if fail_fast and live and state.failed and stopper is None:
@@ -252,6 +260,29 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     return outcome
+
+
+def _stop_reason(followers: Mapping[str, _Follower], outcome: JobOutcome,
+                 output_closed: threading.Event, ours: bool,
+                 hang_timeout_s: float | None) -> str | None:
+    """Why to stop the job now, if anything: the reader of its output went away (as
+    Ctrl-C, for a job that is `ours`; else following ends), or no rank made progress
+    for `hang_timeout_s`."""
+    if output_closed.is_set():
+        if not ours:  # logs -f: not ours to stop
+            raise OutputClosed("the output's reader went away")
+        outcome.interrupted = True
+        return "the job's output has no reader any more (a closed pipe): stopping the " \
+               "job on every node"
+    # Armed once every node has made progress: starting up (imports, the rendezvous) is
+    # torchrun's join timeout's to judge, not a hang.
+    if hang_timeout_s is None or not all(f.progressed for f in followers.values()):
+        return None
+    quiet = time.monotonic() - max(f.last_progress for f in followers.values())
+    if quiet <= hang_timeout_s:
+        return None
+    outcome.hang = f"no rank made progress for {quiet:.0f}s (--hang-timeout {hang_timeout_s:g})"
+    return f"{outcome.hang}: stopping the job on every node"
 
 
 def _cap_bytes(inventory: Inventory, record: JobRecord) -> int:

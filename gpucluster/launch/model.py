@@ -16,6 +16,12 @@ DEFAULT_GRACE_S = 10.0
 OutputCallback = Callable[[str, str | None, str], None]  # node, rank, text
 
 
+class OutputClosed(BrokenPipeError):
+    """An OutputCallback's reader went away (`launch ... | head` once head has its
+    lines): a job the caller owns is stopped, as Ctrl-C stops it; anyone else stops
+    following. A BrokenPipeError, so what is not caught ends the CLI quietly."""
+
+
 class LaunchRefused(GpuclusterError):
     """A check found the cluster not ready; `findings` say where and how to fix it."""
 

@@ -252,6 +252,40 @@ def test_ctrl_c_stops_the_job_on_every_node(cluster: Sandbox, project: Path) -> 
     assert job_processes(cluster) == {}
 
 
+def test_a_closed_output_stops_an_attached_job_but_not_one_logs_follows(
+        cluster: Sandbox, project: Path) -> None:
+    """`launch ... | head`: once head has its lines the launcher's output has no reader;
+    it stops its job as Ctrl-C does (it used to wait for ever, its followers dead of
+    BrokenPipeError). `logs -f ... | head` only stops following: the job is not its."""
+    process = start_attached(cluster, project, "train.py", "--", *SLOW)
+    wait_for_ranks(process, 6)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # as head does once it has its lines
+    assert process.wait(timeout=60) != 0
+    stderr = process.stderr.read()
+    assert "has no reader any more (a closed pipe): stopping the job on every node" in stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert job_processes(cluster) == {}
+
+    inventory = str(cluster.inventory)
+    started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "2",
+                         "train.py", "--", *SLOW, cwd=str(project))
+    job = started.stdout.strip()
+    try:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "gpucluster", "logs", "-i", inventory, "-f", job],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_ranks(follower, 6)
+        assert follower.stdout is not None and follower.stderr is not None
+        follower.stdout.close()
+        assert follower.wait(timeout=30) == 141  # 128 + SIGPIPE, as a shell reports it
+        assert "Traceback" not in follower.stderr.read()
+        jobs = gpucluster("jobs", "-i", inventory)
+        assert re.search(rf"{job}.*running: node\[1-3\]", jobs.stdout), jobs.stdout
+    finally:
+        gpucluster("stop", "-i", inventory, job)
+
+
 def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
     inventory = str(cluster.inventory)
     started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "2",
@@ -530,6 +564,21 @@ def test_prune_forgets_ended_jobs_and_never_a_running_one(cluster: Sandbox,
         assert payload["skipped"] == [{"job": running, "why": "running on node[1-3]"}]
         assert sorted(p.name for p in recorded.iterdir()) == sorted([*ended, running])
         checkpoints = on_nodes("checkpoints")
+        # A node that does not answer cannot vouch for its jobs: they are kept.
+        namespace, rule = f"{NAME}-node3", ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]
+        subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-I", *rule], check=True)
+        try:
+            blind = gpucluster("prune", "-i", inventory, "--older-than", "0", "--yes",
+                               "--json", "--connect-timeout", "2")
+        finally:
+            subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-D", *rule],
+                           check=True)
+        on_node3 = {j for j in ended if "node3" in json.loads(
+            (recorded / j / "job.json").read_text())["hosts"]}
+        assert on_node3, "earlier tests ran jobs on node3"
+        kept = {s["job"]: s["why"] for s in json.loads(blind.stdout)["skipped"]}
+        assert all("node3 did not answer" in kept.get(j, "") for j in on_node3), kept
+        assert all((recorded / j).is_dir() for j in on_node3)
 
         removed = gpucluster("prune", "-i", inventory, "--older-than", "0", "--yes", "--json")
         assert removed.code == 0, removed.stderr

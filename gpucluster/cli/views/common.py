@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from rich import filesize
 from rich.console import Console
@@ -22,6 +24,15 @@ from rich.table import Table
 from rich.text import Text
 
 JSON_SCHEMA_VERSION = 1
+
+
+def discard_writes(stream: TextIO) -> None:
+    """Point a stream whose reader went away (a closed pipe) at /dev/null: what is still
+    buffered, and what later code or Python's exit writes, goes nowhere quietly."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 def print_json(console: Console, payload: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
+from gpucluster.cli.views.common import discard_writes
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     FirstFailure,
@@ -20,6 +21,7 @@ from gpucluster.launch.model import (
     LaunchRefused,
     NodeState,
     OutputCallback,
+    OutputClosed,
     StopResult,
 )
 from gpucluster.wording import counted
@@ -32,8 +34,12 @@ def line_printer(stream: TextIO) -> OutputCallback:
     def write(node: str, rank: str | None, text: str) -> None:
         prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
         with lock:
-            stream.write(f"{prefix} {text}\n")
-            stream.flush()
+            try:
+                stream.write(f"{prefix} {text}\n")
+                stream.flush()
+            except BrokenPipeError:
+                discard_writes(stream)
+                raise OutputClosed(f"{stream.name}: its reader went away") from None
     return write
 
 
