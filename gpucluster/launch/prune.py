@@ -1,4 +1,4 @@
-"""`gpucluster prune`: forget jobs that ended long enough ago. Each left on every node its
+"""`gpucluster prune`: forget ended jobs started long enough ago. Each left on every node its
 job dir (logs, pid files, torchrun's per-rank logs) and its checkpoints, and here its
 record and log copies; nothing removes them but this. A job is removed only when every
 node it ran on answers that nothing of it runs, and no recovery supervisor watches it.
@@ -74,7 +74,7 @@ class PruneReport:
 
 def prune(session: Session, inventory: Inventory, store: JobStore, older_than_s: float,
           checkpoints: bool, remove: bool, now: float | None = None) -> PruneReport:
-    """Size (and with `remove`, delete) the files of every job that ended more than
+    """Size (and with `remove`, delete) the files of every ended job started more than
     `older_than_s` ago: one round trip per node for the jobs' states, one for their
     files."""
     cutoff = (now if now is not None else time.time()) - older_than_s
