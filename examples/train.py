@@ -26,6 +26,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
+def say(text: str) -> None:
+    """One line in one write: torchrun's --tee copies each rank's output a readline() at
+    a time, so a print() under PYTHONUNBUFFERED (text, then newline: two writes) can
+    share a console line with another rank's."""
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--epochs", type=int, default=5)
@@ -96,8 +104,8 @@ def main() -> None:
         state = torch.load(checkpoints / f"epoch-{int(newest.item())}.pt", map_location=device)
         model.load_state_dict(state["model"])
         if rank == 0:
-            print(f"resumed from epoch {state['epoch']} (attempt "
-                  f"{os.environ.get('GPUCLUSTER_ATTEMPT', '1')})", flush=True)
+            say(f"resumed from epoch {state['epoch']} (attempt "
+                f"{os.environ.get('GPUCLUSTER_ATTEMPT', '1')})")
     start_epoch = int(newest.item()) + 1
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
@@ -106,7 +114,7 @@ def main() -> None:
 
     shard = torch.arange(rank, len(inputs), world)  # each rank its own slice of the data
     x, y = inputs[shard].to(device), targets[shard].to(device)
-    print(f"rank {rank}/{world} on {socket.gethostname()} ready", flush=True)
+    say(f"rank {rank}/{world} on {socket.gethostname()} ready")
     heartbeat = os.environ.get("GPUCLUSTER_HEARTBEAT_FILE")
     for epoch in range(start_epoch, args.epochs):
         if epoch == args.fail_at_epoch:
@@ -122,12 +130,12 @@ def main() -> None:
         total = loss.detach().clone()
         dist.all_reduce(total)
         if rank == 0:
-            print(f"epoch {epoch} loss {total.item() / world:.4f}", flush=True)
+            say(f"epoch {epoch} loss {total.item() / world:.4f}")
         if local_rank == 0:
             save(checkpoints, epoch, {"model": model.state_dict(),
                                       "optimizer": optimizer.state_dict(), "epoch": epoch})
     if rank == 0:
-        print("done", flush=True)
+        say("done")
     finish(use_cuda)
 
 
