@@ -91,9 +91,8 @@ def _job_line(job: JobPrune, now: float, removing: bool) -> str:
     parts = [f"logs {size(sum(f.job_bytes or 0 for f in job.nodes.values()))} on "
              f"{hostrange.fold(present)}" if present else "no files left on the nodes"]
     if job.checkpoint_bytes:
-        verb = ("removed" if job.removed else "removing") if removing else "would go"
-        parts.append(f"checkpoints {size(job.checkpoint_bytes)} "
-                     + (verb if job.remove_checkpoints else "kept"))
+        parts.append(f"checkpoints {size(job.checkpoint_bytes)}"
+                     + ("" if job.remove_checkpoints else " kept"))
     if job.unlisted:
         parts.append(f"left on {hostrange.fold(job.unlisted)} (not in the inventory)")
     state = ""
