@@ -47,12 +47,18 @@ class LogFilter:
                 and (self.pattern is None or self.pattern.search(line.text) is not None))
 
 
+def duration_s(text: str) -> float | None:
+    """`30s`, `10m`, `2h`, `1d` (or `1.5d`) in seconds; None for anything else."""
+    duration = _DURATION.fullmatch(text.strip())
+    return float(duration.group(1)) * _UNIT_S[duration.group(2)] if duration else None
+
+
 def parse_when(text: str, option: str, now: float | None = None) -> float:
     """`10m`, `2h`, `1d` ago; or a local date and time, `2026-11-30T13:05` or `13:05`."""
     now = time.time() if now is None else now
-    duration = _DURATION.fullmatch(text.strip())
-    if duration:
-        return now - float(duration.group(1)) * _UNIT_S[duration.group(2)]
+    ago = duration_s(text)
+    if ago is not None:
+        return now - ago
     try:
         if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text.strip()):
             today = datetime.datetime.fromtimestamp(now).date().isoformat()

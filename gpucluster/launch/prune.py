@@ -18,23 +18,21 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch.control import states
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.logsearch import duration_s
 from gpucluster.launch.supervisor import supervisor_of
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.session import Session
 from gpucluster.templating import render
 
 PRUNE_TIMEOUT_S = 300.0  # du and rm of a job's checkpoints: large, but bounded
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
-_SECONDS = {"": 86400.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def parse_age(text: str) -> float:
     """`7d`, `12h`, `30m`, `90s`, `0` (every ended job); a bare number is days."""
-    found = _DURATION.fullmatch(text.strip())
-    if found is None:
+    seconds = duration_s(text) if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text.strip()) \
+        else float(text) * 86400
+    if seconds is None:
         raise GpuclusterError(f"--older-than {text!r}: not an age (fix: a number with d, h, "
                               f"m or s, e.g. 7d or 12h; 0 for every ended job)")
-    return float(found.group(1)) * _SECONDS[found.group(2)]
+    return seconds
 
 
 @dataclass(frozen=True)
