@@ -88,8 +88,8 @@ def _print(err: Console, report: PruneReport, older_than: str, checkpoints: bool
 def _job_line(job: JobPrune, now: float, removing: bool) -> str:
     record = job.record
     present = sorted(n for n, f in job.nodes.items() if f.job_bytes is not None)
-    parts = [f"logs {size(sum(f.job_bytes or 0 for f in job.nodes.values()))} on "
-             f"{hostrange.fold(present)}" if present else "no files left on the nodes"]
+    parts = [f"logs {size(job.job_bytes)} on {hostrange.fold(present)}" if present
+             else "no files left on the nodes"]
     if job.checkpoint_bytes:
         parts.append(f"checkpoints {size(job.checkpoint_bytes)}"
                      + ("" if job.remove_checkpoints else " kept"))
@@ -101,8 +101,8 @@ def _job_line(job: JobPrune, now: float, removing: bool) -> str:
     elif removing:
         state = " [green]removed[/]"
     command = " ".join([record.script, *record.args])
-    return (f"job {record.id} ({escape(command[:40])}), started {_age(now - record.started_at)} "
-            f"ago: "
+    age = _age(now - record.started_at)
+    return (f"job {record.id} ({escape(command[:40])}), started {age} ago: "
             f"{escape('; '.join(parts))}{state}")
 
 

@@ -55,8 +55,12 @@ class JobPrune:
 
     @property
     def node_bytes(self) -> int:
-        return sum(f.job_bytes or 0 for f in self.nodes.values()) + \
-            (self.checkpoint_bytes if self.remove_checkpoints else 0)
+        """What removing it frees on the nodes."""
+        return self.job_bytes + (self.checkpoint_bytes if self.remove_checkpoints else 0)
+
+    @property
+    def job_bytes(self) -> int:
+        return sum(f.job_bytes or 0 for f in self.nodes.values())
 
     @property
     def checkpoint_bytes(self) -> int:

@@ -97,14 +97,15 @@ def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
 def large_files_note(plans: Mapping[str, workdir.SyncPlan]) -> str | None:
     """Name the largest files when a sync sends much: a dataset or checkpoint left in
     the work dir goes to every node, on every change, unless it is ignored."""
-    if max((plan.bytes_to_send for plan in plans.values()), default=0) < LARGE_SYNC_BYTES:
+    most = max((plan.bytes_to_send for plan in plans.values()), default=0)
+    if most < LARGE_SYNC_BYTES:
         return None
     sending = {f.path: f.size for plan in plans.values() for f in plan.send}
     largest = sorted(((p, n) for p, n in sending.items() if n >= LARGE_FILE_BYTES),
                      key=lambda item: -item[1])[:3]
     what = ", ".join(f"{p} ({size(n)})" for p, n in largest) if largest else \
         f"{counted(len(sending), 'file')}, none of them large"
-    return (f"{size(max(p.bytes_to_send for p in plans.values()))} to send to a node; "
+    return (f"{size(most)} to send to a node; "
             f"the largest files: {what}; data the nodes have another way belongs in "
             f".gpuclusterignore")
 

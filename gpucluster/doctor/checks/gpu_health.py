@@ -164,11 +164,13 @@ def gpu_processes(context: Context) -> list[CheckResult]:
         results.append(CheckResult(
             "gpu-processes", host.name, Status.FAIL, "; ".join(said),
             "; ".join(fixes) + "; a new job would run out of memory or hang",
-            {"processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
-                            "bus_id": p.bus_id, "job": owners.get(p.pid, ("", ""))[0] or None,
-                            "job_state": owners.get(p.pid, ("", ""))[1] or None}
-                           for p in processes]}))
+            {"processes": [_process_data(p, *owners.get(p.pid, ("", ""))) for p in processes]}))
     return results
+
+
+def _process_data(process: nvidia_smi.GpuProcess, job: str, state: str) -> dict[str, object]:
+    return {"pid": process.pid, "name": process.name, "used_mib": process.used_mib,
+            "bus_id": process.bus_id, "job": job or None, "job_state": state or None}
 
 
 def _app_jobs(text: str) -> dict[int, tuple[str, str]]:
