@@ -24,6 +24,7 @@ GPU_FIELDS = ("index,uuid,name,pci.bus_id,utilization.gpu,memory.used,memory.tot
 APP_FIELDS = "gpu_uuid,pid,used_memory"
 FORMAT = "--format=csv,noheader,nounits"
 IB = "/sys/class/infiniband"
+FIRST_WINDOW_S = 0.1
 
 
 def number(text):
@@ -231,16 +232,19 @@ def stream(interval_ms, peer):
         os._exit(0)
     threading.Thread(target=quit_with_the_controller, daemon=True).start()
     interface = interface_to(peer) if peer else None
-    before, owners = counters(interface), {}
+    # The counters and the clock read together: the first frame's rates cover exactly
+    # the time its bytes were counted in.
+    before, last, owners = counters(interface), time.monotonic(), {}
     # The processes loop prints nothing while there are none, so its silence cannot say
     # "none yet": one query of its own makes the first frames complete.
     with contextlib.suppress(OSError, RuntimeError, subprocess.TimeoutExpired):
         for row in apps_now():
             apps.rows.setdefault(row[1], (row, time.monotonic()))
-    last = time.monotonic()
-    deadline = last + max(5.0, 3 * interval)
+    deadline = time.monotonic() + max(5.0, 3 * interval)
     while not gpus.rows and not gpus.error and time.monotonic() < deadline:
-        time.sleep(0.02)  # the first frame as soon as the GPUs have answered
+        time.sleep(0.02)  # the first frame as soon as the GPUs have answered,
+    # and its rates over FIRST_WINDOW_S at least: over a few ms one burst reads as a flood
+    time.sleep(max(0.0, last + min(FIRST_WINDOW_S, interval) - time.monotonic()))
     try:
         while True:
             now = time.monotonic()

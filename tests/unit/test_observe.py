@@ -3,10 +3,13 @@ the sampler script itself against the simulated nvidia-smi."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -188,3 +191,48 @@ def test_a_node_without_nvidia_smi_still_reports_its_cpus_and_network(tmp_path: 
         assert frame.interface == "lo" and frame.cpus == os.cpu_count()
         assert frame.load1 is not None
         assert "no GPUs: nvidia-smi: No such file or directory" in frame.error
+
+
+def test_the_first_frame_measures_traffic_over_the_time_it_was_counted(
+        tmp_path: Path) -> None:
+    """The first frame's rates once divided the bytes counted since the sampler started
+    by the few microseconds after its first process query: a trickle showed as hundreds
+    of Gb/s. A slow process query (as on a busy node) and a steady 2 MB/s on lo."""
+    state = tmp_path / "gpu.json"
+    state.write_text(json.dumps({"model": "h200", "count": 1, "driver": None,
+                                 "fault": None}))
+    wrapper = tmp_path / "nvidia-smi"
+    root = Path(__file__).parents[2]
+    wrapper.write_text(  # the one-off process query (no -lms) takes a second
+        f"#!/bin/sh\ncase \"$*\" in *-lms*) ;; *compute-apps*) sleep 1 ;; esac\n"
+        f"PYTHONPATH={root} exec {sys.executable} -m "
+        f"gpucluster.sandbox.fake_nvidia_smi --state {state} \"$@\"\n")
+    wrapper.chmod(0o755)
+    stop = threading.Event()
+
+    def send_steadily() -> None:  # 20 KB every 10 ms: 2 MB/s
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink, \
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as source:
+            sink.bind(("127.0.0.1", 0))
+            while not stop.wait(0.01):
+                for _ in range(5):
+                    source.sendto(b"x" * 4000, sink.getsockname())
+                    with contextlib.suppress(BlockingIOError):
+                        sink.recv(8192, socket.MSG_DONTWAIT)
+    sender = threading.Thread(target=send_steadily, daemon=True)
+    sender.start()
+    sampler = subprocess.Popen(
+        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
+         "1000", "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    try:
+        assert sampler.stdout is not None
+        first = parse_frame(sampler.stdout.readline())
+    finally:
+        stop.set()
+        assert sampler.stdin is not None
+        sampler.stdin.close()
+        assert sampler.wait(timeout=10) == 0
+    assert first is not None and first.interface == "lo"
+    received, _ = first.rates["lo"]
+    assert 0 < received < 50_000_000, received  # 2 MB/s and whatever else lo carries
