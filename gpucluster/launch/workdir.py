@@ -21,6 +21,7 @@ from typing import BinaryIO
 from pathspec import GitIgnoreSpec
 
 from gpucluster import reports
+from gpucluster.bundle import ARCHIVE_PATTERNS
 from gpucluster.errors import GpuclusterError
 from gpucluster.remote.connection import Connection
 from gpucluster.templating import render
@@ -74,8 +75,8 @@ class IgnoreRules:
         self._spec = self._compile(lines)
 
     def _compile(self, lines: list[str]) -> GitIgnoreSpec:
-        try:
-            return GitIgnoreSpec.from_lines(lines)
+        try:  # bundles first, so that a `!` line of the user's can still send one
+            return GitIgnoreSpec.from_lines([*ARCHIVE_PATTERNS, *lines])
         except ValueError as error:  # pathspec names no line: find it
             for number, line in enumerate(lines, 1):
                 try:

@@ -40,6 +40,9 @@ def test_local_files_leave_out_vcs_virtualenvs_caches_state_and_ignored(tmp_path
         "data/big.ckpt": "weights", "outputs/run1/log.txt": "l", "notes/outputs": "file",
         "sub/outputs/x": "nested", "docs/readme.md": "d",
         ".gpuclusterignore": "# comment\n\n*.ckpt\noutputs/\n/docs/*.md\n",
+        # `bundle` writes its archives here by default: a bug report, not the job's code
+        "gpucluster-bundle-20261202-112538.tar.gz": "z",
+        "gpucluster-bundle-20261202-112600.tar.gz.partial": "z",
     })
     files = workdir.local_files(tmp_path)
     assert sorted(files) == [".gpuclusterignore", "notes/outputs", "pkg/model.py", "train.py"]
