@@ -57,22 +57,28 @@ app.command("bundle")(bundle_cmd.bundle)
 app.command("demo")(demo_cmd.demo)
 
 
-def one_line_summaries(typer_app: typer.Typer) -> None:
-    """Give every command its docstring's first paragraph, on one line, as its short help.
+def reflowed_help(typer_app: typer.Typer) -> None:
+    """Give every command its docstring with each paragraph on one line, as its help, and
+    the first paragraph as its short help.
 
-    Typer's rich help lists commands with that paragraph's line breaks kept, which cut
-    the list's lines mid-sentence ("image (and | Slurm, --with | slurm)"). A command's
-    own page already joins them."""
+    Typer's rich help keeps a docstring's line breaks: in command lists, which cut
+    a summary mid-sentence ("image (and | Slurm, --with | slurm)"), and in every
+    paragraph of a command's page but the first ("is marked | stale with its age")."""
     for command in typer_app.registered_commands:
         doc = inspect.getdoc(command.callback) if command.callback else None
-        if command.short_help is None and doc:
-            command.short_help = " ".join(doc.split("\n\n")[0].split())
+        if not doc:
+            continue
+        paragraphs = [" ".join(p.split()) for p in doc.split("\n\n")]
+        if command.short_help is None:
+            command.short_help = paragraphs[0]
+        if command.help is None:
+            command.help = "\n\n".join(paragraphs)
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
-            one_line_summaries(group.typer_instance)
+            reflowed_help(group.typer_instance)
 
 
-one_line_summaries(app)
+reflowed_help(app)
 
 
 def _version(value: bool) -> None:

@@ -119,6 +119,19 @@ def test_command_lists_give_each_command_one_unbroken_summary() -> None:
     assert "image (and Slurm, --with slurm); a re-run changes nothing" in _help("", 600)
 
 
+def test_a_commands_page_reflows_every_paragraph_of_its_docstring() -> None:
+    """Typer keeps the line breaks of every paragraph after the first, so a wide
+    terminal showed `top -h` as "...is marked" | "stale with its age"."""
+    for path in _commands():
+        # Wide enough for any paragraph: every non-empty line before the options box
+        # is then one whole paragraph, ending where a sentence does
+        lines = _help(path, columns=600).splitlines()
+        end = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+        prose = [line.strip() for line in lines[:end] if line.strip()][1:]  # not Usage
+        assert all(line.endswith((".", ")", ":")) for line in prose), (path, prose)
+    assert "a node that stops answering is marked stale with its age." in _help("top", 600)
+
+
 def test_reporting_commands_have_json_and_node_commands_select_hosts() -> None:
     commands = _commands()
 
