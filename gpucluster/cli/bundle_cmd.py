@@ -53,7 +53,7 @@ def bundle(
 
     loaded = load_inventory(inventory, hosts, group)
     store = job_store(loaded)
-    record = store.load(None if job == "last" else job) if job else None
+    record = store.load(job) if job else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = output or Path(f"{ARCHIVE_PREFIX}{record.id + '-' if record else ''}"
                             f"{stamp}.tar.gz")

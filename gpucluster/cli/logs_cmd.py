@@ -75,7 +75,7 @@ def logs(
             raise GpuclusterError("--all-jobs reads every job the controller has: not with "
                                   "a JOB or -f (fix: drop one)")
         records = [store.load(i) for i in store.ids()]
-        _print(logsearch.merged(store, records, keep), json_output)
+        _print(logsearch.merged(store, records, keep), json_output, across_jobs=True)
         return
     record = store.load(job)
     nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
@@ -109,11 +109,11 @@ def _ranks(text: str) -> list[int]:
     return ranks
 
 
-def _print(lines: list[LogLine], json_output: bool) -> None:
+def _print(lines: list[LogLine], json_output: bool, across_jobs: bool = False) -> None:
     from gpucluster.launch import logsearch
 
     out = sys.stdout
     for line in lines:
-        out.write((json.dumps(logsearch.ecs(line)) if json_output else logsearch.text(line))
-                  + "\n")
+        out.write((json.dumps(logsearch.ecs(line)) if json_output
+                   else logsearch.text(line, across_jobs)) + "\n")
     out.flush()

@@ -78,12 +78,13 @@ class JobStore:
                       if JOB_ID.fullmatch(p.name) and (p / "job.json").is_file())
 
     def load(self, job_id: str | None) -> JobRecord:
-        """A job by id, by a unique prefix or suffix of it, or the newest when None."""
+        """A job by id, by a unique prefix or suffix of it, or the newest when None or
+        `last` (no id holds it: their last part is hex)."""
         ids = self.ids()
         if not ids:
             raise GpuclusterError(f"no jobs recorded in {self.root} (fix: start one with "
                                   f"gpucluster launch, from beside the same inventory)")
-        if job_id is None:
+        if job_id is None or job_id == "last":
             chosen = ids[-1]
         else:
             matches = [i for i in ids if i == job_id] or [

@@ -125,8 +125,10 @@ def ecs(line: LogLine) -> dict[str, Any]:
             "message": line.text}
 
 
-def text(line: LogLine) -> str:
-    clock = time.strftime("%H:%M:%S", time.localtime(line.time)) + \
-        f".{int(line.time * 1000) % 1000:03d}"
+def text(line: LogLine, across_jobs: bool = False) -> str:
+    """`13:05:07.250 [node2/3] ...`; across jobs (days apart) with the day and the job."""
+    clock = time.strftime("%Y-%m-%d %H:%M:%S" if across_jobs else "%H:%M:%S",
+                          time.localtime(line.time)) + f".{int(line.time * 1000) % 1000:03d}"
+    job = f" {line.job}" if across_jobs else ""
     rank = "" if line.rank is None else f"/{line.rank}"
-    return f"{clock} [{line.node}{rank}] {line.text}"
+    return f"{clock}{job} [{line.node}{rank}] {line.text}"

@@ -129,6 +129,7 @@ def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
         store.save(JobRecord(job_id, "train.py", ["--x"], ["n1", "n2"], "/srv/p", "/srv/jobs",
                              0.0, {"n1": 1, "n2": 1}))
     assert store.load(None).id == ids[1]
+    assert store.load("last").id == ids[1]  # as bundle, logs, stop... are told it
     assert store.load(ids[0][-4:]).id == ids[0]
     assert store.load(ids[0]).args == ["--x"]
     with pytest.raises(GpuclusterError, match="ambiguous"):

@@ -12,7 +12,7 @@ import pytest
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.follow import _Copy
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.logsearch import LogFilter, ecs, merged, parse_when
+from gpucluster.launch.logsearch import LogFilter, LogLine, ecs, merged, parse_when, text
 
 JOB = "20261130-120000-abcd"
 
@@ -60,6 +60,15 @@ def test_ecs_fields_for_log_shippers() -> None:
                          "job.id": JOB, "rank": 3, "stream": "combined",
                          "message": "epoch 1 loss 0.2"}
     assert ecs(LogLine(0.0, JOB, "n", None, "x"))["stream"] == "torchrun"
+
+
+def test_lines_across_jobs_name_their_job_and_day() -> None:
+    """`logs --all-jobs` merges every job's lines: each must say which job, and its day."""
+    moment = datetime.datetime(2026, 11, 30, 13, 5, 7, 250000).timestamp()
+    line = LogLine(moment, JOB, "node2", 3, "epoch 1 loss 0.2")
+    assert text(line) == "13:05:07.250 [node2/3] epoch 1 loss 0.2"
+    assert text(line, across_jobs=True) == \
+        f"2026-11-30 13:05:07.250 {JOB} [node2/3] epoch 1 loss 0.2"
 
 
 def test_since_and_until_take_durations_and_local_times() -> None:
