@@ -3,6 +3,7 @@ the first failure and the outcome of following a job."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,16 @@ class FirstFailure:
     worker_exit: int | None = None  # negative: killed by that signal
     failed_at: str = ""  # torchrun's root-cause time (second resolution)
     rank_tail: tuple[str, ...] = ()  # the failing rank's own last lines
+
+    @property
+    def killing_signal(self) -> str | None:
+        """`signal 9 (SIGKILL)` when the failing worker was killed by one."""
+        if self.worker_exit is None or self.worker_exit >= 0:
+            return None
+        try:
+            return f"signal {-self.worker_exit} ({signal.Signals(-self.worker_exit).name})"
+        except ValueError:
+            return f"signal {-self.worker_exit}"
 
     def order(self) -> tuple[str, int, float]:
         """Earliest root cause first; within the same second a worker killed by a signal

@@ -122,7 +122,12 @@ def classify(outcome: JobOutcome) -> tuple[str, str]:
         return "node lost", f"{failure.node}: {failure.state.state}" + (
             f" ({failure.state.detail})" if failure.state.detail else "")
     rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
-    return "worker error", f"{rank} on {failure.node}: {signature(outcome)[1] or 'failed'}"
+    last = signature(outcome)[1]
+    if failure.killing_signal:  # it printed no error of its own: its last line is not one
+        how = f"killed by {failure.killing_signal}" + (f"; its last line: {last}" if last
+                                                      else "")
+        return "worker error", f"{rank} on {failure.node}: {how}"
+    return "worker error", f"{rank} on {failure.node}: {last or 'failed'}"
 
 
 def signature(outcome: JobOutcome) -> tuple[int | None, str]:

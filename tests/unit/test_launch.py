@@ -508,6 +508,12 @@ def test_recovery_classifies_what_ended_an_attempt(tmp_path: Path) -> None:
     outcome = JobOutcome(record, {"n1": error}, failing)
     assert classify(outcome) == ("worker error", "rank 1 on n1: RuntimeError: staged failure")
     assert signature(outcome) == (1, "RuntimeError: staged failure")
+    # A rank killed by a signal (the OOM killer) printed no error: its last line was
+    # "ready", which the report gave as the cause
+    killed = FirstFailure("n1", error, 1, 1, (), worker_exit=-9, rank_tail=("rank 1/2 ready",))
+    assert classify(JobOutcome(record, {"n1": error}, killed)) == (
+        "worker error", "rank 1 on n1: killed by signal 9 (SIGKILL); its last line: "
+                        "rank 1/2 ready")
     assert classify(JobOutcome(record, {}, hang="no rank made progress for 12s")) == (
         "hang", "no rank made progress for 12s")
     assert classify(JobOutcome(record, {"n1": NodeState("n1", "exited", 0)})) == (

@@ -3,7 +3,6 @@ first failure, the jobs table, what stop found; and each as JSON."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -52,12 +51,8 @@ def state_label(state: NodeState) -> str:
 
 def failure_cause(failure: FirstFailure) -> str:
     worker = failure.worker_exit
-    if worker is not None and worker < 0:
-        try:
-            name = f" ({signal.Signals(-worker).name})"
-        except ValueError:
-            name = ""
-        cause = f"worker killed by signal {-worker}{name}"
+    if failure.killing_signal:
+        cause = f"worker killed by {failure.killing_signal}"
     elif worker is not None:
         cause = f"worker exit code {worker}"
     else:
