@@ -81,19 +81,19 @@ def expand_list(patterns: str) -> list[str]:
 _TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
 
 
-def _spans(numbers: list[int], width: int) -> str:
-    """[1, 2, 3, 7] -> '1-3,7', each number padded to `width`."""
-    spans: list[str] = []
+def spans(numbers: list[int], width: int = 0) -> str:
+    """Sorted [1, 2, 3, 7] -> '1-3,7', each number padded to `width`."""
+    found: list[str] = []
     run_start = previous = numbers[0]
     for number in [*numbers[1:], None]:
         if number is not None and number == previous + 1:
             previous = number
             continue
         low, high = str(run_start).zfill(width), str(previous).zfill(width)
-        spans.append(low if run_start == previous else f"{low}-{high}")
+        found.append(low if run_start == previous else f"{low}-{high}")
         if number is not None:
             run_start = previous = number
-    return ",".join(spans)
+    return ",".join(found)
 
 
 def fold(names: Iterable[str]) -> str:
@@ -124,7 +124,7 @@ def fold(names: Iterable[str]) -> str:
             if len(numbers) == 1:
                 parts.append(f"{prefix}{str(numbers[0]).zfill(width)}{suffix}")
             else:
-                parts.append(f"{prefix}[{_spans(numbers, width)}]{suffix}")
+                parts.append(f"{prefix}[{spans(numbers, width)}]{suffix}")
     return ",".join(sorted(parts))
 
 

@@ -39,6 +39,9 @@ def top(
     interval: IntervalOption = 1.0,
     once: Annotated[bool, typer.Option(
         "--once", help="Print one snapshot (every node's first sample) and exit.")] = False,
+    compact: Annotated[bool, typer.Option(
+        "--compact", help="A line per node, not per GPU (the live view does so by itself "
+        "when a line per GPU would not fit the terminal).")] = False,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
@@ -48,8 +51,8 @@ def top(
     the job and rank of each GPU process, and the cluster network's rates.
 
     One SSH connection and one sampler per node; a node that stops answering is marked
-    stale with its age. --json prints one JSON snapshot per interval (one per line), or
-    one with --once."""
+    stale with its age. A terminal too small for a line per GPU gets a line per node.
+    --json prints one JSON snapshot per interval (one per line), or one with --once."""
     from gpucluster.cli.views.top import render
     from gpucluster.observe.snapshot import take, to_json
     from gpucluster.observe.streams import ClusterStreams
@@ -65,7 +68,7 @@ def top(
             if json_output:
                 out.file.write(json.dumps(to_json(snapshot), indent=2) + "\n")
             else:
-                out.print(render(snapshot))
+                out.print(render(snapshot, out, compact))
             if any(n.sample is None for n in snapshot.nodes):
                 raise typer.Exit(EXIT_FAILED)
             return
@@ -75,22 +78,23 @@ def top(
                     out.file.write(json.dumps(to_json(take(streams))) + "\n")
                     out.file.flush()
                     time.sleep(interval)
-            _live(streams, interval)
+            _live(streams, interval, compact)
         except KeyboardInterrupt:
             return
 
 
-def _live(streams: ClusterStreams, interval: float) -> None:
+def _live(streams: ClusterStreams, interval: float, compact: bool) -> None:
     from rich.live import Live
 
     from gpucluster.cli.views.top import render
     from gpucluster.observe.snapshot import take
 
-    with Live(render(take(streams)), console=stdout_console(), auto_refresh=False,
-              screen=False, transient=False) as live:
+    screen = stdout_console()  # its size is read again at every frame: a resize counts
+    with Live(render(take(streams), screen, compact, fit=True), console=screen,
+              auto_refresh=False, screen=False, transient=False) as live:
         while True:
             time.sleep(interval)
-            live.update(render(take(streams)), refresh=True)
+            live.update(render(take(streams), screen, compact, fit=True), refresh=True)
 
 
 def exporter(

@@ -4,6 +4,7 @@ the sampler script itself against the simulated nvidia-smi."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
@@ -236,3 +237,43 @@ def test_the_first_frame_measures_traffic_over_the_time_it_was_counted(
     assert first is not None and first.interface == "lo"
     received, _ = first.rates["lo"]
     assert 0 < received < 50_000_000, received  # 2 MB/s and whatever else lo carries
+
+
+def test_top_shows_a_line_per_node_when_a_line_per_gpu_would_not_fit() -> None:
+    """8 nodes of 8 GPUs are 74 lines: in a 40-line terminal the last nodes were cut off
+    behind rich's '...'. Then each node gets one line: every GPU's utilisation as a bar,
+    the sums, its jobs' ranks and its links."""
+    from rich.console import Console
+
+    from gpucluster.cli.views.top import render
+
+    nodes = (view("node1", parse_frame(frame((95, 3), rx=1000)), ecc_base={"GPU-0": 0}),
+             view("node2", parse_frame(frame((0, 100), rx=0))),
+             view("node3", None, stale=True))
+
+    def shown(height: int | None, compact: bool = False, width: int = 240) -> list[str]:
+        console = Console(width=width, height=height or 25, record=True, file=io.StringIO())
+        console.print(render(Snapshot(0.0, 1.0, nodes), console, compact=compact,
+                             fit=height is not None))
+        return console.export_text().splitlines()
+
+    full = shown(height=None)
+    assert len(full) == 2 + 2 + 2 + 2 + 1  # summary, header, 2 x (node + 2 GPUs), stale
+    assert shown(height=len(full)) == full
+    compact = shown(height=len(full) - 1)
+    assert len(compact) == 2 + 3 and compact == shown(height=None, compact=True)
+    node1 = next(line for line in compact if line.startswith("node1"))
+    # Each GPU's bar (95%, 3%), memory summed, hottest, power summed, ECC/Xid summed,
+    # its job's ranks and a foreign process, then the link.
+    assert "█▁ 49%" in node1 and "0.3/159G" in node1 and "40C" in node1
+    assert "141W" in node1 and "2/0" in node1, node1
+    assert f"{JOB} ranks 2-3" in node1 and "foreign 1" in node1, node1
+    assert "eth0 rx 8.0 kb/s tx 16.0 kb/s" in node1, node1
+    assert "▁█ 50%" in next(line for line in compact if line.startswith("node2"))
+    assert any(line.startswith("node3 stale") for line in compact)
+    # A narrow terminal: still one line per node, every figure whole, the job cut short
+    narrow = shown(height=None, compact=True, width=80)
+    table = narrow[next(i for i, line in enumerate(narrow) if line.startswith("node ")):]
+    node1 = table[1]  # (the summary line above it wraps)
+    assert len(table) == 4 and "█▁ 49%" in node1 and "2/0" in node1 and "…" in node1
+    assert max(len(line) for line in table) <= 80

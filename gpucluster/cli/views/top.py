@@ -3,15 +3,17 @@ table under a summary line."""
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpucluster.hostrange import spans
 from gpucluster.observe.model import GpuProcess
 from gpucluster.observe.snapshot import NodeView, Snapshot
 
 _HOT_C = 85  # a GPU temperature worth a colour
+_BARS = "▁▂▃▄▅▆▇█"  # a GPU's utilisation in one character, for a line per node
 
 
 def rate(bytes_per_s: int | None) -> str:
@@ -98,7 +100,92 @@ def _gpu_table(node: NodeView) -> Table:
     return table
 
 
-def render(snapshot: Snapshot) -> RenderableType:
+def _node_jobs(processes: tuple[GpuProcess, ...]) -> str:
+    """`20261202-112253-bd46 ranks 0-7, foreign 2`."""
+    ranks: dict[str, set[int]] = {}
+    foreign = 0
+    for process in processes:
+        if process.job is None:
+            foreign += 1
+        else:
+            ranks.setdefault(process.job, set()).update(
+                [process.rank] if process.rank is not None else [])
+    parts = [f"{job} ranks {spans(sorted(held))}" if held else job
+             for job, held in ranks.items()]
+    return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
+
+
+def _compact_row(node: NodeView) -> list[str | Text]:
+    sample = node.sample
+    if node.stale or sample is None:
+        return [Text.from_markup(_node_line(node))]
+    gpus = sample.gpus
+    utils = [g.util for g in gpus]
+    known = [u for u in utils if u is not None]
+    bars = "".join(" " if u is None else _BARS[round(min(max(u, 0), 100) / 100 * 7)]
+                   for u in utils)
+    used = sum(g.mem_used or 0 for g in gpus) / 1024
+    total = sum(g.mem_total or 0 for g in gpus) / 1024
+    temps = [g.temp for g in gpus if g.temp is not None]
+    power = sum(g.power or 0 for g in gpus)
+    ecc = sum(node.new_ecc(g) or 0 for g in gpus)
+    xid = str(len(sample.xid)) if sample.xid is not None else "?"
+    rx, tx = sample.rates.get(sample.interface or "", (None, None))
+    load = f"load {sample.load1:.1f}/{sample.cpus}" if sample.load1 is not None else ""
+    return [
+        Text(node.host, style="bold"),
+        f"{bars} {sum(known) / len(known):.0f}%" if known else (sample.error or "-"),
+        f"{used:.1f}/{total:.0f}G" if gpus else "-",
+        Text(f"{max(temps)}C", style="red" if max(temps) >= _HOT_C else "") if temps else "-",
+        f"{power:.0f}W" if gpus else "-",
+        f"{ecc}/{xid}" if gpus else "-",
+        _node_jobs(sample.processes),
+        f"{sample.interface or '-'} rx {rate(rx)} tx {rate(tx)}  {load}",
+    ]
+
+
+_COMPACT_COLUMNS = ("node", "util", "memory", "temp", "power", "ECC/Xid", "jobs", "link")
+
+
+def _compact(snapshot: Snapshot, width: int | None) -> RenderableType:
+    """One line per node: each GPU's utilisation as a bar and their mean, memory and
+    power summed, the hottest GPU, ECC/Xid summed, the jobs' ranks, the link."""
+    rows = [_compact_row(node) for node in snapshot.nodes]
+    widths = [max([len(name), *(len(str(r[column])) for r in rows if len(r) > 1)])
+              for column, name in enumerate(_COMPACT_COLUMNS)]
+    if width is not None:  # one line per node: a narrow terminal cuts the jobs and the
+        # link short (half the room each, or what the other leaves), never the figures
+        room = max(8, width - sum(widths[:6]) - 2 * (len(widths) - 1))
+        jobs, link = widths[6:]
+        if jobs + link > room:
+            link = max(4, min(link, max(room // 2, room - jobs)))
+            widths[6:] = [max(4, room - link), link]
+    table = Table(box=None, pad_edge=False)
+    for name, column_width in zip(_COMPACT_COLUMNS, widths, strict=True):
+        table.add_column(name, no_wrap=True, overflow="ellipsis", width=column_width,
+                         justify="right" if name in ("memory", "temp", "power", "ECC/Xid")
+                         else "left")
+    stale = []
+    for row in rows:
+        if len(row) == 1:  # a stale node's own line, as in the view per GPU
+            stale.append(row[0])
+        else:
+            table.add_row(*row)
+    return Group(summary_line(snapshot), table, *stale)
+
+
+def render(snapshot: Snapshot, screen: Console | None = None, compact: bool = False,
+           fit: bool = False) -> RenderableType:
+    """A line per GPU under a line per node; a line per node (`_compact`, as wide as
+    `screen`) when asked, or with `fit` when a line per GPU would not fit on `screen`."""
+    full = _per_gpu(snapshot)
+    if compact or (fit and screen is not None and
+                   len(screen.render_lines(full, screen.options, pad=False)) > screen.height):
+        return _compact(snapshot, screen.width if screen is not None else None)
+    return full
+
+
+def _per_gpu(snapshot: Snapshot) -> RenderableType:
     header = Table(box=None, pad_edge=False)
     for name, width in _COLUMNS:
         header.add_column(name, min_width=width, justify="left" if name == "job / rank"
