@@ -114,6 +114,14 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
     assert all(len({r for r, h in ranks.items() if h == host}) == 2 for host in cluster.nodes)
     # -w selects hosts.
     assert [n["host"] for n in top_once(cluster, "-w", "node2")["nodes"]] == ["node2"]
+    # A line per node: each node's two ranks of the job
+    compact = gpucluster("top", "-i", str(cluster.inventory), "--once", "--compact")
+    assert compact.code == 0, compact.stderr
+    rows = {line.split()[0]: line for line in compact.stdout.splitlines()[2:]}
+    assert sorted(rows) == cluster.nodes, compact.stdout
+    for host in cluster.nodes:
+        held = sorted(r for r, h in ranks.items() if h == host)
+        assert f"{job} ranks {held[0]}-{held[1]}" in rows[host], compact.stdout
     # A one-node cluster has no peer to find its interface by: the one holding its address.
     alone = cluster.write_inventory(tmp_path / "one.yaml", hosts=[
         h for h in cluster.data["hosts"] if h["name"] == "node2"])
