@@ -551,3 +551,20 @@ def test_prune_ages_read_as_a_user_writes_them() -> None:
     for bad in ("7x", "-1d", "", "d"):
         with pytest.raises(GpuclusterError, match="not an age"):
             parse_age(bad)
+
+
+def test_jobs_names_a_node_the_inventory_no_longer_lists() -> None:
+    """It used to show `?: node3`."""
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import print_jobs
+    from gpucluster.launch.model import NodeState
+
+    record = JobRecord("20260101-000000-abcd", "t.py", [], ["n1", "n2", "n3"], "/c", "/j",
+                       0.0, {"n1": 1, "n2": 1, "n3": 1})
+    console = Console(width=200, record=True, file=io.StringIO())
+    print_jobs(console, [record], {record.id: {n: NodeState(n, "stopped", None)
+                                               for n in ("n1", "n2")}}, {})
+    assert "stopped: n[1-2], not in the inventory: n3" in console.export_text()

@@ -132,7 +132,9 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
     rows = []
     for record in records:
         states = {node: table[record.id].get(node) for node in record.hosts}
-        by_state = hostrange.hosts_by(("?" if state is None else state_label(state), node)
+        # No state: the node is not in this inventory, so nobody asked it
+        by_state = hostrange.hosts_by(("not in the inventory" if state is None
+                                       else state_label(state), node)
                                       for node, state in states.items())
         summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
                             for label, nodes in by_state.items())
