@@ -157,7 +157,11 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, shells, code_dir)
     if findings:
-        raise LaunchRefused("the cluster is not ready for a new job", findings)
+        named = {f.host for f in findings}
+        others = [h.name for h in inventory.hosts if h.name not in named]
+        raise LaunchRefused(f"{hostrange.fold(sorted(named))} not ready for a new job" + (
+            f" (fix what the findings say, or start on the others only: -w "
+            f"{hostrange.fold(others)})" if others else ""), findings)
     # The changes go with the start, in one round trip per node: what each node lacks is
     # known from the listing that came back with the checks.
     ignored = workdir.IgnoreRules(request.workdir).ignored

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpucluster import hostrange
 from tests.cli import gpucluster
 from tests.sandbox import Sandbox, busybox_image, start_sandbox
 
@@ -198,6 +199,10 @@ def test_a_node_that_does_not_answer_refuses_the_launch_at_once(cluster: Sandbox
     assert refused.code == 1, refused.stderr
     assert "FAIL ssh node3: unreachable: no answer from" in refused.stderr
     assert "nothing was started" in refused.stderr and "sync failed" not in refused.stderr
+    # The way on without it: the hosts the findings did not name
+    others = hostrange.fold(n for n in cluster.nodes if n != "node3")
+    assert "node3 not ready for a new job (fix what the findings say, or start on the " \
+           f"others only: -w {others})" in " ".join(refused.stderr.split()), refused.stderr
     assert sorted(recorded.glob("*")) == jobs_before  # no job record
     assert job_processes(cluster) == {}
 
