@@ -37,6 +37,10 @@ from gpucluster.wording import counted
 # What a node must pass to rejoin: reachable, its GPUs there and healthy, nothing of
 # ours or anyone's still holding them.
 HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "gpu-processes", "jobs")
+# Before the first attempt, a node is set aside only for what a spare can make up for: a
+# job or a process on its GPUs is the user's to end (the refusal says how), not a reason
+# to start on fewer nodes.
+START_HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid")
 BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
 COPY_TIMEOUT_S = 3600.0  # a checkpoint may be large
 # Five missed heartbeats: quicker than a plain launch's SILENT_NODE_S, since a node
@@ -99,6 +103,7 @@ class RecoveryResult:
     run: str
     attempts: list[AttemptReport] = field(default_factory=list)
     quarantined: dict[str, str] = field(default_factory=dict)
+    set_aside: dict[str, str] = field(default_factory=dict)  # of those, before attempt 1
     gave_up: str = ""  # why no further attempt was made, when the last one failed
     outcome: JobOutcome | None = None  # the last attempt's
 
@@ -169,11 +174,17 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
         try:
             record = Attempt(session, nodes, store, attempt_request).start(on_phase)
         except LaunchRefused as refused:
-            if number == 1:
-                raise  # nothing ran: the caller shows the findings, as launch does
-            result.gave_up = f"attempt {number} could not start: {refused}: " + "; ".join(
-                f"{f.host} {f.name}: {f.message}" for f in refused.findings[:3])
-            return result
+            if number > 1:
+                result.gave_up = f"attempt {number} could not start: {refused}: " + \
+                    "; ".join(f"{f.host} {f.name}: {f.message}" for f in refused.findings[:3])
+                return result
+            # Nothing ran. Nodes that are down or whose GPUs are sick are set aside, as
+            # they would be after a failure, and spares take their place; anything else
+            # (or a second refusal) goes to the caller, who shows the findings.
+            healthy = _set_aside_at_start(session, inventory, healthy, spares, refused,
+                                          policy, result, say)
+            nodes, record = _start_again(session, inventory, healthy, store,
+                                         attempt_request, on_phase)
         result.run = result.run or record.id
         if on_attempt is not None:
             on_attempt(record)
@@ -224,6 +235,37 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             result.outcome = dataclasses.replace(outcome, interrupted=True)
             return result
     return result
+
+
+def _start_again(session: Session, inventory: Inventory, healthy: list[Host],
+                 store: JobStore, request: LaunchRequest,
+                 on_phase: Callable[[str], None] | None) -> tuple[Inventory, JobRecord]:
+    nodes = inventory.restricted_to(healthy)
+    return nodes, Attempt(session, nodes, store, request).start(on_phase)
+
+
+def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Host],
+                        spares: list[Host], refused: LaunchRefused, policy: RecoveryPolicy,
+                        result: RecoveryResult, say: Callable[[str], None]) -> list[Host]:
+    """The first attempt's nodes once those the refusal named, all of them failing a
+    start health check, are set aside and spares have joined; else `refused` again."""
+    named = {f.host for f in refused.findings}
+    sick = health_findings(session, inventory.restricted_to(
+        [h for h in healthy if h.name in named]), START_HEALTH_CHECKS)
+    if not sick or set(sick) != named:
+        raise refused
+    for node, why in sick.items():
+        say(f"{node} set aside before the first attempt: {why}")
+    result.quarantined.update(sick)
+    result.set_aside.update(sick)
+    left = [h for h in healthy if h.name not in sick]
+    joined = _take_spares(session, inventory, spares, len(healthy) - len(left), say)
+    left = [h for h in inventory.hosts if h in left or h in joined]
+    if len(left) < policy.min_nodes:
+        raise LaunchRefused(f"{counted(len(left), 'healthy node')} left once "
+                            f"{hostrange.fold(list(sick))} set aside, fewer than "
+                            f"--min-nodes {policy.min_nodes}", refused.findings)
+    return left
 
 
 def _no_recovery(number: int, healthy: int, policy: RecoveryPolicy) -> str:
@@ -292,10 +334,11 @@ def _copy_checkpoints(session: Session, inventory: Inventory, checkpoint_dir: st
                 f"without them (fix: gpucluster provision --only ssh-mesh)")
 
 
-def health_findings(session: Session, nodes: Inventory) -> dict[str, str]:
+def health_findings(session: Session, nodes: Inventory,
+                    checks: tuple[str, ...] = HEALTH_CHECKS) -> dict[str, str]:
     """Doctor's health checks on every node of the attempt; the nodes that fail them,
     with the first reason."""
-    report = run_doctor(session, nodes, [REGISTRY[name] for name in HEALTH_CHECKS])
+    report = run_doctor(session, nodes, [REGISTRY[name] for name in checks])
     sick: dict[str, str] = {}
     for found in report.results:
         if found.status is Status.FAIL and found.host in {h.name for h in nodes.hosts}:

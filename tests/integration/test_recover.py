@@ -164,6 +164,29 @@ def test_a_spare_takes_a_powered_off_nodes_place_with_the_checkpoints(
         power_on(cluster, "node3")
 
 
+def test_a_node_down_before_the_start_is_set_aside_and_a_spare_takes_its_place(
+        cluster: Sandbox, project: Path) -> None:
+    """A plain launch refuses (test_launch); --recover starts without the node, with the
+    spare, as it would after a failure."""
+    hosts = [dict(h) for h in cluster.data["hosts"]]
+    hosts[3]["spare"] = True
+    inventory = cluster.write_inventory(cluster.inventory.parent / "spare.yaml", hosts=hosts)
+    power_off("node3")
+    try:
+        process = start(cluster, project, "--connect-timeout", "3", "train.py", "--",
+                        "--epochs", "2", inventory=inventory)
+        code, payload, stderr = finish(process, 240)
+        assert code == 0, stderr
+        assert [a["nodes"] for a in payload["attempts"]] == [["node1", "node2", "node4"]]
+        assert list(payload["quarantined"]) == ["node3"]
+        assert "node3 set aside before the first attempt: ssh: unreachable" in stderr
+        assert "spare node4 takes a lost node's place" in stderr
+        assert "before attempt 1: node3 set aside: ssh" in stderr and "rank 5/6" in stderr
+        assert leftovers(cluster) == []
+    finally:
+        power_on(cluster, "node3")
+
+
 def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         cluster: Sandbox, project: Path) -> None:
     process = start(cluster, project, "train.py", "--", "--epochs",

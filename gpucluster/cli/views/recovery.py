@@ -17,6 +17,8 @@ from gpucluster.wording import counted
 
 def print_recovery(err: Console, result: RecoveryResult) -> None:
     err.print(f"run {result.run}: {counted(len(result.attempts), 'attempt')}")
+    for node, why in result.set_aside.items():
+        err.print(f"  before attempt 1: {node} set aside: {escape(why)}")
     previous: AttemptReport | None = None
     for attempt in result.attempts:
         ended = attempt.ended + (f" ({attempt.detail})" if attempt.detail else "")
