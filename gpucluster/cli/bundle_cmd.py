@@ -47,15 +47,15 @@ def bundle(
     every node's and rank's logs, NCCL debug files and flight-recorder dumps.
 
     A dead or hanging node gives a partial bundle that says so. Exit 1 then."""
-    from gpucluster.bundle import ARCHIVE_PREFIX
     from gpucluster.bundle.archive import write
     from gpucluster.bundle.collect import NodeBundle, collect
+    from gpucluster.launch.workdir import BUNDLE_PREFIX
 
     loaded = load_inventory(inventory, hosts, group)
     store = job_store(loaded)
     record = store.load(job) if job else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = output or Path(f"{ARCHIVE_PREFIX}{record.id + '-' if record else ''}"
+    target = output or Path(f"{BUNDLE_PREFIX}{record.id + '-' if record else ''}"
                             f"{stamp}.tar.gz")
     if not target.name.endswith(".tar.gz"):
         target = target.with_name(target.name + ".tar.gz")

@@ -21,7 +21,6 @@ from typing import BinaryIO
 from pathspec import GitIgnoreSpec
 
 from gpucluster import reports
-from gpucluster.bundle import ARCHIVE_PATTERNS
 from gpucluster.errors import GpuclusterError
 from gpucluster.remote.connection import Connection
 from gpucluster.templating import render
@@ -30,6 +29,10 @@ IGNORE_FILE = ".gpuclusterignore"
 MANIFEST = ".gpucluster-sync"
 # Where a node unpacks a sync before renaming each file into place (<prefix><node>.<pid>).
 STAGE_PREFIX = ".gpucluster-incoming."
+# `gpucluster bundle`'s archives: their default place is the current directory, often
+# the work dir, and a bug report is not the job's code. Never sent either.
+BUNDLE_PREFIX = "gpucluster-bundle-"
+BUNDLE_PATTERNS = (f"{BUNDLE_PREFIX}*.tar.gz", f"{BUNDLE_PREFIX}*.tar.gz.partial")
 # Never sent: version control, virtualenvs, caches, and our own state (the cluster key).
 ALWAYS_EXCLUDED = (".git", ".hg", ".svn", "__pycache__", ".gpucluster", ".venv", "venv",
                    ".mypy_cache", ".pytest_cache", ".ruff_cache", MANIFEST)
@@ -76,7 +79,7 @@ class IgnoreRules:
 
     def _compile(self, lines: list[str]) -> GitIgnoreSpec:
         try:  # bundles first, so that a `!` line of the user's can still send one
-            return GitIgnoreSpec.from_lines([*ARCHIVE_PATTERNS, *lines])
+            return GitIgnoreSpec.from_lines([*BUNDLE_PATTERNS, *lines])
         except ValueError as error:  # pathspec names no line: find it
             for number, line in enumerate(lines, 1):
                 try:
