@@ -132,23 +132,35 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
             'interface="eth0"} 1000.0') in text
 
 
-def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> None:
-    """The node script itself, with the simulated nvidia-smi on its PATH."""
-    state = tmp_path / "gpu.json"
-    state.write_text(json.dumps({"model": "h200", "count": 2, "driver": None,
+def _fake_nvidia_smi(directory: Path, count: int, first: str = "") -> Path:
+    """An `nvidia-smi` in `directory` replaying `count` H200s (shell `first` runs before
+    it); the state file, whose path names its processes."""
+    state = directory / "gpu.json"
+    state.write_text(json.dumps({"model": "h200", "count": count, "driver": None,
                                  "fault": None}))
-    wrapper = tmp_path / "nvidia-smi"
+    wrapper = directory / "nvidia-smi"
     root = Path(__file__).parents[2]
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} -m "
+    wrapper.write_text(f"#!/bin/sh\n{first}PYTHONPATH={root} exec {sys.executable} -m "
                        f"gpucluster.sandbox.fake_nvidia_smi --state {state} \"$@\"\n")
     wrapper.chmod(0o755)
+    return state
+
+
+def _sampler(interval_ms: int, path: str) -> subprocess.Popen[str]:
+    """The node script's stream towards 127.0.0.1 (so on lo), with PATH `path`."""
+    return subprocess.Popen(
+        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
+         str(interval_ms), "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "PATH": path})
+
+
+def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> None:
+    """The node script itself, with the simulated nvidia-smi on its PATH."""
+    state = _fake_nvidia_smi(tmp_path, 2)
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env={**os.environ, "LOCAL_RANK": "1",
                                    "GPUCLUSTER_JOB": f"{JOB}@here", "RANK": "7"})
-    sampler = subprocess.Popen(
-        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
-         "300", "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    sampler = _sampler(300, f"{tmp_path}:{os.environ['PATH']}")
     try:
         assert sampler.stdout is not None
         frames = [parse_frame(sampler.stdout.readline()) for _ in range(3)]
@@ -176,10 +188,7 @@ def test_a_node_without_nvidia_smi_still_reports_its_cpus_and_network(tmp_path: 
     ip = subprocess.run(["sh", "-c", "command -v ip"], capture_output=True, text=True,
                         check=True).stdout.strip()
     (bin_dir / "ip").symlink_to(ip)
-    sampler = subprocess.Popen(
-        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
-         "200", "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PATH": str(bin_dir)})
+    sampler = _sampler(200, str(bin_dir))
     try:
         assert sampler.stdout is not None
         frames = [parse_frame(sampler.stdout.readline()) for _ in range(2)]
@@ -199,16 +208,8 @@ def test_the_first_frame_measures_traffic_over_the_time_it_was_counted(
     """The first frame's rates once divided the bytes counted since the sampler started
     by the few microseconds after its first process query: a trickle showed as hundreds
     of Gb/s. A slow process query (as on a busy node) and a steady 2 MB/s on lo."""
-    state = tmp_path / "gpu.json"
-    state.write_text(json.dumps({"model": "h200", "count": 1, "driver": None,
-                                 "fault": None}))
-    wrapper = tmp_path / "nvidia-smi"
-    root = Path(__file__).parents[2]
-    wrapper.write_text(  # the one-off process query (no -lms) takes a second
-        f"#!/bin/sh\ncase \"$*\" in *-lms*) ;; *compute-apps*) sleep 1 ;; esac\n"
-        f"PYTHONPATH={root} exec {sys.executable} -m "
-        f"gpucluster.sandbox.fake_nvidia_smi --state {state} \"$@\"\n")
-    wrapper.chmod(0o755)
+    # the one-off process query (no -lms) takes a second
+    _fake_nvidia_smi(tmp_path, 1, 'case "$*" in *-lms*) ;; *compute-apps*) sleep 1 ;; esac\n')
     stop = threading.Event()
 
     def send_steadily() -> None:  # 20 KB every 10 ms: 2 MB/s
@@ -222,10 +223,7 @@ def test_the_first_frame_measures_traffic_over_the_time_it_was_counted(
                         sink.recv(8192, socket.MSG_DONTWAIT)
     sender = threading.Thread(target=send_steadily, daemon=True)
     sender.start()
-    sampler = subprocess.Popen(
-        [sys.executable, "-u", str(template_dir() / "observe" / "node_gpus.py"), "stream",
-         "1000", "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    sampler = _sampler(1000, f"{tmp_path}:{os.environ['PATH']}")
     try:
         assert sampler.stdout is not None
         first = parse_frame(sampler.stdout.readline())
