@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpucluster.hostrange import spans
-from gpucluster.observe.model import GpuProcess
+from gpucluster.observe.model import GpuProcess, NodeSample
 from gpucluster.observe.snapshot import NodeView, Snapshot
 
 _HOT_C = 85  # a GPU temperature worth a colour
@@ -65,13 +65,17 @@ def _node_line(node: NodeView) -> str:
         return f"[bold red]{escape(node.host)}[/] {age}" + (
             f": {escape(node.error)}" if node.error else "")
     assert sample is not None
+    error = f"  [red]{escape(sample.error)}[/]" if sample.error else ""
+    return f"[bold]{escape(node.host)}[/]  {escape(_traffic(sample))}{error}"
+
+
+def _traffic(sample: NodeSample) -> str:
+    """`eth0 rx 1.2 Mb/s tx 1.4 Mb/s  mlx5_0/1 rx ... tx ...  load 1.9/16`."""
     rx, tx = sample.rates.get(sample.interface or "", (None, None))
-    ib = "".join(f"  {escape(name)} rx {rate(r)} tx {rate(t)}"
+    ib = "".join(f"  {name} rx {rate(r)} tx {rate(t)}"
                  for name, (r, t) in sample.rates.items() if "/" in name)
     load = f"load {sample.load1:.1f}/{sample.cpus}" if sample.load1 is not None else ""
-    error = f"  [red]{escape(sample.error)}[/]" if sample.error else ""
-    return (f"[bold]{escape(node.host)}[/]  {escape(sample.interface or '-')} rx {rate(rx)} "
-            f"tx {rate(tx)}{ib}  {load}{error}")
+    return f"{sample.interface or '-'} rx {rate(rx)} tx {rate(tx)}{ib}  {load}"
 
 
 # Fixed widths, so that every node's table lines up under the others.
@@ -130,8 +134,6 @@ def _compact_row(node: NodeView) -> list[str | Text]:
     power = sum(g.power or 0 for g in gpus)
     ecc = sum(node.new_ecc(g) or 0 for g in gpus)
     xid = str(len(sample.xid)) if sample.xid is not None else "?"
-    rx, tx = sample.rates.get(sample.interface or "", (None, None))
-    load = f"load {sample.load1:.1f}/{sample.cpus}" if sample.load1 is not None else ""
     return [
         Text(node.host, style="bold"),
         f"{bars} {sum(known) / len(known):.0f}%" if known else (sample.error or "-"),
@@ -140,7 +142,7 @@ def _compact_row(node: NodeView) -> list[str | Text]:
         f"{power:.0f}W" if gpus else "-",
         f"{ecc}/{xid}" if gpus else "-",
         _node_jobs(sample.processes),
-        f"{sample.interface or '-'} rx {rate(rx)} tx {rate(tx)}  {load}",
+        _traffic(sample),
     ]
 
 
@@ -178,10 +180,12 @@ def render(snapshot: Snapshot, screen: Console | None = None, compact: bool = Fa
            fit: bool = False) -> RenderableType:
     """A line per GPU under a line per node; a line per node (`_compact`, as wide as
     `screen`) when asked, or with `fit` when a line per GPU would not fit on `screen`."""
-    full = _per_gpu(snapshot)
-    if compact or (fit and screen is not None and
-                   len(screen.render_lines(full, screen.options, pad=False)) > screen.height):
+    if compact:
         return _compact(snapshot, screen.width if screen is not None else None)
+    full = _per_gpu(snapshot)
+    if fit and screen is not None and \
+            len(screen.render_lines(full, screen.options, pad=False)) > screen.height:
+        return _compact(snapshot, screen.width)
     return full
 
 
