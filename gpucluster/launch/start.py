@@ -273,9 +273,23 @@ def _started(result: CommandResult) -> _Started:
     errors = markers.get("error", []) + [
         f"port {port} is in use (fix: find it with ss -ltnp 'sport = :{port}' and end it, "
         f"or set cluster.rendezvous_port)" for port in markers.get("port-busy", [])]
+    why = _last_line(result.stderr)
+    error = "; ".join(errors)
+    if error and why:
+        error = f"{error} ({why})"  # e.g. tar's "No space left on device"
     return _Started(int(pid) if pid.isdigit() else None, tuple(markers.get("busy", [])),
-                    "; ".join(errors) or result.stderr.strip()[-200:],
-                    next(iter(markers.get("runtime", [])), None))
+                    error or why, next(iter(markers.get("runtime", [])), None))
+
+
+def _last_line(text: str) -> str:
+    """The last line of a node's stderr that says why; tar ends with a line that says
+    only that something before it failed."""
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.endswith(_TAR_SUMMARY)]
+    return lines[-1][-200:] if lines else ""
+
+
+_TAR_SUMMARY = "Exiting with failure status due to previous errors"
 
 
 def _start_problems(values: Mapping[str, _Started],

@@ -207,6 +207,26 @@ def test_a_node_that_does_not_answer_refuses_the_launch_at_once(cluster: Sandbox
     assert job_processes(cluster) == {}
 
 
+def test_a_full_disk_on_one_node_is_named_with_the_systems_words(cluster: Sandbox,
+                                                                project: Path) -> None:
+    code_dir = f"/srv/gpucluster/{project.name}"
+    (project / "data.bin").write_bytes(os.urandom(256 * 1024))
+    cluster.node_exec("node3", f"mkdir -p {code_dir} && "
+                               f"mount -t tmpfs -o size=64k gpc-full {code_dir}")
+    try:
+        refused = gpucluster("launch", "-i", str(cluster.inventory), "train.py",
+                             cwd=str(project), timeout=120)
+    finally:
+        cluster.node_exec("node3", f"umount {code_dir}")
+        (project / "data.bin").unlink()
+    assert refused.code == 2, refused.stderr  # an error before the job ran
+    message = " ".join(refused.stderr.split())
+    assert f"node3: cannot unpack the work dir into {code_dir} (tar: " in message, message
+    assert "No space left on device)" in message, message  # tar's reason, not its summary
+    assert "Exiting with failure status" not in message
+    assert job_processes(cluster) == {}
+
+
 def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
                                                             project: Path) -> None:
     process = start_attached(cluster, project, "train.py", "--", *SLOW)
