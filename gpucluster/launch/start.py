@@ -42,6 +42,9 @@ from gpucluster.wording import counted, size
 # ssh: a node that does not answer refuses the launch at once, named with doctor's remedy
 # (else the sync's second connect waited its timeout again, then failed as "sync").
 PREFLIGHT_CHECKS = ("ssh", "jobs", "gpu-processes", "rendezvous-port")
+# Outside a container torchrun is the node's own: a node without it would end the job
+# on every node with exit code 127; the check refuses first, naming cluster.torchrun.
+HOST_PREFLIGHT_CHECKS = (*PREFLIGHT_CHECKS, "torchrun")
 TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"  # per-rank logs, inside the node's job dir
 TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
@@ -49,13 +52,14 @@ LARGE_SYNC_BYTES = 100 << 20  # sent to one node: worth naming what is that big
 LARGE_FILE_BYTES = 10 << 20
 
 
-def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str
+def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str,
+              checks: tuple[str, ...] = PREFLIGHT_CHECKS
               ) -> tuple[list[CheckResult], dict[str, dict[str, Section]]]:
     """Doctor's job-readiness checks, and in the same round trip each node's listing of
     its copy of the work dir (for the sync), run in the shells that start the job next.
     Everything not OK or SKIP refuses the launch, but a slow login (ssh's WARN): it only
     slows the start."""
-    report = run_doctor(session, inventory, [REGISTRY[name] for name in PREFLIGHT_CHECKS],
+    report = run_doctor(session, inventory, [REGISTRY[name] for name in checks],
                         rider=workdir.listing_command(code_dir), probe_via=shells.step)
     return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)
              and not (r.name == "ssh" and r.status is Status.WARN)], report.sections)
@@ -153,9 +157,11 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      request: LaunchRequest, phase: Callable[[str], None],
                      env: dict[str, str], shells: WaitingShells,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
-    phase("checking nodes (running jobs, GPU processes, rendezvous port)")
+    phase("checking nodes (running jobs, GPU processes, rendezvous port"
+          + ("" if request.image else ", torchrun") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
-    findings, listed = preflight(session, inventory, shells, code_dir)
+    findings, listed = preflight(session, inventory, shells, code_dir,
+                                 PREFLIGHT_CHECKS if request.image else HOST_PREFLIGHT_CHECKS)
     if findings:
         named = {f.host for f in findings}
         others = [h.name for h in inventory.hosts if h.name not in named]

@@ -207,6 +207,25 @@ def test_a_node_that_does_not_answer_refuses_the_launch_at_once(cluster: Sandbox
     assert job_processes(cluster) == {}
 
 
+def test_a_torchrun_missing_on_the_nodes_refuses_the_launch_naming_the_key(
+        cluster: Sandbox, project: Path) -> None:
+    text = cluster.inventory.read_text()
+    configured = re.search(r'^  torchrun: "(.+)"$', text, re.MULTILINE)
+    assert configured, text
+    moved = cluster.inventory.with_name("moved-torchrun.yaml")
+    moved.write_text(text.replace(configured.group(1), "/opt/gpc-nowhere/bin/torchrun"))
+    try:
+        refused = gpucluster("launch", "-i", str(moved), "train.py", cwd=str(project))
+    finally:
+        moved.unlink()
+    assert refused.code == 1, refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert "FAIL torchrun node[1-3]: /opt/gpc-nowhere/bin/torchrun (cluster.torchrun) is " \
+           "missing or not executable" in message, message
+    assert "nothing was started" in message
+    assert job_processes(cluster) == {}
+
+
 def test_a_full_disk_on_one_node_is_named_with_the_systems_words(cluster: Sandbox,
                                                                 project: Path) -> None:
     code_dir = f"/srv/gpucluster/{project.name}"

@@ -68,6 +68,25 @@ def test_torch_built_for_a_newer_cuda_major_than_the_driver_fails(tmp_path: Path
     assert results["b"].status is Status.OK
 
 
+def test_a_missing_torchrun_gets_the_fix_for_how_the_inventory_names_it(
+        tmp_path: Path) -> None:
+    found = facts(torchrun="/opt/venv/bin/torchrun")
+    missing = facts(path="/usr/bin:/bin")  # no torchrun section: command -v found nothing
+    by_name = {r.host: r for r in REGISTRY["torchrun"].run(
+        context(tmp_path, {"a": found, "b": missing}))}
+    assert by_name["a"].status is Status.OK and by_name["b"].status is Status.FAIL
+    assert "'torchrun' not found in a non-interactive SSH session" in by_name["b"].message
+    assert "set cluster.torchrun in the inventory to the absolute path" in by_name["b"].remedy
+    assert by_name["b"].details == {"PATH": "/usr/bin:/bin"}
+    # A path is the file itself: PATH plays no part, so the fix is the file
+    [by_path] = REGISTRY["torchrun"].run(context(
+        tmp_path, {"b": missing}, "cluster:\n  torchrun: /opt/venv/bin/torchrun\n"))
+    assert by_path.status is Status.FAIL
+    assert by_path.message == "/opt/venv/bin/torchrun (cluster.torchrun) is missing or not " \
+                              "executable"
+    assert "PATH" not in by_path.remedy and "set cluster.torchrun to where" in by_path.remedy
+
+
 def test_cpu_torch_on_a_gpu_node_fails_except_in_the_sandbox(tmp_path: Path) -> None:
     cpu = '{"torch": "2.5.1", "cuda": null, "nccl": null}'
     ctx = context(tmp_path, {"a": facts(torch=cpu)})
@@ -273,13 +292,15 @@ def test_a_timed_out_probe_names_the_step_it_was_in() -> None:
 def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
         tmp_path: Path) -> None:
     from gpucluster.doctor.model import probe_sections
-    from gpucluster.launch.start import PREFLIGHT_CHECKS
+    from gpucluster.launch.start import HOST_PREFLIGHT_CHECKS, PREFLIGHT_CHECKS
 
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
     loaded = inventory_module.load(path)
     wanted = probe_sections([REGISTRY[name] for name in PREFLIGHT_CHECKS])
     assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port"}
+    host_checks = probe_sections([REGISTRY[name] for name in HOST_PREFLIGHT_CHECKS])
+    assert host_checks == wanted | {"torchrun", "path"}  # no torch import for launch
     assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
     for sections, expected in ((wanted, {"clock", "hostname", "jobs", "nvidia_smi_path"}),
                                (None, {"clock", "hostname", "jobs", "torch", "disk", "xid"})):

@@ -87,6 +87,12 @@ def _tool(context: Context, name: str, key: str, configured: str) -> list[CheckR
         found = context.facts[host.name].ok_text(key)
         if found:
             results.append(CheckResult(name, host.name, Status.OK, found.splitlines()[0]))
+        elif "/" in configured:  # a path: PATH plays no part
+            results.append(CheckResult(
+                name, host.name, Status.FAIL,
+                f"{configured} (cluster.{key}) is missing or not executable",
+                f"install it there (the same environment on every node), or set "
+                f"cluster.{key} to where {key} is on the nodes"))
         else:
             path = context.facts[host.name].text("path") or "?"
             results.append(CheckResult(
@@ -96,11 +102,13 @@ def _tool(context: Context, name: str, key: str, configured: str) -> list[CheckR
     return results
 
 
-@check("python", "reachability", "the python jobs use (cluster.python) is found over SSH")
+@check("python", "reachability", "the python jobs use (cluster.python) is found over SSH",
+       sections=("python", "path"))
 def python(context: Context) -> list[CheckResult]:
     return _tool(context, "python", "python", context.inventory.cluster.python)
 
 
-@check("torchrun", "reachability", "torchrun (cluster.torchrun) is found over SSH")
+@check("torchrun", "reachability", "torchrun (cluster.torchrun) is found over SSH",
+       sections=("torchrun", "path"))
 def torchrun(context: Context) -> list[CheckResult]:
     return _tool(context, "torchrun", "torchrun", context.inventory.cluster.torchrun)
