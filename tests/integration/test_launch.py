@@ -258,6 +258,13 @@ def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
     assert "nothing of it is left on node[1-3]" in stderr
     assert took < 30, f"took {took:.1f} s to end after the kill"
     assert job_processes(cluster) == {}
+    # The node that failed keeps its own end, though the launcher then stopped the job
+    job = re.search(r"^job (\S+): ", stderr, re.MULTILINE)
+    assert job, stderr
+    [record] = gpucluster("jobs", "-i", str(cluster.inventory), "--json", "-n", "1"
+                          ).json()["jobs"]
+    assert record["id"] == job.group(1)
+    assert record["nodes"]["node2"] == {"state": "exited", "exit_code": 1, "detail": ""}
 
 
 def test_max_restarts_re_forms_the_job_after_a_nodes_workers_die(cluster: Sandbox,
