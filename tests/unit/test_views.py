@@ -41,6 +41,21 @@ def test_identical_outputs_fold_and_unique_ones_are_prefixed() -> None:
     assert "n5: unreachable: no answer\n" in text
 
 
+def test_outputs_are_written_as_the_hosts_sent_them() -> None:
+    """A pdsh-like tool's output is piped on: tabs stay tabs, long lines stay whole,
+    text that looks like markup or holds escapes is not interpreted."""
+    body = "a\tb\n" + "x" * 300 + "\n[bold]not markup[/]\n\x1b[31mred\x1b[0m\n"
+
+    def result(hosts: tuple[str, ...]) -> FanoutResult[CommandResult]:
+        return FanoutResult(hosts=hosts, values={
+            h: CommandResult(h, "cmd", 0, body, "", 0.1) for h in hosts})
+
+    folded = _text(lambda console: run.print_run(console, result(("n1", "n2"))))
+    assert folded.endswith("---------------\n" + body), folded
+    prefixed = _text(lambda console: run.print_run(console, result(("n1",))))
+    assert prefixed == "".join(f"n1: {line}\n" for line in body.splitlines())
+
+
 def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
     assert run.failure_summary(_result()) == \
         "2 of 5 hosts failed: n4 (exit 2), n5 (unreachable)"
