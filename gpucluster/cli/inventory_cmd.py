@@ -64,7 +64,8 @@ def export(
     output_format: Annotated[str, typer.Option(
         "--format", "-F", metavar="FORMAT",
         help="ansible, ssh-config, hostfile (DeepSpeed), mpi (OpenMPI), mpich, clush "
-             "(ClusterShell groups) or pdsh (a genders file).")],
+             "(ClusterShell groups) or pdsh (a genders file); the tools' names (openssh, "
+             "deepspeed, openmpi, clustershell, genders) work too.")],
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", metavar="FILE", help="Write here (default: stdout).")] = None,
     inventory: InventoryOption = None,
@@ -72,8 +73,9 @@ def export(
     """The cluster in the format another tool reads: Ansible, OpenSSH, DeepSpeed, MPI,
     ClusterShell, pdsh."""
     from gpucluster.errors import GpuclusterError
-    from gpucluster.inventory.export import FORMATS
+    from gpucluster.inventory.export import FORMAT_ALIASES, FORMATS
 
+    output_format = FORMAT_ALIASES.get(output_format.lower(), output_format)
     if output_format not in FORMATS:
         raise GpuclusterError(f"--format {output_format!r}: not a format gpucluster writes "
                               f"(fix: one of {', '.join(FORMATS)})")

@@ -138,3 +138,6 @@ FORMATS: dict[str, Callable[[Inventory], str]] = {
     "ansible": ansible, "ssh-config": ssh_config, "hostfile": hostfile, "mpi": mpi,
     "mpich": mpich, "clush": clush, "pdsh": pdsh,
 }
+# The tools' own names, as the command's help lists them, for the formats above.
+FORMAT_ALIASES = {"openssh": "ssh-config", "deepspeed": "hostfile", "openmpi": "mpi",
+                  "clustershell": "clush", "genders": "pdsh"}

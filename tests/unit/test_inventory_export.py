@@ -118,6 +118,14 @@ def test_slot_files_give_each_host_its_gpus_and_leave_spares_out(inventory: Path
     assert export(inventory, "mpich").read_text().splitlines()[4] == "gpu04:4"
 
 
+def test_the_tools_own_names_choose_their_formats(inventory: Path) -> None:
+    for alias, form in (("openssh", "ssh-config"), ("DeepSpeed", "hostfile"),
+                        ("clustershell", "clush")):
+        done = gpucluster("inventory", "export", "-i", str(inventory), "-F", alias)
+        assert done.code == 0, done.stderr
+        assert done.stdout == export(inventory, form).read_text()
+
+
 def test_an_unknown_format_is_a_one_line_error(inventory: Path) -> None:
     done = gpucluster("inventory", "export", "-i", str(inventory), "--format", "slurm")
     assert done.code == 2
