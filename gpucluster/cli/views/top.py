@@ -104,8 +104,9 @@ def _gpu_table(node: NodeView) -> Table:
     return table
 
 
-def _node_jobs(processes: tuple[GpuProcess, ...]) -> str:
-    """`20261202-112253-bd46 ranks 0-7, foreign 2`."""
+def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
+    """`20261202-112253-bd46 ranks 0-7, foreign 2`; `short`: `bd46 ranks 0-7, ...` (the
+    id's last part names the job as well: gpucluster stop takes a unique part)."""
     ranks: dict[str, set[int]] = {}
     foreign = 0
     for process in processes:
@@ -114,7 +115,8 @@ def _node_jobs(processes: tuple[GpuProcess, ...]) -> str:
         else:
             ranks.setdefault(process.job, set()).update(
                 [process.rank] if process.rank is not None else [])
-    parts = [f"{job} ranks {spans(sorted(held))}" if held else job
+    names = {job: job.rsplit("-", 1)[-1] if short else job for job in ranks}
+    parts = [f"{names[job]} ranks {spans(sorted(held))}" if held else names[job]
              for job, held in ranks.items()]
     return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
 
@@ -156,11 +158,16 @@ def _compact(snapshot: Snapshot, width: int | None) -> RenderableType:
     widths = [max([len(name), *(len(str(r[column])) for r in rows if len(r) > 1)])
               for column, name in enumerate(_COMPACT_COLUMNS)]
     if width is not None:  # one line per node: a narrow terminal cuts the jobs and the
-        # link short (half the room each, or what the other leaves), never the figures
+        # link short (the jobs up to two thirds of the room), never the figures
         room = max(8, width - sum(widths[:6]) - 2 * (len(widths) - 1))
         jobs, link = widths[6:]
         if jobs + link > room:
-            link = max(4, min(link, max(room // 2, room - jobs)))
+            for row, node in zip(rows, snapshot.nodes, strict=True):
+                if len(row) > 1 and node.sample is not None:  # the ids' last part only
+                    row[6] = _node_jobs(node.sample.processes, short=True)
+            jobs = max([len(_COMPACT_COLUMNS[6]), *(len(str(r[6])) for r in rows
+                                                     if len(r) > 1)])
+            link = max(4, min(link, max(room // 3, room - jobs)))
             widths[6:] = [max(4, room - link), link]
     table = Table(box=None, pad_edge=False)
     for name, column_width in zip(_COMPACT_COLUMNS, widths, strict=True):
