@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from gpucluster import reports
+from gpucluster import interrupts, reports
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of, stop
@@ -96,7 +96,7 @@ class _Follower:
 
     def __init__(self, session: Session, host: Host, record: JobRecord, log: Path,
                  follow: bool, on_output: OutputCallback | None,
-                 done: queue.Queue[tuple[str, NodeState]], cap_bytes: int,
+                 done: queue.SimpleQueue[tuple[str, NodeState | None]], cap_bytes: int,
                  output_closed: threading.Event) -> None:
         self.session, self.host, self.record = session, host, record
         self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
@@ -194,7 +194,8 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     stopped. Without `stop_lost`, a node already lost is not waited for when stopping
     (its connect timeout): the caller deals with it (recovery re-checks it)."""
     hosts = hosts_of(inventory, record, nodes)
-    done: queue.Queue[tuple[str, NodeState]] = queue.Queue()
+    # Each node's end, and (None) each Ctrl-C: SimpleQueue.put is safe in a signal handler
+    done: queue.SimpleQueue[tuple[str, NodeState | None]] = queue.SimpleQueue()
     output_closed = threading.Event()
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
                                    live, on_output, done, _cap_bytes(inventory, record),
@@ -204,9 +205,8 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     for follower in followers.values():
         follower.start()
     outcome = JobOutcome(record)
-    stopper: threading.Thread | None = None
 
-    def stop_all(why: str) -> threading.Thread:
+    def stop_all(why: str, grace: float) -> threading.Thread:
         if on_stopping is not None:
             with contextlib.suppress(OSError):  # a closed stderr must not keep the job on
                 on_stopping(why)
@@ -215,7 +215,7 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
                                      if s.state == "unreachable"]
 
         def run() -> None:
-            outcome.stopped.update(stop(session, inventory, record, grace_s,
+            outcome.stopped.update(stop(session, inventory, record, grace,
                                         [h.name for h in hosts if h.name not in lost]))
             outcome.stopped.update({n: StopResult(n, 0, "unreachable", (), "lost: not tried")
                                     for n in lost})
@@ -223,43 +223,72 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
         thread.start()
         return thread
 
-    try:
-        while len(outcome.states) < len(hosts):
+    stops = _Stops(stop_all, grace_s)
+    with interrupts.deferred(lambda: done.put(("", None))):
+        # Until every node's part has ended and every stop begun has finished.
+        while (len(outcome.states) < len(hosts) or stops.running) \
+                and time.monotonic() < stops.deadline:
             try:
                 node, state = done.get(timeout=0.5)
             except queue.Empty:
-                _drop_silent(session, followers, outcome.states, node_timeout_s)
-                why = None if stopper is not None else _stop_reason(
+                if len(outcome.states) < len(hosts):
+                    _drop_silent(session, followers, outcome.states, node_timeout_s)
+                why = None if stops.begun else _stop_reason(
                     followers, outcome, output_closed, stop_on_interrupt,
                     hang_timeout_s if live else None)
                 if why is not None:
-                    stopper = stop_all(why)
+                    stops.begin(why)
+                continue
+            if state is None:  # Ctrl-C
+                if not stop_on_interrupt:
+                    raise KeyboardInterrupt  # logs -f: not ours to stop
+                stops.interrupted(again=outcome.interrupted)
+                outcome.interrupted = True
                 continue
             outcome.states[node] = state
-            if fail_fast and live and state.failed and stopper is None:
-                stopper = stop_all(f"{node} failed ({_describe(state)}): stopping the job "
-                                   f"on every node")
-        if stopper is not None:
-            stopper.join(grace_s + 35)
-    except KeyboardInterrupt:
-        outcome.interrupted = True
-        if not stop_on_interrupt:
-            raise
-        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
-            if stopper is None:
-                stopper = stop_all("interrupted: stopping the job on every node")
-            stopper.join(grace_s + 35)
-            # The followers end once the job has: take their final states too.
-            deadline = time.monotonic() + node_scripts.HEARTBEAT_S + 3
-            while len(outcome.states) < len(hosts) and time.monotonic() < deadline:
-                with contextlib.suppress(queue.Empty):
-                    node, state = done.get(timeout=0.2)
-                    outcome.states[node] = state
+            if fail_fast and live and state.failed and not stops.begun:
+                stops.begin(f"{node} failed ({_describe(state)}): stopping the job on every "
+                            f"node")
     failures = [failure_of(n, s, followers[n].log) for n, s in outcome.states.items()
                 if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     return outcome
+
+
+class _Stops:
+    """The stops a follow begins: the first with the grace period; on a Ctrl-C while it
+    runs, one more without it. After a Ctrl-C the wait for them is bounded."""
+
+    def __init__(self, start: Callable[[str, float], threading.Thread],
+                 grace_s: float) -> None:
+        self.start, self.grace_s = start, grace_s
+        self.threads: list[threading.Thread] = []
+        self.killing = False
+        self.deadline = float("inf")
+
+    @property
+    def begun(self) -> bool:
+        return bool(self.threads)
+
+    @property
+    def running(self) -> bool:
+        return any(thread.is_alive() for thread in self.threads)
+
+    def begin(self, why: str) -> None:
+        if not self.threads:
+            self.threads.append(self.start(why, self.grace_s))
+
+    def interrupted(self, again: bool) -> None:
+        if self.deadline == float("inf"):  # the stop's own limit, then the last states
+            self.deadline = time.monotonic() + self.grace_s + 35 + node_scripts.HEARTBEAT_S + 3
+        if not self.threads:
+            self.begin("interrupted: stopping the job on every node")
+        elif not self.killing:  # a stop is in its grace period: kill now
+            self.killing = True
+            self.threads.append(self.start(
+                f"interrupted{' again' if again else ''}: killing the job now (no grace "
+                f"period) and confirming it is gone", 0.0))
 
 
 def _stop_reason(followers: Mapping[str, _Follower], outcome: JobOutcome,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucluster import hostrange, reports
+from gpucluster import hostrange, interrupts, reports
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import DEFAULT_PROBE_TIMEOUT_S, run_doctor
 from gpucluster.env_names import masked
@@ -210,7 +210,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         started = FanoutResult(ran.hosts, {n: _started(r) for n, r in ran.values.items()},
                                ran.failures)
     except Interrupted:
-        stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
+        with interrupts.deferred(lambda: None):  # a second Ctrl-C must not cut the stop
+            stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
         raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
                           f"every node") from None
     problems = _start_problems(started.values, started.failures)

@@ -303,6 +303,25 @@ def test_ctrl_c_stops_the_job_on_every_node(cluster: Sandbox, project: Path) -> 
     assert job_processes(cluster) == {}
 
 
+def test_a_second_ctrl_c_kills_the_job_at_once_and_still_confirms_it_gone(
+        cluster: Sandbox, project: Path) -> None:
+    """Ctrl-C pressed twice (or `timeout -s INT`, which signals the process and then its
+    group): the second press used to end the wait for the stop, and the CLI exited while
+    the job ran on every node."""
+    process = start_attached(cluster, project, "train.py", "--", *SLOW)
+    wait_for_ranks(process, 6)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    code, _, stderr, _ = finish(process, 60)
+    assert code == 130, stderr
+    assert stderr.count("interrupted: stopping the job on every node") == 1, stderr
+    assert "interrupted again: killing the job now" in stderr, stderr
+    assert re.search(r"job \S+: stopped on node\[1-3\]", stderr), stderr
+    assert "nothing of it is left on node[1-3]" in stderr, stderr
+    assert job_processes(cluster) == {}
+
+
 def test_a_closed_output_stops_an_attached_job_but_not_one_logs_follows(
         cluster: Sandbox, project: Path) -> None:
     """`launch ... | head`: once head has its lines the launcher's output has no reader;

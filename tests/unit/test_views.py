@@ -147,3 +147,20 @@ def test_a_one_rank_smoke_says_it_measured_no_link() -> None:
     two = _text(lambda console: print_smoke(console, SmokeReport("gloo", 2, sweep, {}, {},
                                                                  [])))
     assert "2 ranks" in two and "crossed no link" not in two
+
+
+def test_an_outcome_without_any_nodes_state_says_so(tmp_path: Path) -> None:
+    from gpucluster.cli.views.launch import print_outcome
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.model import JobOutcome, NodeState
+
+    record = JobRecord("20261130-120000-abcd", "t.py", [], ["n1", "n2"], "/c", "/j", 0.0,
+                       {"n1": 1, "n2": 1})
+    store = JobStore(tmp_path)
+    none = _text(lambda console: print_outcome(console, JobOutcome(record), store))
+    assert none.startswith(f"job {record.id}: no node sent its state (gpucluster jobs asks "
+                           f"again); logs in "), none  # not "job ...: ; logs in"
+    both = JobOutcome(record, {"n1": NodeState("n1", "exited", 0),
+                               "n2": NodeState("n2", "exited", 0)})
+    assert _text(lambda console: print_outcome(console, both, store)).startswith(
+        f"job {record.id}: exited 0 on n[1-2]; logs in ")

@@ -80,9 +80,10 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
             err.print(f"  {escape(line)}", style="dim")
     by_state = hostrange.hosts_by((state_label(state), node)
                                   for node, state in outcome.states.items())
-    err.print(f"job {record.id}: " + ", ".join(f"{label} on {hostrange.fold(nodes)}"
-                                               for label, nodes in by_state.items())
-              + f"; logs in {store.directory(record.id)}")
+    states = ", ".join(f"{label} on {hostrange.fold(nodes)}"
+                       for label, nodes in by_state.items())
+    err.print(f"job {record.id}: {states or 'no node sent its state (gpucluster jobs asks again)'}"
+              f"; logs in {store.directory(record.id)}")
     if outcome.stopped:
         print_stopped(err, record, outcome.stopped)
 
