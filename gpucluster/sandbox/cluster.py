@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import shutil
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 
 from gpucluster.errors import SandboxError
 from gpucluster.sandbox import captures, login, node, node_python, system
-from gpucluster.sandbox.spec import NodeLogin, NodeSpec, SandboxSpec
+from gpucluster.sandbox.spec import SANDBOX_RANGE, NodeLogin, NodeSpec, SandboxSpec
 from gpucluster.templating import render
 
 
@@ -95,6 +96,7 @@ def up(spec: SandboxSpec, inventory_path: Path,
     if previous is not None and previous["spec"]["subnet"] != spec.subnet:
         raise SandboxError(f"sandbox {spec.name!r} is up on {previous['spec']['subnet']}; "
                            f"run `gpucluster sandbox down --name {spec.name}` first")
+    _check_subnet_free(spec)
     _check_inventory_writable(inventory_path, previous)
     sandbox = node.sandbox_dir(spec.name)
     sandbox.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -204,6 +206,23 @@ def _python() -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _check_subnet_free(spec: SandboxSpec) -> None:
+    """Two bridges on one subnet route the controller to whichever the kernel picks: the
+    new sandbox's inventory then reaches the other one's nodes (their host keys refused)."""
+    network = ipaddress.ip_network(spec.subnet)
+    ours = node.bridge_name(spec.name)
+    owners = {node.bridge_name(path.name): path.name for path in node.STATE_ROOT.iterdir()
+              if path.is_dir()} if node.STATE_ROOT.is_dir() else {}
+    for link, address in system.host_networks():
+        if link == ours or not address.network.overlaps(network):
+            continue
+        user = f"sandbox {owners[link]!r}" if link in owners else f"this machine's {link}"
+        free = (f"gpucluster sandbox down --name {owners[link]}, or another --subnet"
+                if link in owners else "another --subnet")
+        raise SandboxError(f"--subnet {spec.subnet} overlaps {address.network}, which "
+                           f"{user} uses (fix: {free} inside {SANDBOX_RANGE})")
 
 
 def _check_inventory_writable(path: Path, previous: dict[str, Any] | None) -> None:

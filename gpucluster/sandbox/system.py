@@ -4,6 +4,8 @@ and ending the processes of a node's namespace."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import json
 import os
 import shlex
 import shutil
@@ -52,6 +54,14 @@ def sh(*argv: str, check: bool = True, timeout: float = 30, stdin: str | None = 
 
 def link_exists(name: str) -> bool:
     return sh("ip", "link", "show", "dev", name, check=False).returncode == 0
+
+
+def host_networks() -> list[tuple[str, ipaddress.IPv4Interface]]:
+    """Each IPv4 address of this machine's own interfaces, with the interface's name."""
+    output = sh("ip", "-j", "-4", "addr", "show").stdout
+    return [(link["ifname"], ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}"))
+            for link in json.loads(output or "[]") for a in link.get("addr_info", [])
+            if "local" in a]
 
 
 def netns_list() -> list[str]:

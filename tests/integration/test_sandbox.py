@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import gpucluster
-from tests.sandbox import Sandbox
+from tests.sandbox import NAME, SUBNET, Sandbox
 
 pytestmark = pytest.mark.sandbox
 
@@ -166,6 +166,25 @@ def test_an_edited_inventory_is_never_overwritten_or_deleted(tmp_path: Path) -> 
     finally:
         gpucluster("sandbox", "down", "--name", LIFE)
     assert inventory.read_text() == "hosts: [precious]\n"
+
+
+def test_a_subnet_another_sandbox_uses_is_refused_before_anything_is_made(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    """Two bridges on one subnet: the new sandbox's inventory reached the other one's
+    nodes, whose host keys were then refused."""
+    inventory = tmp_path / "twin.yaml"
+    wider = SUBNET.replace(".0/24", ".0/23")  # overlapping, not equal
+    refused = gpucluster("sandbox", "up", "--name", "gpctwin", "--subnet", wider,
+                         "--nodes", "2", "--write-inventory", str(inventory))
+    assert refused.code == 2, refused.stderr
+    assert refused.stderr.strip() == (
+        f"gpucluster: error: --subnet {wider} overlaps {SUBNET}, which sandbox '{NAME}' "
+        f"uses (fix: gpucluster sandbox down --name {NAME}, or another --subnet inside "
+        f"198.18.0.0/15)")
+    assert not inventory.exists() and not Path("/var/lib/gpucluster/sandbox/gpctwin").exists()
+    assert "gpctwin" not in subprocess.run(["ip", "link"], capture_output=True, text=True,
+                                           check=True).stdout
+    assert gpucluster("run", "-i", str(sandbox.inventory), "true").code == 0  # untouched
 
 
 def test_bad_sandbox_options_are_one_line_errors() -> None:
