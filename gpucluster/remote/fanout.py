@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from gpucluster import interrupts
 from gpucluster.errors import Interrupted
 from gpucluster.inventory import Host
 from gpucluster.remote.result import FailureKind, FanoutResult, HostFailure, RemoteError
@@ -70,9 +71,12 @@ def fan_out(
             pass
     except KeyboardInterrupt:
         stopping.set()
+        with lock:  # counted before the clean-up: closing a connection ends its task
+            unfinished = [h.name for h in hosts
+                          if h.name not in values and h.name not in failures]
         if on_interrupt is not None:
-            on_interrupt()
-        unfinished = [h.name for h in hosts if h.name not in values and h.name not in failures]
+            with interrupts.deferred(lambda: None):  # a second Ctrl-C must not cut it
+                on_interrupt()
         raise Interrupted(f"interrupted; {len(unfinished)} of {len(hosts)} hosts had not "
                           f"finished; connections closed") from None
     return FanoutResult(tuple(h.name for h in hosts), values, failures)
