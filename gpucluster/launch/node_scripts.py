@@ -50,13 +50,28 @@ def any_job_pattern(node: str) -> str:
     return f"{JOB_VARIABLE}=[^@]+@{ere_escape(node)}"
 
 
+def sif_path(image: str, images_dir: str) -> str:
+    """Where provision keeps an Apptainer image on a node (a shell word)."""
+    return f"{images_dir}/{shlex.quote(image.rsplit('/', 1)[-1])}"
+
+
+def image_check(container: Container, images_dir: str) -> str:
+    """A shell test that the image is on this node, where provision put it. launch never
+    pulls: a pull per node at start can give nodes different images (a moved tag), and
+    a large one outlasts the rendezvous without a word of progress."""
+    if container.image.endswith(".sif"):
+        return f"[ -f {sif_path(container.image, images_dir)} ]"
+    return (f'${{GPC_SUDO:+sudo -n}} "$GPC_RT" image inspect {shlex.quote(container.image)} '
+            f'>/dev/null 2>&1')
+
+
 def container_command(container: Container, torchrun: str, images_dir: str) -> str:
     """The image's torchrun: a .sif under apptainer (or singularity), from the node's
     images directory; anything else under podman or docker. Whichever the node has
     is $GPC_RT."""
     if container.image.endswith(".sif"):
         # Apptainer passes the host's environment in: the job's variables and marker.
-        path = f"{images_dir}/{shlex.quote(container.image.rsplit('/', 1)[-1])}"
+        path = sif_path(container.image, images_dir)
         return (f'"$GPC_RT" exec{" --nv" if container.gpus else ""} --bind "$PWD" '
                 f'--bind "$GPC_JOB_DIR" --bind "$GPUCLUSTER_CHECKPOINT_DIR" --pwd "$PWD" {path} '
                 f'{torchrun}')
@@ -85,12 +100,13 @@ def engine_command(runtime: str) -> str:
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None, on_cpu: bool = False,
-                 sync_apply: str = "") -> str:
+                 sync_apply: str = "", image_check: str = "") -> str:
     """`rendezvous_port` on the head only: wait for it to be free, else refuse. `on_cpu`:
     the node's jobs run on CPU (gloo), where torch 2.13's DistributedDataParallel dies of
     SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (seen on the sandbox; see
     pytorch/pytorch#148976): --debug sets INFO there. `sync_apply`: the sync's unpack,
-    run once the node is known free, before the job starts (its tar on stdin)."""
+    run once the node is known free, before the job starts (its tar on stdin).
+    `image_check`: a shell test that the container's image is on the node."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -101,7 +117,7 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   attempt=record.attempt, debug=record.debug, sync_apply=sync_apply,
                   distributed_debug="INFO" if on_cpu else "DETAIL",
                   any_job_pattern=any_job_pattern(node), container=container,
-                  stamper=stamper_script())
+                  image=record.image, image_check=image_check, stamper=stamper_script())
 
 
 def stamper_script() -> str:

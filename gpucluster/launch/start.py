@@ -252,6 +252,7 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                         log_dir=TORCHRUN_LOG_DIR)
     argv = torchrun_argv(inventory, spec)
     container = None
+    images_dir = node_images_dir(inventory.cluster.work_dir)
     if request.image:
         argv[0] = "torchrun"  # the image's own, not the host's
         names = sorted({*env, *node_scripts.JOB_ENV_NAMES, *SOCKET_IFNAME_VARIABLES,
@@ -263,15 +264,16 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
     command = " ".join(TORCHRUN_LOG_DIR_SHELL if word == TORCHRUN_LOG_DIR else
                        shlex.quote(word) for word in argv)
     if container is not None:
-        command = node_scripts.container_command(
-            container, command, node_images_dir(inventory.cluster.work_dir))
+        command = node_scripts.container_command(container, command, images_dir)
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
     apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name)
              if sync.needed else "")
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,
                                      head_port, on_cpu=not host.jobs_use_gpus,
-                                     sync_apply=apply)
+                                     sync_apply=apply,
+                                     image_check=node_scripts.image_check(container, images_dir)
+                                     if container is not None else "")
 
 
 def _started(result: CommandResult) -> _Started:
@@ -301,11 +303,13 @@ _TAR_SUMMARY = "Exiting with failure status due to previous errors"
 
 def _start_problems(values: Mapping[str, _Started],
                     failures: Mapping[str, HostFailure]) -> list[str]:
-    problems = [f"{n}: {f.message}" for n, f in failures.items()]
+    problems = [(f.message, n) for n, f in failures.items()]
     for node, started in values.items():
         if started.busy:
-            problems.append(f"{node}: job {', '.join(started.busy)} is still running there "
-                            f"(fix: gpucluster stop {started.busy[0]})")
+            problems.append((f"job {', '.join(started.busy)} is still running there "
+                             f"(fix: gpucluster stop {started.busy[0]})", node))
         elif started.pid is None:
-            problems.append(f"{node}: {started.error or 'torchrun did not start'}")
-    return problems
+            problems.append((started.error or "torchrun did not start", node))
+    # The same problem on many nodes (an image missing everywhere) is said once.
+    return [f"{hostrange.fold(nodes)}: {message}"
+            for message, nodes in hostrange.hosts_by(problems).items()]

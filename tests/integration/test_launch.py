@@ -554,6 +554,20 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield reference
 
 
+def test_an_image_missing_on_the_nodes_is_named_and_never_pulled(cluster: Sandbox,
+                                                                 project: Path) -> None:
+    refused = gpucluster("launch", "-i", str(cluster.inventory), "--image",
+                         "localhost/gpclnch-absent:1", "train.py", cwd=str(project),
+                         timeout=120)
+    assert refused.code == 2, refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert "stopped on every node: node[1-3]: image localhost/gpclnch-absent:1 is not on " \
+           "this node (fix: set cluster.image to it and run gpucluster provision --only " \
+           "image" in message, message
+    assert "Trying to pull" not in message  # podman was never asked to pull it
+    assert job_processes(cluster) == {}
+
+
 def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, project: Path,
                                                          image: str) -> None:
     data = {**cluster.data, "cluster": {**cluster.data["cluster"], "image": image}}

@@ -240,6 +240,11 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     assert node_scripts.container_command(sif, "torchrun x", "/srv/images") == (
         '"$GPC_RT" exec --bind "$PWD" --bind "$GPC_JOB_DIR" --bind '
         '"$GPUCLUSTER_CHECKPOINT_DIR" --pwd "$PWD" /srv/images/train.sif torchrun x')
+    # The start checks the image is where the command takes it from: never pulled
+    assert node_scripts.image_check(sif, "/srv/images") == "[ -f /srv/images/train.sif ]"
+    image = node_scripts.Container("reg/my img:1", "gpucluster-job1", True, [])
+    assert node_scripts.image_check(image, "/srv/images") == (
+        "${GPC_SUDO:+sudo -n} \"$GPC_RT\" image inspect 'reg/my img:1' >/dev/null 2>&1")
 
 
 def test_sync_summary_folds_identical_nodes() -> None:
