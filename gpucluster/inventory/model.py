@@ -133,8 +133,9 @@ class Inventory:
             unknown = [n for n in wanted if n not in names]
             if unknown:
                 raise GpuclusterError(
-                    f"{self.path}: --hosts names unknown hosts: {hostrange.fold(unknown)}"
-                )
+                    f"{self.path}: --hosts names unknown hosts: {hostrange.fold(unknown)} "
+                    f"(fix: the inventory's hosts are "
+                    f"{hostrange.fold(h.name for h in self.hosts)})")
             chosen = set(wanted)
             selected = [h for h in selected if h.name in chosen]
         return selected

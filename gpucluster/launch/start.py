@@ -98,6 +98,20 @@ def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
         f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
 
 
+def check_nproc(inventory: Inventory, nproc: int | None) -> None:
+    """More processes than a node has GPUs fail at start (an invalid device ordinal in
+    every extra rank) or share GPUs unasked: refused before anything is sent."""
+    over = [h for h in inventory.hosts
+            if nproc is not None and h.jobs_use_gpus and h.gpus and nproc > h.gpus]
+    if over:
+        fewest = min(h.gpus or 0 for h in over)
+        raise GpuclusterError(
+            f"--nproc-per-node {nproc}: {hostrange.fold([h.name for h in over])} "
+            f"{'has' if len(over) == 1 else 'have'} {fewest} GPUs (the inventory's gpus) "
+            f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU, or correct "
+            f"gpus: in the inventory)")
+
+
 def large_files_note(plans: Mapping[str, workdir.SyncPlan]) -> str | None:
     """Name the largest files when a sync sends much: a dataset or checkpoint left in
     the work dir goes to every node, on every change, unless it is ignored."""
@@ -135,6 +149,7 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
             on_phase: Callable[[str], None] | None) -> JobRecord:
     phase = on_phase or (lambda _: None)
     files, script = check_request(request)
+    check_nproc(inventory, request.nproc_per_node)
     if request.image and request.image.endswith(".sqsh"):
         raise GpuclusterError(f"{request.image}: provision distributes enroot images, but "
                               f"launch does not run them yet (fix: use an OCI image or an "

@@ -167,6 +167,7 @@ def test_doctor_and_smoke_on_a_selection(tmp_path: Path) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts: [localhost]\ngroups: {g: localhost}\n")
     unknown = gpucluster("doctor", "-i", str(path), "-w", "nosuch")
-    assert unknown.code == 2 and "--hosts names unknown hosts: nosuch" in unknown.stderr
+    assert unknown.code == 2 and "--hosts names unknown hosts: nosuch (fix: the " \
+        "inventory's hosts are " in unknown.stderr
     group = gpucluster("smoke", "-i", str(path), "-g", "nope")
     assert group.code == 2 and "no group 'nope'" in group.stderr

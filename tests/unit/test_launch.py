@@ -20,7 +20,7 @@ from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import FirstFailure, LaunchRequest, NodeState, parse_state
-from gpucluster.launch.start import check_request, large_files_note, sync_summary
+from gpucluster.launch.start import check_nproc, check_request, large_files_note, sync_summary
 from gpucluster.torchrun import TorchrunSpec, torchrun_argv
 from tests.cli import gpucluster
 
@@ -245,6 +245,24 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     image = node_scripts.Container("reg/my img:1", "gpucluster-job1", True, [])
     assert node_scripts.image_check(image, "/srv/images") == (
         "${GPC_SUDO:+sudo -n} \"$GPC_RT\" image inspect 'reg/my img:1' >/dev/null 2>&1")
+
+
+def test_more_processes_than_gpus_is_refused_where_jobs_use_gpus(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("defaults: {gpus: 8}\nhosts:\n  - name: gpu[1-2]\n"
+                    "  - {name: small, gpus: 4}\n  - {name: cpu1, torch_device: cpu}\n")
+    loaded = inventory_module.load(path)
+    for fits in (None, 1, 4):
+        check_nproc(loaded, fits)
+    with pytest.raises(GpuclusterError) as refused:
+        check_nproc(loaded, 5)
+    assert str(refused.value) == ("--nproc-per-node 5: small has 4 GPUs (the inventory's "
+                                  "gpus) (fix: --nproc-per-node 4 or fewer, one process per "
+                                  "GPU, or correct gpus: in the inventory)")
+    with pytest.raises(GpuclusterError, match=r"gpu\[1-2\],small have 4 GPUs"):
+        check_nproc(loaded, 99)
+    cpu_only = inventory_module.load(path).restricted_to([loaded.host("cpu1")])
+    check_nproc(cpu_only, 99)  # on the CPU, as many as asked
 
 
 def test_sync_summary_folds_identical_nodes() -> None:
