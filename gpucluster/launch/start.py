@@ -212,6 +212,16 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     record = dataclasses.replace(record, env=masked(env, request.secret_env))
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {counted(len(inventory.hosts), 'node')})")
+    # Ctrl-C reaches the start as WaitingShells.run's Interrupted; around it, presses are
+    # absorbed, so none lands between that and the clean-up stop below.
+    with interrupts.deferred(lambda: None):
+        return _start_everywhere(session, inventory, store, record, request, env, shells,
+                                 plans)
+
+
+def _start_everywhere(session: Session, inventory: Inventory, store: JobStore,
+                      record: JobRecord, request: LaunchRequest, env: dict[str, str],
+                      shells: WaitingShells, plans: Mapping[str, _Sync]) -> JobRecord:
     try:
         with contextlib.ExitStack() as streams:
             payloads = {}
@@ -225,8 +235,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         started = FanoutResult(ran.hosts, {n: _started(r) for n, r in ran.values.items()},
                                ran.failures)
     except Interrupted:
-        with interrupts.deferred(lambda: None):  # a second Ctrl-C must not cut the stop
-            stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
+        stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
         raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
                           f"every node") from None
     problems = _start_problems(started.values, started.failures)

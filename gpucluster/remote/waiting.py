@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO, cast
 
-from gpucluster import reports
+from gpucluster import interrupts, reports
 from gpucluster.errors import Interrupted
 from gpucluster.inventory import Host
 from gpucluster.remote.connection import (
@@ -243,12 +243,14 @@ class WaitingShells:
                 stdin.give(framed(script), rest)
             else:
                 stdin.cancel()
-        try:
-            while self._thread.is_alive():
+        pressed = threading.Event()
+        # Ctrl-C as an event: a second press must not cut the closing of the connections
+        with interrupts.deferred(pressed.set):
+            while self._thread.is_alive() and not pressed.is_set():
                 self._thread.join(0.2)
-        except KeyboardInterrupt:
-            self._session.close()
-            raise Interrupted("interrupted; connections closed") from None
+            if pressed.is_set():
+                self._session.close()
+                raise Interrupted("interrupted; connections closed")
         assert self._result is not None
         return self._result
 

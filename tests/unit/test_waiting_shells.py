@@ -149,3 +149,29 @@ def test_closing_the_session_ends_what_runs_on_a_local_host(tmp_path: Path) -> N
     worker.join(10)
     assert not worker.is_alive()
     assert getattr(outcome[0], "exit_code", None) == -signal.SIGTERM
+
+
+def test_ctrl_c_pressed_twice_during_a_run_closes_every_shell_and_says_so(
+        tmp_path: Path) -> None:
+    """The second press used to land inside the handling of the first and cut the
+    closing of the connections short."""
+    import os
+
+    from gpucluster.errors import Interrupted
+
+    session = _local_session(tmp_path)
+
+    def press_twice() -> None:
+        time.sleep(0.5)
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+
+    presser = threading.Thread(target=press_twice)
+    started = time.monotonic()
+    with WaitingShells(session, session.inventory.hosts, timeout=60) as shells:
+        presser.start()
+        with pytest.raises(Interrupted, match="interrupted; connections closed"):
+            shells.run({h.name: ("sleep 30", None) for h in session.inventory.hosts})
+    presser.join()
+    assert time.monotonic() - started < 10  # the sleeps ended with their shells
