@@ -40,7 +40,8 @@ class InventoryError(GpuclusterError):
     """The inventory could not be read or is invalid; carries every problem found."""
 
     def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
+        # In file order, as an editor walks them (the checks run section by section).
+        self.problems = sorted(problems, key=lambda p: (p.path, p.line or 0))
         super().__init__("\n".join(str(p) for p in problems))
 
 

@@ -417,3 +417,14 @@ def test_a_selection_keeps_left_out_hosts_as_jump_hosts(tmp_path: Path) -> None:
     assert [h.name for h in selected.hosts] == ["gpu1"] and selected.head.name == "gpu1"
     jump = Session(selected, SshOptions(tmp_path / "kh"))._jump_endpoint("bastion")
     assert (jump.address, jump.user) == ("10.0.0.1", "jump")  # not an ssh_config guess
+
+
+def test_every_problem_is_listed_in_file_order(tmp_path: Path) -> None:
+    """The checks run section by section (cluster before hosts); the list reads as the
+    file does."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - name: n1\n    adress: 10.0.0.1\n    gpu: 8\n"
+                    "cluster:\n  rendezvous_prot: 29500\n")
+    with pytest.raises(InventoryError) as caught:
+        inventory.load(path)
+    assert [p.line for p in caught.value.problems] == [3, 4, 6]
