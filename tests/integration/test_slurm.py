@@ -74,6 +74,12 @@ def running_daemons(cluster: Sandbox, node: str) -> list[str]:
     return sorted(names & set(DAEMONS))
 
 
+# Per process holding a (simulated) GPU: whether it carries LOCAL_RANK=1 (1) or not (0).
+GPU_PROCESSES_WITH_RANK_1 = (
+    "nvidia-smi --query-compute-apps=pid --format=csv,noheader | while read p; do "
+    "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -c LOCAL_RANK=1; done; true")
+
+
 def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         cluster: Sandbox, tmp_path: Path) -> None:
     first = provision(cluster, "--with", "slurm")
@@ -126,10 +132,12 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     on_node1(cluster, f"sbatch --wait -w node2 -N1 -o /dev/null --wrap "
                       f"'LOCAL_RANK=0 setsid -f sleep 600 {quiet}; sleep 1' >/dev/null",
              timeout=120)
-    left = cluster.node_exec("node2", "nvidia-smi --query-compute-apps=pid --format="
-                                      "csv,noheader | while read p; do tr '\\0' '\\n' < "
-                                      "/proc/$p/environ | grep -c LOCAL_RANK=1; done").stdout
-    assert left.split() == ["1"], left  # the foreign one is the only one left
+    # The epilog runs while the job completes, which sbatch --wait can report first.
+    deadline = time.monotonic() + 30
+    while (left := cluster.node_exec("node2", GPU_PROCESSES_WITH_RANK_1).stdout.split()) \
+            != ["1"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == ["1"], left  # the foreign one is the only one left
     cluster.node_exec("node2", "kill $(nvidia-smi --query-compute-apps=pid "
                                "--format=csv,noheader)", check=False)
 
