@@ -42,7 +42,7 @@ class InventoryError(GpuclusterError):
     def __init__(self, problems: list[Problem]) -> None:
         # In file order, as an editor walks them (the checks run section by section).
         self.problems = sorted(problems, key=lambda p: (p.path, p.line or 0))
-        super().__init__("\n".join(str(p) for p in problems))
+        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 class Interrupted(GpuclusterError):

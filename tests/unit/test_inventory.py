@@ -428,3 +428,4 @@ def test_every_problem_is_listed_in_file_order(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as caught:
         inventory.load(path)
     assert [p.line for p in caught.value.problems] == [3, 4, 6]
+    assert [line.split(":")[1] for line in str(caught.value).splitlines()] == ["3", "4", "6"]
