@@ -225,18 +225,20 @@ class FirewallStep(Step):
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         """Nothing to gather: each node's firewall is read in check."""
 
-    def _commands(self, context: ProvisionContext, host: Host,
-                  connection: LoggedConnection, undo: bool) -> list[str]:
+    def _plan(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
+              undo: bool) -> tuple[str, list[str]]:
+        """The node's firewall kind, and the commands that make its rules right."""
         firewall = detect(connection, context.inventory.cluster.name)
         wanted = [] if undo else peers_of(context, host)
         extra = config.firewall_ports(context.slurm) if context.slurm else []
-        return plan_commands(firewall, wanted, context.inventory.cluster.rendezvous_port,
-                             extra)
+        return firewall.kind, plan_commands(
+            firewall, wanted, context.inventory.cluster.rendezvous_port, extra)
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
-        commands = self._commands(context, host, connection, undo=False)
-        return [Change(f"firewall: {len(commands)} rule commands", "\n".join(commands))] \
+        kind, commands = self._plan(context, host, connection, undo=False)
+        noun = "command" if len(commands) == 1 else "commands"
+        return [Change(f"{len(commands)} {kind} rule {noun}", "\n".join(commands))] \
             if commands else []
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
@@ -252,7 +254,7 @@ class FirewallStep(Step):
 
     def _run(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
              undo: bool) -> list[str]:
-        return self._execute(connection, self._commands(context, host, connection, undo))
+        return self._execute(connection, self._plan(context, host, connection, undo)[1])
 
     @staticmethod
     def _execute(connection: LoggedConnection, commands: list[str]) -> list[str]:
