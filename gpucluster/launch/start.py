@@ -76,11 +76,16 @@ def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile],
         raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
     files = workdir.local_files(request.workdir)
     script = Path(request.script)
-    candidate = (script if script.is_absolute() else request.workdir / script).resolve()
+    given = script if script.is_absolute() else request.workdir / script
+    candidate = given.resolve()
     try:
         relative = candidate.relative_to(request.workdir.resolve()).as_posix()
     except ValueError:
         relative = None
+    if relative is None and given.is_symlink() and candidate.is_file():
+        raise GpuclusterError(f"{request.script} is a link to {candidate}, outside "
+                              f"{request.workdir}: the nodes get the link, not the script "
+                              f"(fix: copy the script into the work directory)")
     if relative is None or not candidate.is_file():
         raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
                               f"(fix: give the script's path inside the work directory)")

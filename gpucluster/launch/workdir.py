@@ -3,7 +3,8 @@
 Like rsync's quick check: a file is sent when its size or modification time differs
 from the node's copy. The node keeps the list of files we sent (`.gpucluster-sync`), so
 a file deleted here is deleted there, while files the job wrote itself (checkpoints,
-outputs) are never touched.
+outputs) are never touched. Symbolic links go as links (rsync -a's and git's way): a
+`data -> /mnt/datasets/x` link points at the node's own copy, never copies the dataset.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import tarfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -42,9 +44,10 @@ SYNC_TIMEOUT_S = 600.0
 @dataclass(frozen=True)
 class LocalFile:
     path: str  # relative, POSIX separators
-    size: int
+    size: int  # a link's: the length of its target, as lstat and find's %s say
     mtime: int
     mode: int
+    link: str | None = None  # a symbolic link's target
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class SyncPlan:
 
     @property
     def bytes_to_send(self) -> int:
-        return sum(f.size for f in self.send)
+        return sum(f.size for f in self.send if f.link is None)  # a link carries no data
 
 
 @dataclass(frozen=True)
@@ -97,27 +100,33 @@ class IgnoreRules:
 
 
 def local_files(root: Path) -> dict[str, LocalFile]:
-    """Regular files under `root` that are not excluded; virtualenvs are recognised by
-    their pyvenv.cfg whatever they are called. As in git, a file under an excluded
-    directory stays out whatever a later `!pattern` says."""
+    """Regular files and symbolic links under `root` that are not excluded; virtualenvs
+    are recognised by their pyvenv.cfg whatever they are called. As in git, a file under
+    an excluded directory stays out whatever a later `!pattern` says, and a link is
+    matched as a file (a link to a directory is never walked into)."""
     rules = IgnoreRules(root)
     found: dict[str, LocalFile] = {}
     for directory, dirs, files in os.walk(root):
         base = Path(directory)
         prefix = base.relative_to(root).as_posix()
         prefix = "" if prefix == "." else prefix + "/"
+        links = [d for d in dirs if (base / d).is_symlink()]
         dirs[:] = sorted(d for d in dirs
-                         if not rules.ignored(prefix + d, is_dir=True)
+                         if d not in links and not rules.ignored(prefix + d, is_dir=True)
                          and not (base / d / "pyvenv.cfg").exists())
-        for name in sorted(files):
+        for name in sorted([*files, *links]):
             relative = prefix + name
             if "\n" in relative or rules.ignored(relative):
                 continue
-            status = (base / name).stat()
-            if not (base / name).is_file():
-                continue
-            found[relative] = LocalFile(relative, status.st_size, int(status.st_mtime),
-                                        status.st_mode & 0o777)
+            status = os.lstat(base / name)
+            if stat.S_ISLNK(status.st_mode):
+                # os.readlink: the target as written (a Path would drop a "./" or "/").
+                target = os.readlink(base / name)  # noqa: PTH115
+                found[relative] = LocalFile(relative, status.st_size, int(status.st_mtime),
+                                            0o777, target)
+            elif stat.S_ISREG(status.st_mode):
+                found[relative] = LocalFile(relative, status.st_size, int(status.st_mtime),
+                                            status.st_mode & 0o777)
     return found
 
 
@@ -161,7 +170,12 @@ def write_tar(target: BinaryIO, root: Path, send: tuple[LocalFile, ...],
     with tarfile.open(fileobj=target, mode="w|") as archive:
         for entry in send:
             info = tarfile.TarInfo(entry.path)
-            info.size, info.mtime, info.mode = entry.size, entry.mtime, entry.mode
+            info.mtime, info.mode = entry.mtime, entry.mode
+            if entry.link is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, entry.link
+                archive.addfile(info)
+                continue
+            info.size = entry.size
             with (root / entry.path).open("rb") as handle:
                 archive.addfile(info, handle)
         data = "\0".join(manifest).encode()

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -107,8 +108,8 @@ def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> 
         assert member.mtime == 1_700_000_000
         manifest = archive.extractfile(workdir.MANIFEST)
         assert manifest is not None and manifest.read() == b"x/y.py"
-    assert workdir.apply_command("/srv/p", ("it's.py",), "n1").rstrip().endswith(
-        "rm -f -- 'it'\"'\"'s.py'")
+    assert "\nrm -f -- 'it'\"'\"'s.py' || exit\n" in workdir.apply_command(
+        "/srv/p", ("it's.py",), "n1")
 
 
 def test_a_file_that_vanishes_during_the_sync_is_a_clear_error(tmp_path: Path) -> None:
@@ -325,6 +326,13 @@ def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: 
             check_request(request(outside))
     with pytest.raises(GpuclusterError, match=r"skip/t\.py is excluded from the sync"):
         check_request(request("skip/t.py"))
+    # A link to a script outside: the nodes would get the link, not the script.
+    (project / "ext.py").symlink_to(tmp_path / "elsewhere.py")
+    with pytest.raises(GpuclusterError, match=r"^ext\.py is a link to \S+/elsewhere\.py, "
+                                              r"outside \S+/proj: the nodes get the link"):
+        check_request(request("ext.py"))
+    (project / "main.py").symlink_to("src/train.py")  # inside: torchrun runs its target
+    assert check_request(request("main.py"))[1] == "src/train.py"
 
 
 def test_markers_are_matched_literally_by_grep() -> None:
@@ -469,6 +477,60 @@ def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path) -> None:
     assert (target / "data/big.bin").read_bytes() == (source / "data/big.bin").read_bytes()
     again = workdir.sync(LocalConnection("here"), source, local, shlex.quote(str(target)))
     assert again.sent == 0 and again.unchanged == 2
+
+
+def test_symbolic_links_are_sent_as_links_and_never_written_through(tmp_path: Path) -> None:
+    """As rsync -a and git do: a link is recreated on the node, pointing where it points
+    here (a dataset link resolves to the node's own copy), a dangling one included; a
+    link to a directory is not followed, and a file sent later never lands through a
+    link the node still has from an earlier sync."""
+    import shlex
+
+    from gpucluster.remote.local import LocalConnection
+
+    source, outside = tmp_path / "project", tmp_path / "datasets"
+    _tree(source, {"train.py": "print(1)", "configs/base.yaml": "lr: 1"})
+    _tree(outside, {"imagenet/train.bin": "dataset"})
+    (source / "config.yaml").symlink_to("configs/base.yaml")
+    (source / "data").symlink_to(outside / "imagenet")
+    (source / "pending").symlink_to("/nonexistent/yet/")  # kept as written, slash included
+    target = tmp_path / "node" / "project"
+
+    def synced() -> workdir.SyncResult:
+        return workdir.sync(LocalConnection("here"), source, workdir.local_files(source),
+                            shlex.quote(str(target)))
+
+    (source / ".gpuclusterignore").write_text("pending/\n")  # a directory's rule: not a link's
+    first = synced()
+    assert first.sent == 6 and first.bytes_sent < 100  # no dataset copied
+    links = {p.name: os.readlink(p)  # noqa: PTH115 (as written)
+             for p in target.iterdir() if p.is_symlink()}
+    assert links == {"config.yaml": "configs/base.yaml", "data": str(outside / "imagenet"),
+                     "pending": "/nonexistent/yet/"}
+    again = synced()
+    assert (again.sent, again.unchanged) == (0, 6)
+    # The link becomes a directory of the work dir's own: its file lands in the node's
+    # copy, never in the dataset the old link pointed at.
+    (source / "data").unlink()
+    _tree(source, {"data/small.bin": "mine"})
+    synced()
+    assert (target / "data").is_dir() and not (target / "data").is_symlink()
+    assert (target / "data/small.bin").read_text() == "mine"
+    assert sorted(p.name for p in (outside / "imagenet").iterdir()) == ["train.bin"]
+    # And back: a link where a file was, and where a directory of sent files was.
+    (source / "train.py").unlink()
+    (source / "train.py").symlink_to("configs/base.yaml")
+    shutil.rmtree(source / "data")
+    (source / "data").symlink_to(outside / "imagenet")
+    synced()
+    assert str((target / "train.py").readlink()) == "configs/base.yaml"
+    assert str((target / "data").readlink()) == str(outside / "imagenet")
+    # A link to a directory pointed elsewhere is replaced, never moved into the directory.
+    (source / "data").unlink()
+    (source / "data").symlink_to(outside / "imagenet-v2")
+    synced()
+    assert str((target / "data").readlink()) == str(outside / "imagenet-v2")
+    assert sorted(p.name for p in (outside / "imagenet").iterdir()) == ["train.bin"]
 
 
 def test_nodes_syncing_into_one_shared_code_dir_never_expose_a_partial_file(
