@@ -243,6 +243,10 @@ def _start_everywhere(session: Session, inventory: Inventory, store: JobStore,
         stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
         raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
                           f"every node") from None
+    except GpuclusterError as error:  # a work dir file unreadable while it was sent:
+        stop(session, inventory, record, grace_s=2.0)  # a node it was not sent to started
+        raise GpuclusterError(f"job {record.id} did not start everywhere, so it was stopped "
+                              f"on every node: {error}") from None
     problems = _start_problems(started.values, started.failures)
     if problems:
         stop(session, inventory, record, grace_s=2.0)

@@ -116,8 +116,9 @@ def local_files(root: Path) -> dict[str, LocalFile]:
                          and not (base / d / "pyvenv.cfg").exists())
         for name in sorted([*files, *links]):
             relative = prefix + name
-            if "\n" in relative or rules.ignored(relative):
+            if rules.ignored(relative):
                 continue
+            _check_name(base / name, rules.path)
             status = os.lstat(base / name)
             if stat.S_ISLNK(status.st_mode):
                 # os.readlink: the target as written (a Path would drop a "./" or "/").
@@ -128,6 +129,21 @@ def local_files(root: Path) -> dict[str, LocalFile]:
                 found[relative] = LocalFile(relative, status.st_size, int(status.st_mtime),
                                             status.st_mode & 0o777)
     return found
+
+
+def _check_name(path: Path, ignore_file: Path) -> None:
+    """Refuse, by name, a file the sync cannot carry rather than leave it out unsaid:
+    the node lists its files one line each, as UTF-8 text."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+        why = "a file name with a line break" if "\n" in str(path) else None
+    except UnicodeDecodeError:
+        why = "a file name that is not UTF-8"
+    if why is not None:
+        shown = raw.decode("utf-8", "backslashreplace").replace("\n", "\\n")
+        raise GpuclusterError(f"{shown}: {why} cannot be synced (fix: rename it, or list "
+                              f"it in {ignore_file})")
 
 
 def listing_command(code_dir: str) -> str:
@@ -199,8 +215,8 @@ def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]
                 write_tar(writer, root, send, manifest)
         except BrokenPipeError:
             pass  # the node stopped reading; its exit code tells why
-        except OSError as error:  # a local file vanished or could not be read
-            problems.append(error)
+        except Exception as error:  # a local file vanished or could not be read:
+            problems.append(error)   # the node sees the tar end before the manifest
 
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
@@ -215,7 +231,7 @@ def tar_stream(root: Path, send: tuple[LocalFile, ...], manifest: list[str]
 
 def apply_command(code_dir: str, delete: tuple[str, ...], node: str) -> str:
     return render("launch/sync_apply.sh.j2", code_dir=code_dir, delete=delete, node=node,
-                  stage_prefix=STAGE_PREFIX)
+                  stage_prefix=STAGE_PREFIX, manifest=MANIFEST)
 
 
 def plan_for(connection: Connection, local: Mapping[str, LocalFile], code_dir: str,

@@ -112,6 +112,38 @@ def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> 
         "/srv/p", ("it's.py",), "n1")
 
 
+def test_a_name_that_cannot_be_synced_is_a_clear_error_unless_ignored(tmp_path: Path) -> None:
+    _tree(tmp_path, {"train.py": "x"})
+    (tmp_path / os.fsdecode(b"caf\xe9.txt")).write_text("latin-1 name")
+    with pytest.raises(GpuclusterError, match=r"^\S+/caf\\xe9\.txt: a file name that is not "
+                                              r"UTF-8 cannot be synced \(fix: rename it, or "
+                                              r"list it in \S+/\.gpuclusterignore\)$"):
+        workdir.local_files(tmp_path)
+    (tmp_path / ".gpuclusterignore").write_text("caf*.txt\n")
+    assert sorted(workdir.local_files(tmp_path)) == [".gpuclusterignore", "train.py"]
+    (tmp_path / "two\nlines.py").write_text("")
+    with pytest.raises(GpuclusterError, match=r"two\\nlines\.py: a file name with a line "
+                                              r"break cannot be synced"):
+        workdir.local_files(tmp_path)
+
+
+def test_a_node_refuses_a_sync_cut_short_before_its_manifest(tmp_path: Path) -> None:
+    """A tar that ends early at a member's boundary is a valid tar to GNU tar: the
+    manifest, always last, is what says the stream is whole."""
+    _tree(tmp_path, {"a.py": "x"})
+    local = workdir.local_files(tmp_path)
+    with workdir.tar_stream(tmp_path, tuple(local.values()), sorted(local)) as stream:
+        whole = stream.read()
+    cut = whole[:1024]  # a.py's header and data, nothing after
+    target = tmp_path / "node"
+    target.mkdir()
+    applied = subprocess.run(["sh", "-c", workdir.apply_command(str(target), (), "n1")],
+                             input=cut, capture_output=True, timeout=30, check=False)
+    assert applied.returncode != 0
+    assert b"the work dir's tar ended early" in applied.stderr
+    assert not (target / "a.py").exists()
+
+
 def test_a_file_that_vanishes_during_the_sync_is_a_clear_error(tmp_path: Path) -> None:
     _tree(tmp_path, {"a.py": "x", "b.py": "y"})
     local = workdir.local_files(tmp_path)
