@@ -44,6 +44,10 @@ def load(path: str | Path) -> Inventory:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
         reason = getattr(error, "problem", None) or str(error).splitlines()[0]
+        if _indented_by_tab(text, line):
+            raise InventoryError([Problem(
+                str(path), line, "a tab indents this line: YAML indents with spaces only",
+                "replace the tab with spaces")]) from None
         raise InventoryError(
             [Problem(str(path), line, f"not valid YAML: {reason}", "fix the YAML syntax")]
         ) from None
@@ -53,6 +57,16 @@ def load(path: str | Path) -> Inventory:
             [Problem(str(path), None, f"not valid YAML: {error}", "quote the value")]
         ) from None
     return Validator(path).inventory(document)
+
+
+def _indented_by_tab(text: str, line: int | None) -> bool:
+    """PyYAML says "found character '\\t' that cannot start any token", which names the
+    character, not the cause."""
+    lines = text.splitlines()
+    if line is None or not 0 < line <= len(lines):
+        return False
+    content = lines[line - 1]
+    return "\t" in content[:len(content) - len(content.lstrip(" \t"))]
 
 
 def _read_text(path: Path) -> str:

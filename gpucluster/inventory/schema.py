@@ -49,6 +49,19 @@ def _text(value: Any) -> str:
     return text
 
 
+_LOGIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]*\$?")
+
+
+def _login(value: Any) -> str:
+    """A login name as systems allow them (a domain user's `name@domain` too): it goes
+    into ssh configs and sudo lines, where a space or `;` would be a different word."""
+    text = _text(value)
+    if not _LOGIN.fullmatch(text):
+        raise ValueError("use a login name: letters, digits, '.', '_', '-' (and '@' for a "
+                         "domain user)")
+    return text
+
+
 def _connection(value: Any) -> str:
     if value not in ("auto", "ssh", "local"):
         raise ValueError("use one of: auto, ssh, local")
@@ -125,7 +138,7 @@ CLUSTER_KEYS: dict[str, tuple[str, Converter]] = {
 HOST_KEYS: dict[str, tuple[str, Converter]] = {
     "name": ("string", _text),
     "address": ("string", _text),
-    "user": ("string", _text),
+    "user": ("login name", _login),
     "port": ("port", _port),
     "identity_file": ("string", _text),
     "jump_host": ("string", _text),

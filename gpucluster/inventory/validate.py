@@ -19,6 +19,7 @@ from gpucluster.inventory.model import (
     Inventory,
     SlurmSettings,
     SmokeSettings,
+    is_ip,
 )
 from gpucluster.inventory.resolve import resolve_host
 from gpucluster.inventory.schema import (
@@ -207,13 +208,27 @@ class Validator:
                              "give the address as a range of the same length, "
                              "e.g. name: gpu[01-04], address: 10.0.0.[11-14]")
                 return []
+        if not self._names_valid(names, addresses, line, entry):
+            return []
+        return [resolve_host(name, address, fields, defaults, ssh_config, line)
+                for name, address in zip(names, addresses, strict=True)]
+
+    def _names_valid(self, names: list[str], addresses: list[str | None], line: int,
+                     entry: Any) -> bool:
+        """Names and addresses go into ssh configs, /etc/hosts and firewall rules: each
+        must be one word of a host name's characters (or an IP address)."""
         for name in names:
             if not _SIMPLE_NAME.fullmatch(name):
                 self.problem(line, f"host name {name!r} has characters a hostname cannot",
                              "use letters, digits, '.', '-' and '_'")
-                return []
-        return [resolve_host(name, address, fields, defaults, ssh_config, line)
-                for name, address in zip(names, addresses, strict=True)]
+                return False
+        for address in addresses:
+            if address is not None and not (is_ip(address) or _SIMPLE_NAME.fullmatch(address)):
+                self.problem(entry.line_of("address") if isinstance(entry, LineDict) else line,
+                             f"address {address!r} is neither an IP address nor a host name",
+                             "give the host's IP address or DNS name, e.g. 10.0.0.11")
+                return False
+        return True
 
     def _expand(self, pattern: str, line: int, what: str) -> list[str]:
         try:

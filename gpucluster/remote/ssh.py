@@ -105,9 +105,7 @@ class SshConnection:
         client.set_missing_host_key_policy(
             hostkeys.make_policy(options.known_hosts, options.accept_new_host_keys,
                                  endpoint.label, revoked))
-        keys = endpoint.identity_files or ((endpoint.identity_file,)
-                                           if endpoint.identity_file else ())
-        identities = [str(Path(k).expanduser()) for k in keys] or None
+        identities = self.identities() or None
         timeout = endpoint.connect_timeout or options.connect_timeout
         try:
             client.connect(
@@ -139,6 +137,20 @@ class SshConnection:
                 raise hostkeys.refuse_revoked(endpoint.label, offered, options.known_hosts)
             transport.set_keepalive(options.keepalive_s)
         return client
+
+    def identities(self) -> list[str]:
+        """The keys to offer: those that exist, as OpenSSH skips a missing IdentityFile.
+        When none does, the first is named (paramiko's own error read like an unreachable
+        host: `No such file or directory`)."""
+        endpoint = self.endpoint
+        keys = [str(Path(k).expanduser()) for k in endpoint.identity_files
+                or ((endpoint.identity_file,) if endpoint.identity_file else ())]
+        present = [k for k in keys if Path(k).exists()]
+        if keys and not present:
+            raise RemoteError(FailureKind.AUTH_FAILED,
+                              f"identity file {keys[0]} does not exist (fix: set "
+                              f"identity_file in the inventory to your private key)")
+        return present
 
     def _socket(self) -> paramiko.Channel | paramiko.ProxyCommand | None:
         """Through the jump host, through ssh_config's ProxyCommand, or direct (None)."""

@@ -50,3 +50,26 @@ def test_callers_waiting_on_a_failed_connect_share_its_failure_and_later_ones_re
     server.close()
     for peer in accepted:
         peer.close()
+
+
+def test_a_missing_identity_file_is_named_before_any_connection(tmp_path: Path) -> None:
+    """paramiko said `cannot connect to ...: No such file or directory`, as if the host
+    were unreachable. A key that exists is offered alone, as OpenSSH skips a missing one."""
+    missing = tmp_path / "id_typo"
+    connection = SshConnection(
+        Endpoint("n1", "192.0.2.1", 22, "ubuntu", str(missing)),
+        SshOptions(known_hosts=tmp_path / "known_hosts", connect_timeout=0.5))
+    try:
+        connection.connect()
+    except RemoteError as error:
+        assert error.kind.value == "auth failed"
+        assert error.message == (f"identity file {missing} does not exist (fix: set "
+                                 f"identity_file in the inventory to your private key)")
+    else:
+        raise AssertionError("connected without a key")
+    present = tmp_path / "id_present"
+    present.write_text("")
+    both = Endpoint("n1", "192.0.2.1", 22, "ubuntu", str(missing),
+                    (str(missing), str(present)))
+    assert SshConnection(both, SshOptions(known_hosts=tmp_path / "kh")).identities() == [
+        str(present)]
