@@ -56,6 +56,20 @@ def test_outputs_are_written_as_the_hosts_sent_them() -> None:
     assert prefixed == "".join(f"n1: {line}\n" for line in body.splitlines())
 
 
+def test_hosts_that_failed_alike_are_said_once() -> None:
+    """A typo in identity_file fails all 64 nodes alike: one line, not 64."""
+    hosts = ("n1", "n2", "n3", "n4")
+    failures = {h: HostFailure(h, FailureKind.AUTH_FAILED, "identity file /k does not exist")
+                for h in hosts[:3]}
+    failures["n4"] = HostFailure("n4", FailureKind.UNREACHABLE, "no answer")
+    result: FanoutResult[CommandResult] = FanoutResult(hosts=hosts, values={},
+                                                       failures=failures)
+    assert _text(lambda console: run.print_run(console, result)) == (
+        "n[1-3]: auth failed: identity file /k does not exist\nn4: unreachable: no answer\n")
+    assert run.failure_summary(result) == \
+        "4 of 4 hosts failed: n[1-3] (auth failed), n4 (unreachable)"
+
+
 def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
     assert run.failure_summary(_result()) == \
         "2 of 5 hosts failed: n4 (exit 2), n5 (unreachable)"

@@ -55,10 +55,12 @@ def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
             _write(console, "".join(f"{prefix}{line}\n" for line in lines))
         if exit_code != 0:
             console.print(f"[yellow]{escape(folded)}: exited with exit code {exit_code}[/]")
-    for name in result.failed_hosts:
-        failure = result.failures[name]
-        console.print(f"[bold red]{escape(name)}: {failure.kind.value}:[/] "
-                      f"{escape(failure.message)}")
+    failed = hostrange.hosts_by(((f.kind.value, f.message), name)
+                                for name, f in ((n, result.failures[n])
+                                                for n in result.failed_hosts))
+    for (kind, message), names in failed.items():  # a typo fails every node alike
+        console.print(f"[bold red]{escape(hostrange.fold(names))}: {kind}:[/] "
+                      f"{escape(message)}")
 
 
 def _styled(console: Console, markup: str) -> str:
@@ -75,14 +77,16 @@ def _write(console: Console, text: str) -> None:
 
 def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
     """One line naming every host that failed and why; None when all succeeded."""
-    reasons: list[str] = []
+    reasons: list[tuple[str, str]] = []
     for name in result.hosts:
         failure = result.failures.get(name)
         value = result.values.get(name)
         if failure is not None:
-            reasons.append(f"{name} ({failure.kind.value})")
+            reasons.append((failure.kind.value, name))
         elif value is not None and not value.ok:
-            reasons.append(f"{name} (exit {value.exit_code})")
+            reasons.append((f"exit {value.exit_code}", name))
     if not reasons:
         return None
-    return f"{len(reasons)} of {counted(len(result.hosts), 'host')} failed: {', '.join(reasons)}"
+    folded = ", ".join(f"{hostrange.fold(names)} ({reason})"
+                       for reason, names in hostrange.hosts_by(reasons).items())
+    return f"{len(reasons)} of {counted(len(result.hosts), 'host')} failed: {folded}"
