@@ -36,6 +36,13 @@ class Problem:
         return f"{where}: {self.message}{fix}"
 
 
+def split_fix(message: str) -> tuple[str, str | None]:
+    """"what is wrong (fix: what to do)" -> its two parts, for a view that shows the fix
+    apart; a message without one -> (message, None)."""
+    head, marker, fix = message.rpartition(" (fix: ")
+    return (head, fix[:-1]) if marker and fix.endswith(")") else (message, None)
+
+
 class InventoryError(GpuclusterError):
     """The inventory could not be read or is invalid; carries every problem found."""
 

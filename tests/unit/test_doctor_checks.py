@@ -322,6 +322,20 @@ def test_a_login_that_makes_commands_wait_is_a_warning_naming_the_login_scripts(
     assert "time `ssh root@a true`" in results["a"].remedy and ".bashrc" in results["a"].remedy
 
 
+def test_a_login_failure_that_names_its_own_fix_gets_that_fix_alone(tmp_path: Path) -> None:
+    from gpucluster.remote.result import FailureKind, HostFailure
+
+    ctx = dataclasses.replace(context(tmp_path, {"a": facts()}), unreachable={
+        "b": HostFailure("b", FailureKind.AUTH_FAILED, "identity file /k does not exist "
+                                                       "(fix: set identity_file to your key)"),
+        "c": HostFailure("c", FailureKind.AUTH_FAILED, "root@c:22 refused /k")})
+    results = {r.host: r for r in REGISTRY["ssh"].run(ctx)}
+    assert results["b"].message == "auth failed: identity file /k does not exist"
+    assert results["b"].remedy == "set identity_file to your key"
+    assert results["c"].message == "auth failed: root@c:22 refused /k"
+    assert results["c"].remedy.startswith("check user and identity_file")
+
+
 def test_the_probe_measures_the_login_from_sending_to_its_first_line() -> None:
     found = probe.parse_facts("@@gpc section clock\n1\n@@gpc end 0\n", 100.0, 103.5)
     assert found.login_s == 3.5

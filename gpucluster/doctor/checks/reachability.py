@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpucluster.doctor.model import CheckResult, Context, Status, check
+from gpucluster.errors import split_fix
 
 NON_INTERACTIVE_PATH = (
     "non-interactive SSH sessions do not read /etc/profile, and most ~/.bashrc files stop "
@@ -36,9 +37,10 @@ def ssh(context: Context) -> list[CheckResult]:
         else:
             results.append(CheckResult("ssh", host.name, Status.OK, f"logged in as {host.user}"))
     for name, failure in context.unreachable.items():
+        message, own_fix = split_fix(failure.message)  # e.g. a missing identity file
         results.append(CheckResult(
-            "ssh", name, Status.FAIL, f"{failure.kind.value}: {failure.message}",
-            _ssh_remedy(failure.kind.value)))
+            "ssh", name, Status.FAIL, f"{failure.kind.value}: {message}",
+            own_fix or _ssh_remedy(failure.kind.value)))
     return results
 
 
