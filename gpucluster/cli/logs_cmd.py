@@ -78,6 +78,10 @@ def logs(
         _print(logsearch.merged(store, records, keep), json_output, across_jobs=True)
         return
     record = store.load(job)
+    world = sum(record.nproc_per_node.values())
+    if keep.ranks is not None and world and min(keep.ranks) >= world:
+        raise GpuclusterError(f"--rank {rank}: job {record.id} had ranks 0-{world - 1} "
+                              f"(fix: --rank within them)")
     nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
     if nodes is not None and (unknown := [n for n in nodes if n not in record.hosts]):
         raise GpuclusterError(f"job {record.id} did not run on {', '.join(unknown)} "
@@ -99,13 +103,20 @@ def logs(
     _print(logsearch.merged(store, [record], keep), json_output)
 
 
+MAX_RANK = (1 << 20) - 1  # far beyond any world torchrun starts; bounds the set built
+
+
 def _ranks(text: str) -> list[int]:
     ranks: list[int] = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not low.isdigit() or (dash and not (high.isdigit() and int(high) >= int(low))):
             raise GpuclusterError(f"--rank {text!r}: expected ranks like 3 or 0,4-7")
-        ranks.extend(range(int(low), int(high if dash else low) + 1))
+        last = int(high if dash else low)
+        if last > MAX_RANK:
+            raise GpuclusterError(f"--rank {text!r}: ranks go up to {MAX_RANK} (fix: give "
+                                  f"the job's ranks, e.g. 0-15)")
+        ranks.extend(range(int(low), last + 1))
     return ranks
 
 

@@ -343,6 +343,24 @@ def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
     assert no_jobs.code == 2 and "no jobs recorded" in no_jobs.stderr
 
 
+def test_logs_refuses_ranks_the_job_never_had(tmp_path: Path) -> None:
+    """--rank 9 of a 4-rank job printed nothing and exited 0, as if rank 9 were silent;
+    --rank 0-99999999999 built a list of that many numbers."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - {name: n1, address: 192.0.2.1}\n"
+                    "  - {name: n2, address: 192.0.2.2}\n")
+    JobStore(tmp_path / ".gpucluster").save(JobRecord(
+        "20261202-120000-abcd", "t.py", [], ["n1", "n2"], "/c", "/j", 0.0, {"n1": 2, "n2": 2}))
+    beyond = gpucluster("logs", "-i", str(path), "--rank", "9", "--connect-timeout", "1")
+    assert beyond.code == 2
+    assert beyond.stderr == ("gpucluster: error: --rank 9: job 20261202-120000-abcd had ranks "
+                             "0-3 (fix: --rank within them)\n")
+    huge = gpucluster("logs", "-i", str(path), "--rank", "0-99999999999")
+    assert huge.code == 2 and "--rank '0-99999999999': ranks go up to" in huge.stderr
+    backwards = gpucluster("logs", "-i", str(path), "--rank", "5-3")
+    assert backwards.code == 2 and "expected ranks like 3 or 0,4-7" in backwards.stderr
+
+
 def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: Path) -> None:
     _tree(tmp_path, {"proj/src/train.py": "x", "proj/skip/t.py": "y", "elsewhere.py": "z",
                      "proj/.gpuclusterignore": "skip/\n"})
