@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 from gpucluster.errors import GpuclusterError
@@ -18,7 +19,9 @@ def select(known: Sequence[str], only: Sequence[str] | None, skip: Sequence[str]
     lists the known ones."""
     unknown = [n for n in [*(only or []), *(skip or [])] if n not in known]
     if unknown:
+        guesses = [g for n in unknown for g in difflib.get_close_matches(n, known, n=1)]
+        fix = f" (fix: did you mean {', '.join(guesses)}?)" if guesses else ""
         raise GpuclusterError(f"unknown {what} {', '.join(unknown)}; known: "
-                              f"{', '.join(known)}")
+                              f"{', '.join(known)}{fix}")
     wanted = set(only) if only else set(known)
     return [n for n in known if n in wanted and n not in set(skip or [])]

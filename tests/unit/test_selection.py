@@ -17,6 +17,10 @@ def test_only_and_skip_keep_the_known_order() -> None:
 def test_unknown_names_are_one_error_listing_the_known() -> None:
     with pytest.raises(GpuclusterError, match="unknown step fire, nope; known: parity"):
         select(KNOWN, ["fire"], ["nope"], "step")
+    with pytest.raises(GpuclusterError) as typo:
+        select(KNOWN, ["firewal", "ssh_mesh"], None, "step")
+    assert str(typo.value) == ("unknown step firewal, ssh_mesh; known: parity, ssh-mesh, "
+                               "hosts, firewall (fix: did you mean firewall, ssh-mesh?)")
 
 
 def test_comma_list() -> None:
