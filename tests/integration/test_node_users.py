@@ -83,7 +83,8 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
     before = doctor(sandbox)
     failing = {check for (check, _), status in before.items() if status == "FAIL"}
     assert failing == {"name-resolution", "rendezvous-port"}, before
-    for check in ("sudo", "nvidia-smi", "gpu-count", "python", "torchrun", "torch"):
+    # xid: the kernel log is the user's to read only through sudo (dmesg_restrict=1)
+    for check in ("sudo", "nvidia-smi", "gpu-count", "python", "torchrun", "torch", "xid"):
         assert {before[(check, n)] for n in sandbox.nodes} == {"OK"}, check
 
     # provision: every step, the root ones through sudo, the image into root's engine
@@ -189,6 +190,9 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
         found = doctor(sandbox)
         assert {found[("sudo", n)] for n in sandbox.nodes} == {"WARN"}
         assert {found[("nvidia-smi", n)] for n in sandbox.nodes} == {"OK"}
+        restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
+        assert {found[("xid", n)] for n in sandbox.nodes} == {  # neither way, if restricted
+            "SKIP" if restricted else "OK"}
         watched = "cat /etc/hosts; ls -a /home/gcuser/.ssh; iptables -S INPUT"
         before = {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes}
         refused = gpucluster("provision", "-i", str(sandbox.inventory), timeout=120)

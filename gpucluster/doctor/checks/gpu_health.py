@@ -116,8 +116,11 @@ def xid(context: Context) -> list[CheckResult]:
         lines = (facts.text("xid") or "").splitlines()
         if "@unreadable" in lines:
             results.append(CheckResult("xid", host.name, Status.SKIP,
-                                       "kernel log not readable by this user",
-                                       "run doctor as a user in the adm group, or as root"))
+                                       "kernel log not readable by this user, nor "
+                                       "through sudo -n",
+                                       "run doctor as root, or allow this user sudo "
+                                       "without a password (or sysctl "
+                                       "kernel.dmesg_restrict=0)"))
             continue
         errors = [line for line in lines if "Xid" in line]
         if errors:
