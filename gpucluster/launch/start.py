@@ -69,11 +69,24 @@ def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
     return {**inventory.cluster.env, **extra}
 
 
+def _check_not_home(workdir: Path) -> None:
+    """`cd ~ && gpucluster launch train.py` would send ~/.ssh's private keys, ~/.aws and
+    every dataset under the home to every node."""
+    where = workdir.resolve()
+    what = ("your home directory" if where == Path.home().resolve()
+            else "the root directory" if where == Path(where.anchor) else None)
+    if what is not None:
+        raise GpuclusterError(f"{workdir} is {what}: launch would copy all of it to every "
+                              f"node (fix: run from the project's directory, or give it "
+                              f"with --workdir DIR)")
+
+
 def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile], str]:
     """The files to send, and the script's path inside the work dir (it must be one of
     those files)."""
     if not request.workdir.is_dir():
         raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
+    _check_not_home(request.workdir)
     files = workdir.local_files(request.workdir)
     script = Path(request.script)
     given = script if script.is_absolute() else request.workdir / script

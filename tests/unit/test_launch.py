@@ -343,6 +343,23 @@ def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
     assert no_jobs.code == 2 and "no jobs recorded" in no_jobs.stderr
 
 
+def test_a_home_directory_or_the_root_is_never_the_work_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cd ~ && gpucluster launch train.py` would copy ~/.ssh's private keys, ~/.aws and
+    every dataset under the home to every node."""
+    home = tmp_path / "home"
+    _tree(home, {"train.py": "x", ".ssh/id_ed25519": "PRIVATE"})
+    monkeypatch.setenv("HOME", str(home))
+    for workdir_path, what in ((home, "your home directory"), (Path("/"), "the root directory")):
+        with pytest.raises(GpuclusterError) as refused:
+            check_request(LaunchRequest("train.py", (), workdir_path))
+        assert str(refused.value) == (
+            f"{workdir_path} is {what}: launch would copy all of it to every node (fix: "
+            f"run from the project's directory, or give it with --workdir DIR)")
+    _tree(home, {"proj/train.py": "x"})
+    assert check_request(LaunchRequest("train.py", (), home / "proj"))[1] == "train.py"
+
+
 def test_logs_refuses_ranks_the_job_never_had(tmp_path: Path) -> None:
     """--rank 9 of a 4-rank job printed nothing and exited 0, as if rank 9 were silent;
     --rank 0-99999999999 built a list of that many numbers."""
