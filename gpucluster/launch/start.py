@@ -21,6 +21,7 @@ from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
+from gpucluster.launch.request import check_nproc, check_request
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
@@ -69,65 +70,12 @@ def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
     return {**inventory.cluster.env, **extra}
 
 
-def _check_not_home(workdir: Path) -> None:
-    """`cd ~ && gpucluster launch train.py` would send ~/.ssh's private keys, ~/.aws and
-    every dataset under the home to every node."""
-    where = workdir.resolve()
-    what = ("your home directory" if where == Path.home().resolve()
-            else "the root directory" if where == Path(where.anchor) else None)
-    if what is not None:
-        raise GpuclusterError(f"{workdir} is {what}: launch would copy all of it to every "
-                              f"node (fix: run from the project's directory, or give it "
-                              f"with --workdir DIR)")
-
-
-def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile], str]:
-    """The files to send, and the script's path inside the work dir (it must be one of
-    those files)."""
-    if not request.workdir.is_dir():
-        raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
-    _check_not_home(request.workdir)
-    files = workdir.local_files(request.workdir)
-    script = Path(request.script)
-    given = script if script.is_absolute() else request.workdir / script
-    candidate = given.resolve()
-    try:
-        relative = candidate.relative_to(request.workdir.resolve()).as_posix()
-    except ValueError:
-        relative = None
-    if relative is None and given.is_symlink() and candidate.is_file():
-        raise GpuclusterError(f"{request.script} is a link to {candidate}, outside "
-                              f"{request.workdir}: the nodes get the link, not the script "
-                              f"(fix: copy the script into the work directory)")
-    if relative is None or not candidate.is_file():
-        raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
-                              f"(fix: give the script's path inside the work directory)")
-    if relative not in files:
-        raise GpuclusterError(f"{relative} is excluded from the sync (by {workdir.IGNORE_FILE} "
-                              f"or a virtualenv/VCS rule) (fix: move it or change the rule)")
-    return files, relative
-
-
 def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
     """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded."""
     groups = hostrange.hosts_by((result, node) for node, result in results.items())
     return "synced: " + "; ".join(
         f"{r.sent} sent ({size(r.bytes_sent)}), {r.deleted} deleted, "
         f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
-
-
-def check_nproc(inventory: Inventory, nproc: int | None) -> None:
-    """More processes than a node has GPUs fail at start (an invalid device ordinal in
-    every extra rank) or share GPUs unasked: refused before anything is sent."""
-    over = [h for h in inventory.hosts
-            if nproc is not None and h.jobs_use_gpus and h.gpus and nproc > h.gpus]
-    if over:
-        fewest = min(h.gpus or 0 for h in over)
-        raise GpuclusterError(
-            f"--nproc-per-node {nproc}: {hostrange.fold([h.name for h in over])} "
-            f"{'has' if len(over) == 1 else 'have'} {fewest} GPUs (the inventory's gpus) "
-            f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU, or correct "
-            f"gpus: in the inventory)")
 
 
 def large_files_note(plans: Mapping[str, workdir.SyncPlan]) -> str | None:

@@ -12,7 +12,8 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
-from gpucluster.launch.start import check_request, code_dir_for, sync_summary
+from gpucluster.launch.request import check_request
+from gpucluster.launch.start import code_dir_for, sync_summary
 from gpucluster.remote.session import Session
 from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
 

@@ -21,7 +21,8 @@ from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import FirstFailure, LaunchRequest, NodeState, parse_state
-from gpucluster.launch.start import check_nproc, check_request, large_files_note, sync_summary
+from gpucluster.launch.request import check_nproc, check_request
+from gpucluster.launch.start import large_files_note, sync_summary
 from gpucluster.torchrun import TorchrunSpec, torchrun_argv
 from tests.cli import gpucluster
 

@@ -1,0 +1,66 @@
+"""What a launch request must be before any node is asked: a work dir that is a
+project's (not a home), a script inside it that the sync sends, and no more processes
+per node than its GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucluster import hostrange
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Inventory
+from gpucluster.launch import workdir
+from gpucluster.launch.model import LaunchRequest
+
+
+def _check_not_home(root: Path) -> None:
+    """`cd ~ && gpucluster launch train.py` would send ~/.ssh's private keys, ~/.aws and
+    every dataset under the home to every node."""
+    where = root.resolve()
+    what = ("your home directory" if where == Path.home().resolve()
+            else "the root directory" if where == Path(where.anchor) else None)
+    if what is not None:
+        raise GpuclusterError(f"{root} is {what}: launch would copy all of it to every "
+                              f"node (fix: run from the project's directory, or give it "
+                              f"with --workdir DIR)")
+
+
+def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile], str]:
+    """The files to send, and the script's path inside the work dir (it must be one of
+    those files)."""
+    if not request.workdir.is_dir():
+        raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
+    _check_not_home(request.workdir)
+    files = workdir.local_files(request.workdir)
+    script = Path(request.script)
+    given = script if script.is_absolute() else request.workdir / script
+    candidate = given.resolve()
+    try:
+        relative = candidate.relative_to(request.workdir.resolve()).as_posix()
+    except ValueError:
+        relative = None
+    if relative is None and given.is_symlink() and candidate.is_file():
+        raise GpuclusterError(f"{request.script} is a link to {candidate}, outside "
+                              f"{request.workdir}: the nodes get the link, not the script "
+                              f"(fix: copy the script into the work directory)")
+    if relative is None or not candidate.is_file():
+        raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
+                              f"(fix: give the script's path inside the work directory)")
+    if relative not in files:
+        raise GpuclusterError(f"{relative} is excluded from the sync (by {workdir.IGNORE_FILE} "
+                              f"or a virtualenv/VCS rule) (fix: move it or change the rule)")
+    return files, relative
+
+
+def check_nproc(inventory: Inventory, nproc: int | None) -> None:
+    """More processes than a node has GPUs fail at start (an invalid device ordinal in
+    every extra rank) or share GPUs unasked: refused before anything is sent."""
+    over = [h for h in inventory.hosts
+            if nproc is not None and h.jobs_use_gpus and h.gpus and nproc > h.gpus]
+    if over:
+        fewest = min(h.gpus or 0 for h in over)
+        raise GpuclusterError(
+            f"--nproc-per-node {nproc}: {hostrange.fold([h.name for h in over])} "
+            f"{'has' if len(over) == 1 else 'have'} {fewest} GPUs (the inventory's gpus) "
+            f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU, or correct "
+            f"gpus: in the inventory)")
