@@ -109,7 +109,7 @@ def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> 
         assert member.mtime == 1_700_000_000
         manifest = archive.extractfile(workdir.MANIFEST)
         assert manifest is not None and manifest.read() == b"x/y.py"
-    assert "\nrm -f -- 'it'\"'\"'s.py' || exit\n" in workdir.apply_command(
+    assert "\nfor path in 'it'\"'\"'s.py'; do\n" in workdir.apply_command(
         "/srv/p", ("it's.py",), "n1")
 
 
@@ -580,17 +580,33 @@ def test_symbolic_links_are_sent_as_links_and_never_written_through(tmp_path: Pa
     # The link becomes a directory of the work dir's own: its file lands in the node's
     # copy, never in the dataset the old link pointed at.
     (source / "data").unlink()
-    _tree(source, {"data/small.bin": "mine"})
-    synced()
+    _tree(source, {"data/train.bin": "mine"})
+
+    def two_nodes_sharing_the_dir() -> tuple[str, ...]:
+        """Every node plans from the listing before any applies: the second finds done
+        what its plan removes."""
+        local = workdir.local_files(source)
+        plan, _ = workdir.plan_for(LocalConnection("here"), local, shlex.quote(str(target)))
+        for node in ("n1", "n2"):
+            with workdir.tar_stream(source, plan.send, sorted(local)) as tar:
+                applied = LocalConnection("here").run(
+                    workdir.apply_command(shlex.quote(str(target)), plan.delete, node),
+                    timeout=30, stdin=tar)
+            assert applied.ok, (node, applied.stderr)
+        return plan.delete
+
+    assert two_nodes_sharing_the_dir() == ("data",)  # n2 finds a directory there
     assert (target / "data").is_dir() and not (target / "data").is_symlink()
-    assert (target / "data/small.bin").read_text() == "mine"
-    assert sorted(p.name for p in (outside / "imagenet").iterdir()) == ["train.bin"]
-    # And back: a link where a file was, and where a directory of sent files was.
+    assert (target / "data/train.bin").read_text() == "mine"
+    assert (outside / "imagenet/train.bin").read_text() == "dataset"
+    # And back: a link where a file was, and where a directory of sent files was; n2's
+    # removal of data/train.bin must not go through n1's new link into the dataset.
     (source / "train.py").unlink()
     (source / "train.py").symlink_to("configs/base.yaml")
     shutil.rmtree(source / "data")
     (source / "data").symlink_to(outside / "imagenet")
-    synced()
+    assert two_nodes_sharing_the_dir() == ("data/train.bin",)
+    assert (outside / "imagenet/train.bin").read_text() == "dataset"
     assert str((target / "train.py").readlink()) == "configs/base.yaml"
     assert str((target / "data").readlink()) == str(outside / "imagenet")
     # A link to a directory pointed elsewhere is replaced, never moved into the directory.
