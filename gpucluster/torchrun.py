@@ -32,6 +32,7 @@ class TorchrunSpec:
     join_timeout_s: int | None = None
     log_dir: str | None = None  # with tee: per-rank logs here, lines prefixed on stdout
     extra: Sequence[str] = field(default_factory=tuple)
+    module: bool = False  # script is a module name: torchrun -m, as python -m
 
 
 def nproc_for(host: Host, override: int | None) -> int:
@@ -52,7 +53,7 @@ def torchrun_argv(inventory: Inventory, spec: TorchrunSpec) -> list[str]:
         argv += ["--rdzv-conf", f"join_timeout={spec.join_timeout_s}"]
     if spec.log_dir is not None:
         argv += ["--log-dir", spec.log_dir, "--tee", "3"]
-    return [*argv, *spec.extra, spec.script, *spec.args]
+    return [*argv, *spec.extra, *(["-m"] if spec.module else []), spec.script, *spec.args]
 
 
 def interface_exports(host: Host, env: Mapping[str, str]) -> str:

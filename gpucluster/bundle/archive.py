@@ -28,7 +28,7 @@ def summary(collected: Collected, inventory_path: Path) -> str:
     record = collected.record
     if record is not None:
         lines += [f"## Job {record.id}", "",
-                  f"`{' '.join([record.script, *record.args])}` on "
+                  f"`{record.command()}` on "
                   f"{hostrange.fold(record.hosts)}, started "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.started_at))}"
                   + (f", attempt {record.attempt} of run {record.run}" if record.run else "")

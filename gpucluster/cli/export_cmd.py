@@ -14,6 +14,7 @@ from gpucluster.cli.options import (
     AskPassOption,
     ConnectTimeoutOption,
     InventoryOption,
+    ModuleOption,
     load_inventory,
     open_session,
     stderr_console,
@@ -26,7 +27,8 @@ app = typer.Typer(help="Write the cluster's jobs for other schedulers.", no_args
 @app.command("sbatch")
 def sbatch(
     script: Annotated[str, typer.Argument(
-        metavar="SCRIPT", help="The training script, inside the work dir.")],
+        metavar="SCRIPT", help="The training script, inside the work dir (with -m: a "
+                               "module name).")],
     script_args: Annotated[list[str] | None, typer.Argument(
         metavar="ARGS", help="Arguments for the script, after --.")] = None,
     output: Annotated[Path | None, typer.Option(
@@ -34,6 +36,7 @@ def sbatch(
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", "-C", metavar="DIR",
         help="Directory synced to every node (default: the current one).")] = None,
+    module: ModuleOption = False,
     nodes: Annotated[int | None, typer.Option(
         "--nodes", "-N", min=1, metavar="N",
         help="Nodes to ask Slurm for (default: every host of the inventory).")] = None,
@@ -65,7 +68,8 @@ def sbatch(
         text, note = export_sbatch(session, loaded, root, script, tuple(script_args or ()),
                                    sync=not no_sync, nodes=nodes,
                                    nproc_per_node=nproc_per_node,
-                                   env=parse_env(env or []), image=image, output_name=name)
+                                   env=parse_env(env or []), image=image, output_name=name,
+                                   module=module)
     err.print(note)
     write_output(output, text, 0o755)
     if output is not None:

@@ -19,6 +19,7 @@ from gpucluster.cli.options import (
     HostsOption,
     InventoryOption,
     JsonOption,
+    ModuleOption,
     load_inventory,
     open_session,
     stderr_console,
@@ -44,7 +45,8 @@ JobArgument = Annotated[str | None, typer.Argument(
 
 def launch(
     script: Annotated[str, typer.Argument(
-        metavar="SCRIPT", help="The training script, inside the work dir.")],
+        metavar="SCRIPT", help="The training script, inside the work dir (with -m: a "
+                               "module name).")],
     script_args: Annotated[list[str] | None, typer.Argument(
         metavar="ARGS", help="Arguments for the script, after --.")] = None,
     inventory: InventoryOption = None,
@@ -53,6 +55,7 @@ def launch(
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", "-C", metavar="DIR",
         help="Directory synced to every node (default: the current one).")] = None,
+    module: ModuleOption = False,
     nproc_per_node: Annotated[int | None, typer.Option(
         "--nproc-per-node", min=1, metavar="N",
         help="Processes per node (default: the inventory's GPU count; 1 on CPU nodes).")
@@ -123,7 +126,8 @@ def launch(
     secrets = _secret_env(secret_env or [])
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
                             nproc_per_node, max_restarts, {**parse_env(env or []), **secrets},
-                            chosen_image, debug=debug, secret_env=frozenset(secrets))
+                            chosen_image, debug=debug, secret_env=frozenset(secrets),
+                            module=module)
     err = stderr_console()
     store = job_store(loaded)
     if recover:

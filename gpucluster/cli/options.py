@@ -36,6 +36,12 @@ ConnectTimeoutOption = Annotated[
     typer.Option("--connect-timeout", metavar="SECONDS", min=0.1,
                  help="Give up connecting to a host after this long (inventory default: 10)."),
 ]
+ModuleOption = Annotated[
+    bool,
+    typer.Option("--module", "-m",
+                 help="SCRIPT is a module name (pkg.train), run as python -m runs it, from "
+                      "the work dir (torchrun -m)."),
+]
 HostsOption = Annotated[
     str | None,
     typer.Option("--hosts", "-w", metavar="RANGE",

@@ -100,7 +100,7 @@ def _job_line(job: JobPrune, now: float, removing: bool) -> str:
         state = f" [bold red]not removed: {escape(job.problem)}[/]"
     elif removing:
         state = " [green]removed[/]"
-    command = " ".join([record.script, *record.args])
+    command = record.command()
     age = _age(now - record.started_at)
     return (f"job {record.id} ({escape(command[:40])}), started {age} ago: "
             f"{escape('; '.join(parts))}{state}")

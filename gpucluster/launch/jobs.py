@@ -35,6 +35,11 @@ class JobRecord:
     run: str = ""  # under launch --recover: the first attempt's id (names the run)
     env: dict[str, str] = field(default_factory=dict)  # the job's, secrets masked
     debug: bool = False  # started with launch --debug
+    module: bool = False  # started with launch -m: script is a module name
+
+    def command(self) -> str:
+        """What ran, as the user gave it: `train.py --lr 0.1` or `-m pkg.train ...`."""
+        return " ".join([*(["-m"] if self.module else []), self.script, *self.args])
 
     def marker(self, node: str) -> str:
         """The environment value that tags every process of this job on `node`."""

@@ -46,6 +46,7 @@ class LaunchRequest:
     run: str | None = None  # launch --recover: the run the attempt belongs to
     debug: bool = False  # launch --debug: NCCL's and torch's diagnostics into the job dir
     secret_env: frozenset[str] = frozenset()  # names in env whose values are never kept
+    module: bool = False  # launch -m: script is a module name, run as python -m would
 
 
 @dataclass(frozen=True)

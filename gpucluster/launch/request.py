@@ -4,6 +4,8 @@ per node than its GPUs."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpucluster import hostrange
@@ -27,11 +29,14 @@ def _check_not_home(root: Path) -> None:
 
 def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile], str]:
     """The files to send, and the script's path inside the work dir (it must be one of
-    those files)."""
+    those files), or the module's name (its file, where the work dir has it, too)."""
     if not request.workdir.is_dir():
         raise GpuclusterError(f"{request.workdir}: no such directory (fix: --workdir DIR)")
     _check_not_home(request.workdir)
     files = workdir.local_files(request.workdir)
+    if request.module:
+        _check_module(request.script, request.workdir, files)
+        return files, request.script
     script = Path(request.script)
     given = script if script.is_absolute() else request.workdir / script
     candidate = given.resolve()
@@ -50,6 +55,24 @@ def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile],
         raise GpuclusterError(f"{relative} is excluded from the sync (by {workdir.IGNORE_FILE} "
                               f"or a virtualenv/VCS rule) (fix: move it or change the rule)")
     return files, relative
+
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile]) -> None:
+    """A dotted name; where the work dir holds it (pkg/train.py, or app/__main__.py),
+    that file must be one the sync sends. One it does not hold may be installed on the
+    nodes: python -m looks there too."""
+    if not _MODULE.fullmatch(name) or name.endswith(".py"):  # pkg.train.py: a file meant
+        raise GpuclusterError(f"-m {name}: not a Python module name (fix: give it dotted, "
+                              f"as python -m takes it: pkg.train for pkg/train.py)")
+    base = name.replace(".", "/")
+    for relative in (f"{base}.py", f"{base}/__main__.py"):
+        if (root / relative).is_file() and relative not in files:
+            raise GpuclusterError(f"{relative} is excluded from the sync (by "
+                                  f"{workdir.IGNORE_FILE} or a virtualenv/VCS rule) (fix: "
+                                  f"move it or change the rule)")
 
 
 def check_nproc(inventory: Inventory, nproc: int | None) -> None:

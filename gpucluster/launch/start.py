@@ -174,7 +174,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                         for h in inventory.hosts},
         image=request.image, attempt=request.attempt, run=request.run or "",
         checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"
-                       f"{request.run or job_id}", debug=request.debug)
+                       f"{request.run or job_id}", debug=request.debug, module=request.module)
     record = dataclasses.replace(record, env=masked(env, request.secret_env))
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {counted(len(inventory.hosts), 'node')})")
@@ -243,7 +243,7 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                   request: LaunchRequest, env: Mapping[str, str], sync: _Sync) -> str:
     spec = TorchrunSpec(record.id, record.nproc_per_node[host.name], record.script,
                         tuple(record.args), max_restarts=request.max_restarts,
-                        log_dir=TORCHRUN_LOG_DIR)
+                        log_dir=TORCHRUN_LOG_DIR, module=record.module)
     argv = torchrun_argv(inventory, spec)
     container = None
     images_dir = node_images_dir(inventory.cluster.work_dir)

@@ -21,10 +21,10 @@ from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
 def export_sbatch(session: Session, inventory: Inventory, root: Path, script: str,
                   args: Sequence[str], sync: bool, nodes: int | None = None,
                   nproc_per_node: int | None = None, env: Mapping[str, str] | None = None,
-                  image: str | None = None, output_name: str = "job.sbatch"
-                  ) -> tuple[str, str]:
+                  image: str | None = None, output_name: str = "job.sbatch",
+                  module: bool = False) -> tuple[str, str]:
     """(the script, what was done about the work dir)."""
-    files, relative = check_request(LaunchRequest(script, tuple(args), root))
+    files, relative = check_request(LaunchRequest(script, tuple(args), root, module=module))
     code_dir = code_dir_for(inventory, root)
     if sync:
         synced = session.map(inventory.hosts, lambda c: workdir.sync(c, root, files, code_dir))
@@ -38,5 +38,5 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
         note = f"not synced (--no-sync): the script expects the work dir at {code_dir} on " \
                f"every node"
     request = SbatchRequest(relative, tuple(args), code_dir, sync, nodes, nproc_per_node,
-                            env, image, output_name)
+                            env, image, output_name, module)
     return sbatch_script(inventory, request), note

@@ -35,6 +35,7 @@ class SbatchRequest:
     env: Mapping[str, str] | None = None
     image: str | None = None
     output_name: str = "job.sbatch"
+    module: bool = False  # script is a module name: torchrun -m
 
 
 def job_name(script: str) -> str:
@@ -47,7 +48,8 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     nodes = request.nodes or len(hosts)
     nproc = nproc_for(head, request.nproc_per_node)
     cluster = inventory.cluster
-    spec = TorchrunSpec("slurm-$SLURM_JOB_ID", nproc, request.script, tuple(request.args))
+    spec = TorchrunSpec("slurm-$SLURM_JOB_ID", nproc, request.script, tuple(request.args),
+                        module=request.module)
     argv = torchrun_argv(inventory, spec)
     if request.image:
         argv[0] = "torchrun"  # the image's own, not the host's

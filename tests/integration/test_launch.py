@@ -461,8 +461,9 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         listed = gpucluster("jobs", "-i", inventory, "--json").json()
         assert set(listed) == {"schema", "jobs"}
         entry = next(j for j in listed["jobs"] if j["id"] == job)
-        assert set(entry) == {"id", "script", "args", "hosts", "started_at", "image", "run",
-                              "attempt", "supervisor", "nodes"}
+        assert set(entry) == {"id", "script", "module", "args", "hosts", "started_at",
+                              "image", "run", "attempt", "supervisor", "nodes"}
+        assert (entry["script"], entry["module"]) == ("train.py", False)
         assert (entry["run"], entry["attempt"]) == (job, 1)
         assert {n["state"] for n in entry["nodes"].values()} == {"running"}
         stopped = gpucluster("stop", "-i", inventory, job, "--json", "--grace", "5")
@@ -536,6 +537,33 @@ def test_sync_sends_only_what_changed_and_keeps_job_output(cluster: Sandbox,
         stderr
     assert cluster.node_exec("node3", f"cat {code_dir}/data/a.txt").stdout == "changed"
     (project / ".gpuclusterignore").write_text("# not for the nodes\n*.ckpt\n")
+
+
+def test_a_module_runs_with_dash_m_and_links_arrive_as_links(cluster: Sandbox,
+                                                             project: Path) -> None:
+    """launch -m pkg.hello: torchrun -m from the code dir, on every node; a link to a
+    dataset path (absent here) arrives as that link."""
+    (project / "pkg").mkdir()
+    (project / "pkg" / "__init__.py").write_text("")
+    (project / "pkg" / "hello.py").write_text(
+        "import os, sys\n"
+        "print(f'{__name__} rank {os.environ[\"RANK\"]} args {sys.argv[1:]} '\n"
+        "      f'data -> {os.readlink(\"datasets\")}', flush=True)\n")
+    (project / "datasets").symlink_to("/mnt/datasets/imagenet")
+    try:
+        done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
+                          "-m", "pkg.hello", "--", "--lr", "0.1", cwd=str(project),
+                          timeout=120)
+        assert done.code == 0, done.stderr
+        for rank, node in enumerate(cluster.nodes):
+            assert (f"[{node}/{rank}] __main__ rank {rank} args ['--lr', '0.1'] data -> "
+                    f"/mnt/datasets/imagenet") in done.stdout, done.stdout
+        listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json").json()["jobs"]
+        assert (listed[-1]["script"], listed[-1]["module"], listed[-1]["args"]) == (
+            "pkg.hello", True, ["--lr", "0.1"])
+    finally:
+        shutil.rmtree(project / "pkg")
+        (project / "datasets").unlink()
 
 
 FAKE_TORCHRUN = """#!/bin/sh

@@ -264,6 +264,8 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     joined = " ".join(argv)
     assert "--rdzv-endpoint 10.0.0.1:29500" in joined and "--max-restarts 2" in joined
     assert "--log-dir /l --tee 3" in joined
+    module = torchrun_argv(loaded, TorchrunSpec("job1", 4, "pkg.train", ("--a",), module=True))
+    assert module[-3:] == ["-m", "pkg.train", "--a"]
     container = node_scripts.Container("reg/img:1", "gpucluster-job1", True,
                                        ["GPUCLUSTER_JOB", "NCCL_SOCKET_IFNAME"])
     command = node_scripts.container_command(container, "torchrun --nnodes 2", "/srv/images")
@@ -359,6 +361,31 @@ def test_a_home_directory_or_the_root_is_never_the_work_dir(
             f"run from the project's directory, or give it with --workdir DIR)")
     _tree(home, {"proj/train.py": "x"})
     assert check_request(LaunchRequest("train.py", (), home / "proj"))[1] == "train.py"
+
+
+def test_a_module_is_run_with_dash_m_from_the_work_dir(tmp_path: Path) -> None:
+    """launch -m pkg.train: torchrun -m, as `python -m` from the work dir; the module's
+    file, when the work dir has it, must be one the sync sends."""
+    _tree(tmp_path, {"pkg/__init__.py": "", "pkg/train.py": "x", "app/__main__.py": "y",
+                     "skip/job.py": "z", ".gpuclusterignore": "skip/\n"})
+
+    def request(name: str) -> LaunchRequest:
+        return LaunchRequest(name, (), tmp_path, module=True)
+
+    assert check_request(request("pkg.train"))[1] == "pkg.train"
+    assert check_request(request("app"))[1] == "app"  # a package with __main__
+    assert check_request(request("torch.utils.collect_env"))[1] == (  # installed on nodes
+        "torch.utils.collect_env")
+    for bad in ("pkg/train.py", "pkg.train.py", "2fast", "pkg..train"):
+        with pytest.raises(GpuclusterError, match=rf"^-m {re.escape(bad)}: not a Python "
+                                                  r"module name \(fix: "):
+            check_request(request(bad))
+    with pytest.raises(GpuclusterError, match=r"skip/job\.py is excluded from the sync"):
+        check_request(request("skip.job"))
+    record = JobRecord("20261202-120000-abcd", "pkg.train", ["--lr", "0.1"], ["n1"], "/c",
+                       "/j", 0.0, {"n1": 1}, module=True)
+    assert record.command() == "-m pkg.train --lr 0.1"
+    assert dataclasses.replace(record, module=False).command() == "pkg.train --lr 0.1"
 
 
 def test_logs_refuses_ranks_the_job_never_had(tmp_path: Path) -> None:

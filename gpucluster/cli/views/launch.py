@@ -143,7 +143,7 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
             summary += f"; attempt {record.attempt} of run {record.run}"
         if supervisors.get(record.id):
             summary += f"; recovery supervisor pid {supervisors[record.id]}"
-        rows.append((record.id, " ".join([record.script, *record.args]),
+        rows.append((record.id, record.command(),
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at)),
                      summary))
     print_table(console, "jobs", ("job", "command", "started", "state"), rows)
@@ -169,7 +169,8 @@ def jobs_payload(records: Sequence[JobRecord],
                  table: Mapping[str, Mapping[str, NodeState]],
                  supervisors: Mapping[str, int | None]) -> dict[str, Any]:
     return {"jobs": [{
-        "id": r.id, "script": r.script, "args": list(r.args), "hosts": list(r.hosts),
+        "id": r.id, "script": r.script, "module": r.module, "args": list(r.args),
+        "hosts": list(r.hosts),
         "started_at": r.started_at, "image": r.image,
         "run": r.run or r.id, "attempt": r.attempt,  # launch --recover's attempts
         "supervisor": supervisors.get(r.id),
