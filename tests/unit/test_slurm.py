@@ -185,6 +185,10 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
     assert ('--nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
             '--rdzv-endpoint "$GPC_HEAD_ADDR:29500" --rdzv-id "slurm-$SLURM_JOB_ID"') in text
     assert "train.py --epochs 3" in text
+    module = sbatch_script(inventory.load(path), SbatchRequest(
+        "pkg.train", ("--epochs", "3"), "/srv/gpucluster/proj", synced=True, module=True))
+    assert "--max-restarts 0 -m pkg.train --epochs 3\n" in module
+    assert "#SBATCH --job-name=pkg.train\n" in module
     imaged = sbatch_script(inventory.load(path), SbatchRequest(
         "train.py", (), "/srv/gpucluster/proj", synced=True, image="ghcr.io/org/t:1"))
     assert '--name "gpucluster-slurm-$SLURM_JOB_ID" ' in imaged  # one container per job
