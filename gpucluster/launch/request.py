@@ -65,8 +65,10 @@ def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile])
     that file must be one the sync sends. One it does not hold may be installed on the
     nodes: python -m looks there too."""
     if not _MODULE.fullmatch(name) or name.endswith(".py"):  # pkg.train.py: a file meant
-        raise GpuclusterError(f"-m {name}: not a Python module name (fix: give it dotted, "
-                              f"as python -m takes it: pkg.train for pkg/train.py)")
+        dotted = name.removesuffix(".py").strip("/").replace("/", ".")
+        fix = f"-m {dotted}" if _MODULE.fullmatch(dotted) else (
+            "give it dotted, as python -m takes it: pkg.train for pkg/train.py")
+        raise GpuclusterError(f"-m {name}: not a Python module name (fix: {fix})")
     base = name.replace(".", "/")
     for relative in (f"{base}.py", f"{base}/__main__.py"):
         if (root / relative).is_file() and relative not in files:

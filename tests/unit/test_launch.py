@@ -376,9 +376,10 @@ def test_a_module_is_run_with_dash_m_from_the_work_dir(tmp_path: Path) -> None:
     assert check_request(request("app"))[1] == "app"  # a package with __main__
     assert check_request(request("torch.utils.collect_env"))[1] == (  # installed on nodes
         "torch.utils.collect_env")
-    for bad in ("pkg/train.py", "pkg.train.py", "2fast", "pkg..train"):
+    for bad, fix in (("pkg/train.py", "-m pkg.train"), ("pkg.train.py", "-m pkg.train"),
+                     ("2fast", "give it dotted"), ("pkg..train", "give it dotted")):
         with pytest.raises(GpuclusterError, match=rf"^-m {re.escape(bad)}: not a Python "
-                                                  r"module name \(fix: "):
+                                                  rf"module name \(fix: {fix}"):
             check_request(request(bad))
     with pytest.raises(GpuclusterError, match=r"skip/job\.py is excluded from the sync"):
         check_request(request("skip.job"))
