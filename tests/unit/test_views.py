@@ -178,3 +178,23 @@ def test_an_outcome_without_any_nodes_state_says_so(tmp_path: Path) -> None:
                                "n2": NodeState("n2", "exited", 0)})
     assert _text(lambda console: print_outcome(console, both, store)).startswith(
         f"job {record.id}: exited 0 on n[1-2]; logs in ")
+
+
+def test_inventory_show_says_once_what_every_host_shares(tmp_path: Path) -> None:
+    """At 80 columns the example's 8 hosts took 4 lines each (the GPU model wrapped in
+    every row): what all hosts share is one line above a table of what differs."""
+    path = tmp_path / "inv.yaml"
+    path.write_text("defaults: {user: ubuntu, gpus: 8, gpu_model: NVIDIA H100 80GB HBM3, "
+                    "labels: {site: dc1}}\nhosts:\n  - name: gpu[01-03]\n"
+                    "    address: 10.0.0.[11-13]\n  - {name: gpu04, address: 10.0.0.14, "
+                    "groups: [eval]}\n")
+    text = _text(lambda console: inventory_view.print_hosts(console, inventory.load(path)))
+    assert ("every host: user ubuntu, port 22, gpus 8, model NVIDIA H100 80GB HBM3, "
+            "labels site=dc1\n") in text
+    rows = [line for line in text.splitlines() if line.startswith("│ gpu0")]
+    assert len(rows) == 4, text  # one line per host
+    assert "eval" in rows[3] and "ubuntu" not in rows[0]
+    one = tmp_path / "one.yaml"
+    one.write_text("hosts:\n  - {name: solo, address: 10.0.0.1, user: me}\n")
+    single = _text(lambda console: inventory_view.print_hosts(console, inventory.load(one)))
+    assert "every host" not in single and "me" in single  # one host: a plain table

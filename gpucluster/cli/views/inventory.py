@@ -40,7 +40,9 @@ def hosts_payload(inventory: Inventory) -> dict[str, Any]:
 
 
 def print_hosts(console: Console, inventory: Inventory) -> None:
-    """The resolved hosts; columns that are empty for every host are left out."""
+    """The resolved hosts; columns that are empty for every host are left out, and what
+    every host shares is said once above the table (a GPU model in every row wrapped
+    each host over four lines at 80 columns)."""
     columns: dict[str, list[str]] = {
         "name": [h.name for h in inventory.hosts],
         "address": ["local" if h.is_local else h.address for h in inventory.hosts],
@@ -53,12 +55,19 @@ def print_hosts(console: Console, inventory: Inventory) -> None:
         "labels": [",".join(f"{k}={v}" for k, v in h.labels.items()) for h in inventory.hosts],
     }
     shown = {name: cells for name, cells in columns.items() if any(cells)}
+    shared = {name: cells[0] for name, cells in shown.items()
+              if len(cells) > 1 and name not in ("name", "address") and len(set(cells)) == 1}
     table = Table(title=f"{counted(len(inventory.hosts), 'host')} in {inventory.path}")
     for name in shown:
-        table.add_column(name)
-    for row in zip(*shown.values(), strict=True):
+        if name not in shared:
+            table.add_column(name, no_wrap=name in ("name", "address"))
+    for row in zip(*(cells for name, cells in shown.items() if name not in shared),
+                   strict=True):
         table.add_row(*row)
     console.print(table)
+    if shared:
+        console.print("every host: " + ", ".join(f"{name} {value}"
+                                                 for name, value in shared.items()))
     cluster = inventory.cluster
     console.print(f"head (rendezvous): {inventory.head.name}:{cluster.rendezvous_port}  "
                   f"python: {cluster.python}  work_dir: {cluster.work_dir}")
