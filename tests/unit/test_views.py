@@ -198,3 +198,36 @@ def test_inventory_show_says_once_what_every_host_shares(tmp_path: Path) -> None
     one.write_text("hosts:\n  - {name: solo, address: 10.0.0.1, user: me}\n")
     single = _text(lambda console: inventory_view.print_hosts(console, inventory.load(one)))
     assert "every host" not in single and "me" in single  # one host: a plain table
+
+
+def test_the_doctor_table_folds_nodes_that_agree_so_16_fit_in_80_columns() -> None:
+    """At 80 columns 16 node columns were cut to `n…` and `…`: node7's FAIL was not
+    there to see. Nodes with the same status for every check share one column; when the
+    columns still do not fit, each check is a line of statuses and their nodes."""
+    from gpucluster.cli.views import doctor as doctor_view
+    from gpucluster.doctor.model import CheckResult, Status
+    from gpucluster.doctor.runner import DoctorReport
+
+    hosts = tuple(f"node{i}" for i in range(1, 17))
+    checks = ("ssh", "driver", "name-resolution")
+
+    def report(failing: set[str]) -> DoctorReport:
+        return DoctorReport(hosts, checks, tuple(
+            CheckResult(c, h, Status.FAIL if c == "driver" and h in failing else Status.OK,
+                        "m") for c in checks for h in hosts))
+
+    text = _text(lambda console: doctor_view.print_report(console, report({"node7"}), False))
+    header = next(line for line in text.splitlines() if "check" in line)
+    assert "node[1-6,8-16]" in header and "node7" in header
+    assert max(len(line) for line in text.splitlines()) <= 120
+    driver = next(line for line in text.splitlines() if line.startswith("│ driver"))
+    assert "OK" in driver and "FAIL" in driver
+    narrow = io.StringIO()
+    every = tuple(f"check{i}" for i in range(1, 17))  # node N fails checkN: 16 columns
+    apart = DoctorReport(hosts, every, tuple(
+        CheckResult(c, h, Status.FAIL if c[5:] == h[4:] else Status.OK, "m")
+        for c in every for h in hosts))
+    doctor_view.print_report(Console(file=narrow, width=80, no_color=True), apart, False)
+    lines = narrow.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in narrow.getvalue()
+    assert " check7   FAIL node7  OK node[1-6,8-16]" in lines

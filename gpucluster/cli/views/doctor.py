@@ -35,15 +35,36 @@ def print_report(console: Console, report: DoctorReport, verbose: bool) -> None:
 
 
 def _print_table(console: Console, report: DoctorReport) -> None:
-    table = Table(title=f"gpucluster doctor: {counted(len(report.hosts), 'node')}")
-    table.add_column("check")
-    for host in report.hosts:
-        table.add_column(host, justify="center")
+    """Checks x nodes, nodes with the same status for every check in one column (16
+    columns cut at 80 characters hid a node's FAIL behind `…`); when the columns still
+    do not fit, a line per check: each status and its nodes."""
     cells = {(r.name, r.host): r.status for r in report.results}
-    for check in report.checks:
-        statuses = [cells.get((check, host)) for host in report.hosts]
-        table.add_row(check, *[f"[{STYLE[s]}]{s.value}[/]" if s else "" for s in statuses])
+    groups = hostrange.hosts_by((tuple(cells.get((c, h)) for c in report.checks), h)
+                                for h in report.hosts)
+    columns = [(hostrange.fold(hosts), statuses) for statuses, hosts in groups.items()]
+    check_width = max((len(c) for c in report.checks), default=5)
+    if check_width + 4 + sum(max(len(label), 4) + 3 for label, _ in columns) > console.width:
+        _print_check_lines(console, report, cells, check_width)
+        return
+    table = Table(title=f"gpucluster doctor: {counted(len(report.hosts), 'node')}")
+    table.add_column("check", no_wrap=True)
+    for label, _ in columns:
+        table.add_column(label, justify="center", no_wrap=True)
+    for row, check in enumerate(report.checks):
+        table.add_row(check, *[f"[{STYLE[s[row]]}]{s[row].value}[/]" if s[row] else ""
+                               for _, s in columns])
     console.print(table)
+
+
+def _print_check_lines(console: Console, report: DoctorReport,
+                       cells: dict[tuple[str, str], Status], width: int) -> None:
+    console.print(f"[bold]gpucluster doctor: {counted(len(report.hosts), 'node')}[/]")
+    for check in report.checks:
+        by_status = hostrange.hosts_by((cells[(check, h)], h) for h in report.hosts
+                                       if (check, h) in cells)
+        console.print(f" {check:<{width}}  " + "  ".join(
+            f"[{STYLE[s]}]{s.value}[/] {escape(hostrange.fold(by_status[s]))}"
+            for s in (Status.FAIL, Status.WARN, Status.OK, Status.SKIP) if s in by_status))
 
 
 def _print_findings(console: Console, report: DoctorReport, verbose: bool) -> None:
