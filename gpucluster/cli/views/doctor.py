@@ -51,9 +51,12 @@ def _print_table(console: Console, report: DoctorReport) -> None:
     for label, _ in columns:
         table.add_column(label, justify="center", no_wrap=True)
     for row, check in enumerate(report.checks):
-        table.add_row(check, *[f"[{STYLE[s[row]]}]{s[row].value}[/]" if s[row] else ""
-                               for _, s in columns])
+        table.add_row(check, *[_cell(statuses[row]) for _, statuses in columns])
     console.print(table)
+
+
+def _cell(status: Status | None) -> str:
+    return f"[{STYLE[status]}]{status.value}[/]" if status else ""
 
 
 def _print_check_lines(console: Console, report: DoctorReport,
