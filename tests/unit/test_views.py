@@ -231,3 +231,34 @@ def test_the_doctor_table_folds_nodes_that_agree_so_16_fit_in_80_columns() -> No
     lines = narrow.getvalue().splitlines()
     assert all(len(line) <= 80 for line in lines) and "…" not in narrow.getvalue()
     assert " check7   FAIL node7  OK node[1-6,8-16]" in lines
+
+
+def test_provision_on_16_nodes_folds_its_rows_and_says_a_whole_mesh_in_a_line() -> None:
+    """16 rows of the same outcomes, and a 16 x 16 SSH matrix cut at 80 columns: nodes
+    with the same outcomes share a row, a mesh where every pair logs in is one line, and
+    a broken one that does not fit is said as its failing pairs."""
+    from gpucluster.cli.views.provision import print_report
+    from gpucluster.provision.model import NodeResult, Outcome
+    from gpucluster.provision.runner import ProvisionReport
+
+    hosts = tuple(f"node{i}" for i in range(1, 17))
+    results = tuple(NodeResult(step, h, Outcome.FAILED if (step, h) == ("hosts", "node7")
+                               else Outcome.CHANGED)
+                    for step in ("ssh-mesh", "hosts") for h in hosts)
+    mesh = {h: {p: "ok" for p in hosts if p != h} for h in hosts}
+    narrow = io.StringIO()
+    print_report(Console(file=narrow, width=80, no_color=True),
+                 ProvisionReport(hosts, ("ssh-mesh", "hosts"), results,
+                                 verified={"ssh-mesh": mesh}), False)
+    text = narrow.getvalue()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    rows = [line for line in text.splitlines() if line.startswith("│ node")]
+    assert len(rows) == 2 and "node[1-6,8-16]" in rows[0] and "node7" in rows[1]
+    assert "ssh-mesh: every node logs in to every other (240 pairs)" in text
+    mesh["node3"]["node9"] = "refused"
+    broken = io.StringIO()
+    print_report(Console(file=broken, width=80, no_color=True),
+                 ProvisionReport(hosts, ("ssh-mesh", "hosts"), results,
+                                 verified={"ssh-mesh": mesh}), False)
+    assert "…" not in broken.getvalue()
+    assert "ssh-mesh: 1 pair cannot log in: node3 -> node9" in broken.getvalue()

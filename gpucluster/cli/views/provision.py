@@ -37,13 +37,16 @@ def print_report(console: Console, report: ProvisionReport, dry_run: bool) -> No
                 console.print(escape(change.detail.rstrip("\n")), style="dim")
     steps = [s for s in report.steps if s != "parity"]
     table = Table(title="gpucluster provision" + (" --dry-run" if dry_run else ""))
-    table.add_column("node")
+    table.add_column("node", no_wrap=True)
     for step in steps:
         table.add_column(step)
     cells = {(r.host, r.step): r.outcome for r in report.results}
-    for host in report.hosts:
-        outcomes = [cells.get((host, step), Outcome.SKIPPED) for step in steps]
-        table.add_row(host, *[f"[{STYLE[o]}]{o.value}[/]" for o in outcomes])
+    # Nodes with the same outcome at every step share a row: 64 nodes provisioned
+    # alike are one line.
+    rows = hostrange.hosts_by((tuple(cells.get((h, s), Outcome.SKIPPED) for s in steps), h)
+                              for h in report.hosts)
+    for outcomes, hosts in rows.items():
+        table.add_row(hostrange.fold(hosts), *[f"[{STYLE[o]}]{o.value}[/]" for o in outcomes])
     console.print(table)
     _print_messages(console, report.results)
     if len(report.hosts) < 2:
@@ -74,6 +77,23 @@ def _print_messages(console: Console, results: Sequence[NodeResult]) -> None:
 
 
 def _print_mesh(console: Console, report: ProvisionReport) -> None:
+    """Every pair that logs in: one line. Else the matrix where it fits the terminal
+    (a 16 x 16 one is cut at 80 columns), and the pairs that cannot, named."""
+    broken = [f"{source} -> {target}" for source in report.hosts
+              for target, state in report.mesh.get(source, {}).items() if state != "ok"]
+    if not broken:
+        pairs = len(report.hosts) * (len(report.hosts) - 1)
+        console.print(f"ssh-mesh: every node logs in to every other ({pairs} pairs)")
+        return
+    if 4 + max(map(len, report.hosts)) + sum(max(len(h), 2) + 3 for h in report.hosts) \
+            <= console.width:
+        _print_matrix(console, report)
+    console.print(f"[bold red]ssh-mesh:[/] {counted(len(broken), 'pair')} cannot log in: "
+                  f"{escape(', '.join(broken))} (fix: `ssh -v PEER` from the first node "
+                  f"of the pair shows why: sshd down, a firewall, a changed host key)")
+
+
+def _print_matrix(console: Console, report: ProvisionReport) -> None:
     table = Table(title="SSH from (row) to (column)")
     table.add_column("")
     for host in report.hosts:
@@ -87,12 +107,6 @@ def _print_mesh(console: Console, report: ProvisionReport) -> None:
             cells.append(f"[{style}]{state}[/]")
         table.add_row(source, *cells)
     console.print(table)
-    broken = [f"{source} -> {target}" for source in report.hosts
-              for target, state in report.mesh.get(source, {}).items() if state != "ok"]
-    if broken:
-        console.print(f"[bold red]ssh-mesh:[/] {counted(len(broken), 'pair')} cannot log in: "
-                      f"{escape(', '.join(broken))} (fix: `ssh -v PEER` from the first node "
-                      f"of the pair shows why: sshd down, a firewall, a changed host key)")
 
 
 def summary_payload(report: ProvisionReport) -> dict[str, Any]:
