@@ -70,9 +70,21 @@ def _spec_from_state(state: dict[str, Any]) -> SandboxSpec:
 def load_spec(name: str) -> SandboxSpec:
     state = _read_state(name)
     if state is None or "spec" not in state:
+        others = [o for o in sandboxes_up() if o != name]
+        if others:  # `sandbox status` looks for the default name
+            raise SandboxError(f"no sandbox {name!r} is up; up: {', '.join(others)} (fix: "
+                               f"--name {others[0]})")
         raise SandboxError(f"no sandbox {name!r} is up (start one with "
                            f"`sudo gpucluster sandbox up`)")
     return _spec_from_state(state)
+
+
+def sandboxes_up() -> list[str]:
+    """The names of the sandboxes whose state is on this machine."""
+    if not node.STATE_ROOT.is_dir():
+        return []
+    return sorted(path.name for path in node.STATE_ROOT.iterdir()
+                  if "spec" in (_read_state(path.name) or {}))
 
 
 def _controller_key(spec: SandboxSpec) -> tuple[Path, str]:
