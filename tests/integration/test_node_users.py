@@ -86,6 +86,11 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
     # xid: the kernel log is the user's to read only through sudo (dmesg_restrict=1)
     for check in ("sudo", "nvidia-smi", "gpu-count", "python", "torchrun", "torch", "xid"):
         assert {before[(check, n)] for n in sandbox.nodes} == {"OK"}, check
+    # top reads the Xids the same way: counted (no Xid), not unknown (None)
+    seen = gpucluster("top", "-i", inventory, "--once", "--json", timeout=60)
+    assert seen.code == 0, seen.stderr
+    assert {str(gpu["xid_errors"]) for node in seen.json()["nodes"]
+            for gpu in node["gpus"]} == {"[]"}
 
     # provision: every step, the root ones through sudo, the image into root's engine
     with_image = sandbox.write_inventory(tmp / "with-image.yaml", cluster={
@@ -193,6 +198,10 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
         restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
         assert {found[("xid", n)] for n in sandbox.nodes} == {  # neither way, if restricted
             "SKIP" if restricted else "OK"}
+        seen = gpucluster("top", "-i", str(sandbox.inventory), "--once", "--json",
+                          timeout=60)
+        assert {str(gpu["xid_errors"]) for node in seen.json()["nodes"]
+                for gpu in node["gpus"]} == {"None" if restricted else "[]"}
         watched = "cat /etc/hosts; ls -a /home/gcuser/.ssh; iptables -S INPUT"
         before = {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes}
         refused = gpucluster("provision", "-i", str(sandbox.inventory), timeout=120)

@@ -278,3 +278,17 @@ def test_top_shows_a_line_per_node_when_a_line_per_gpu_would_not_fit() -> None:
     assert f"{JOB.rsplit('-', 1)[1]} ranks 2-3" in node1 and JOB not in node1, node1
     assert "eth0" in node1  # the link keeps a third
     assert max(len(line) for line in table) <= 80
+
+
+def test_xids_read_through_sudo_skip_the_records_logged_before_the_sampler_started() -> None:
+    """cat /dev/kmsg (a sudo user's way in) starts at the buffer's oldest record, where
+    the sampler's own open of /dev/kmsg starts at its end: older Xids are not new ones."""
+    import runpy
+
+    sampler = runpy.run_path(str(template_dir() / "observe" / "node_gpus.py"))
+    xid = sampler["Xid"].__new__(sampler["Xid"])
+    xid.events, xid.since_us = [], 5_000_000
+    xid.record("3,100,4999999,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off\n")
+    xid.record("3,101,5000001,-;NVRM: Xid (PCI:0000:19:00): 48, pid=2, DBE\n")
+    xid.record("6,102,5000002,-;eth0: link up\n")
+    assert xid.events == [["0000:19:00", 48]]
