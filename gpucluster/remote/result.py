@@ -36,6 +36,11 @@ class FailureKind(enum.Enum):
     ERROR = "error"
 
 
+# paramiko's exit status when sshd sent exit-signal instead of exit-status: a signal
+# ended the command (paramiko drops which one).
+KILLED_BY_SIGNAL = -1
+
+
 class RemoteError(Exception):
     """Raised by a connection when a command could not run (or finish) on its host."""
 

@@ -70,6 +70,17 @@ def test_hosts_that_failed_alike_are_said_once() -> None:
         "4 of 4 hosts failed: n[1-3] (auth failed), n4 (unreachable)"
 
 
+def test_a_command_ended_by_a_signal_says_so_not_exit_minus_one() -> None:
+    """sshd sends exit-signal, not exit-status, for a command a signal ended; paramiko
+    then reports -1, which read as `exit -1`."""
+    killed = FanoutResult(hosts=("n1", "n2"), values={
+        "n1": CommandResult("n1", "c", -1, "", "", 0.1),
+        "n2": CommandResult("n2", "c", 0, "", "", 0.1)})
+    assert run.failure_summary(killed) == "1 of 2 hosts failed: n1 (killed by a signal)"
+    assert "n1: ended by a signal (no exit code)\n" in _text(
+        lambda console: run.print_run(console, killed))
+
+
 def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
     assert run.failure_summary(_result()) == \
         "2 of 5 hosts failed: n4 (exit 2), n5 (unreachable)"
