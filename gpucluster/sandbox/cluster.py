@@ -13,7 +13,8 @@ from typing import Any
 
 from gpucluster.errors import SandboxError
 from gpucluster.sandbox import captures, login, node, node_python, system
-from gpucluster.sandbox.spec import SANDBOX_RANGE, NodeLogin, NodeSpec, SandboxSpec
+from gpucluster.sandbox.spec import SANDBOX_RANGE, NodeSpec, SandboxSpec
+from gpucluster.sandbox.state import load_spec, read_state, state_file
 from gpucluster.templating import render
 
 
@@ -42,51 +43,6 @@ class UpResult:
     removed: tuple[str, ...]  # nodes beyond --nodes taken down
 
 
-def _state_file(name: str) -> Path:
-    return node.sandbox_dir(name) / "state.json"
-
-
-def _read_state(name: str) -> dict[str, Any] | None:
-    try:
-        state: dict[str, Any] = json.loads(_state_file(name).read_text())
-    except (OSError, ValueError):
-        return None
-    return state
-
-
-def _spec_from_state(state: dict[str, Any]) -> SandboxSpec:
-    try:
-        raw = dict(state["spec"])
-        raw["nodes"] = tuple(NodeSpec(**n) for n in raw["nodes"])
-        raw["login"] = NodeLogin(**raw["login"]) if raw.get("login") else None
-        return SandboxSpec(**raw)
-    except (KeyError, TypeError):
-        raise SandboxError(f"sandbox state {state.get('spec', {}).get('name', '?')!r} was "
-                           f"written by another gpucluster version: take it down with "
-                           f"`gpucluster sandbox down --name NAME` and bring it up again"
-                           ) from None
-
-
-def load_spec(name: str) -> SandboxSpec:
-    state = _read_state(name)
-    if state is None or "spec" not in state:
-        others = [o for o in sandboxes_up() if o != name]
-        if others:  # `sandbox status` looks for the default name
-            raise SandboxError(f"no sandbox {name!r} is up; up: {', '.join(others)} (fix: "
-                               f"--name {others[0]})")
-        raise SandboxError(f"no sandbox {name!r} is up (start one with "
-                           f"`sudo gpucluster sandbox up`)")
-    return _spec_from_state(state)
-
-
-def sandboxes_up() -> list[str]:
-    """The names of the sandboxes whose state is on this machine."""
-    if not node.STATE_ROOT.is_dir():
-        return []
-    return sorted(path.name for path in node.STATE_ROOT.iterdir()
-                  if "spec" in (_read_state(path.name) or {}))
-
-
 def _controller_key(spec: SandboxSpec) -> tuple[Path, str]:
     """The key the controller logs in with, made once per sandbox."""
     key = node.sandbox_dir(spec.name) / "id_ed25519"
@@ -101,7 +57,7 @@ def up(spec: SandboxSpec, inventory_path: Path,
     """Create what is missing, restart what is down, leave what runs; write the inventory.
     `say` hears about slow steps (making the node users' python)."""
     system.require_root_and_tools()
-    previous = _read_state(spec.name)
+    previous = read_state(spec.name)
     created = set(previous.get("created_targets", [])) if previous else set()
     if previous is not None and "spec" not in previous:
         previous = None  # an `up` that failed early: only the targets it made count
@@ -157,7 +113,7 @@ def up(spec: SandboxSpec, inventory_path: Path,
     state = {"spec": asdict(spec), "inventory": str(inventory_path.absolute()),
              "inventory_sha256": _sha256(inventory_text.encode()),
              "created_targets": sorted(created), "login_uid": uid}
-    system.write_atomically(_state_file(spec.name), json.dumps(state, indent=2) + "\n", 0o600)
+    system.write_atomically(state_file(spec.name), json.dumps(state, indent=2) + "\n", 0o600)
     return UpResult(spec, inventory_path, tuple(started), removed)
 
 
@@ -177,7 +133,7 @@ def _create_bind_targets(spec: SandboxSpec, previous: dict[str, Any] | None,
         else:
             target.mkdir(mode=0o700 if target in node.BIND_TARGETS else 0o755, parents=True)
         created.add(str(target))
-        system.write_atomically(_state_file(spec.name), json.dumps(
+        system.write_atomically(state_file(spec.name), json.dumps(
             {**(previous or {}), "created_targets": sorted(created)}, indent=2) + "\n",
             0o600)
 
@@ -275,7 +231,7 @@ def down(name: str) -> list[str]:
     """Remove everything the sandbox made; also cleans up after a crashed `up`."""
     system.require_root_and_tools()
     removed: list[str] = []
-    state = _read_state(name)
+    state = read_state(name)
     prefix = f"{name}-node"
     for namespace in system.netns_list():
         if namespace.startswith(prefix) and namespace[len(prefix):].isdigit():
@@ -309,11 +265,11 @@ def _hand_over_targets(name: str, state: dict[str, Any]) -> bool:
     if not targets or not node.STATE_ROOT.is_dir():
         return False
     for other in sorted(node.STATE_ROOT.iterdir()):
-        other_state = _read_state(other.name) if other.name != name else None
+        other_state = read_state(other.name) if other.name != name else None
         if other_state is not None:
             other_state["created_targets"] = sorted(
                 {*other_state.get("created_targets", []), *targets})
-            system.write_atomically(_state_file(other.name),
+            system.write_atomically(state_file(other.name),
                                     json.dumps(other_state, indent=2) + "\n", 0o600)
             return True
     return False

@@ -136,16 +136,16 @@ def test_status_of_a_sandbox_not_up_names_those_that_are(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`sandbox status` looks for the default name: a user whose sandbox has another
     name was told none is up."""
-    from gpucluster.sandbox import cluster, node
+    from gpucluster.sandbox import node, state
 
     monkeypatch.setattr(node, "STATE_ROOT", tmp_path)
     with pytest.raises(SandboxError, match=r"^no sandbox 'gpcsb' is up \(start one with "):
-        cluster.load_spec("gpcsb")
+        state.load_spec("gpcsb")
     for name in ("gpcnu", "lab"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "state.json").write_text(json.dumps({"spec": {"name": name}}))
     (tmp_path / "gone").mkdir()  # a directory without state: not up
     with pytest.raises(SandboxError) as refused:
-        cluster.load_spec("gpcsb")
+        state.load_spec("gpcsb")
     assert str(refused.value) == ("no sandbox 'gpcsb' is up; up: gpcnu, lab (fix: --name "
                                   "gpcnu)")
