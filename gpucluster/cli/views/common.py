@@ -85,6 +85,15 @@ def byte_progress(console: Console) -> Iterator[Callable[[str, int, bool], None]
         yield update
 
 
+def table_fits(console: Console, key_width: int, labels: Sequence[str],
+               cell_width: int) -> bool:
+    """Whether a table of a key column and one column per label, each as wide as its
+    label or its widest cell, fits the terminal (rich cuts what does not to `…`)."""
+    borders = 3  # a column's padding and rule
+    return key_width + 4 + sum(max(len(label), cell_width) + borders
+                               for label in labels) <= console.width
+
+
 def print_table(console: Console, title: str, columns: Sequence[str],
                 rows: Sequence[Sequence[str]]) -> None:
     table = Table(title=title)

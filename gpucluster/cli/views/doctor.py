@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpucluster import hostrange
+from gpucluster.cli.views.common import table_fits
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import DoctorReport, fold_summary
 from gpucluster.wording import counted
@@ -43,7 +44,7 @@ def _print_table(console: Console, report: DoctorReport) -> None:
                                 for h in report.hosts)
     columns = [(hostrange.fold(hosts), statuses) for statuses, hosts in groups.items()]
     check_width = max((len(c) for c in report.checks), default=5)
-    if check_width + 4 + sum(max(len(label), 4) + 3 for label, _ in columns) > console.width:
+    if not table_fits(console, check_width, [label for label, _ in columns], len("SKIP")):
         _print_check_lines(console, report, cells, check_width)
         return
     table = Table(title=f"gpucluster doctor: {counted(len(report.hosts), 'node')}")

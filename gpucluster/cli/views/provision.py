@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpucluster import hostrange
+from gpucluster.cli.views.common import table_fits
 from gpucluster.provision.model import NodeResult, Outcome
 from gpucluster.provision.runner import ProvisionReport
 from gpucluster.wording import counted
@@ -85,8 +86,7 @@ def _print_mesh(console: Console, report: ProvisionReport) -> None:
         pairs = len(report.hosts) * (len(report.hosts) - 1)
         console.print(f"ssh-mesh: every node logs in to every other ({pairs} pairs)")
         return
-    if 4 + max(map(len, report.hosts)) + sum(max(len(h), 2) + 3 for h in report.hosts) \
-            <= console.width:
+    if table_fits(console, max(map(len, report.hosts)), report.hosts, len("ok")):
         _print_matrix(console, report)
     console.print(f"[bold red]ssh-mesh:[/] {counted(len(broken), 'pair')} cannot log in: "
                   f"{escape(', '.join(broken))} (fix: `ssh -v PEER` from the first node "

@@ -57,9 +57,9 @@ def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
             console.print(f"[yellow]{escape(folded)}: ended by a signal (no exit code)[/]")
         elif exit_code != 0:
             console.print(f"[yellow]{escape(folded)}: exited with exit code {exit_code}[/]")
-    failed = hostrange.hosts_by(((f.kind.value, f.message), name)
-                                for name, f in ((n, result.failures[n])
-                                                for n in result.failed_hosts))
+    failed = hostrange.hosts_by(
+        ((result.failures[name].kind.value, result.failures[name].message), name)
+        for name in result.failed_hosts)
     for (kind, message), names in failed.items():  # a typo fails every node alike
         console.print(f"[bold red]{escape(hostrange.fold(names))}: {kind}:[/] "
                       f"{escape(message)}")
