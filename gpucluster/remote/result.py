@@ -36,9 +36,10 @@ class FailureKind(enum.Enum):
     ERROR = "error"
 
 
-# paramiko's exit status when sshd sent exit-signal instead of exit-status: a signal
-# ended the command (paramiko drops which one).
-KILLED_BY_SIGNAL = -1
+# paramiko's exit status when none came: the connection was lost (the SSH layer raises
+# for that), or sshd sent exit-signal instead, so in a CommandResult a signal ended the
+# command (paramiko drops which one).
+NO_EXIT_STATUS = -1
 
 
 class RemoteError(Exception):

@@ -24,7 +24,7 @@ from gpucluster.remote.connection import (
     Stdin,
     build_command,
 )
-from gpucluster.remote.result import KILLED_BY_SIGNAL, CommandResult, FailureKind, RemoteError
+from gpucluster.remote.result import NO_EXIT_STATUS, CommandResult, FailureKind, RemoteError
 from gpucluster.remote.ssh_channel import PID_REPORT, PidFilter, RemoteGroup, feed, pump
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ class SshConnection:
             raise
         finally:
             channel.close()
-        if exit_code == KILLED_BY_SIGNAL and not channel.get_transport().is_active():
+        if exit_code == NO_EXIT_STATUS and not channel.get_transport().is_active():
             raise RemoteError(FailureKind.UNREACHABLE, "connection lost while running")
         return CommandResult(self.host, command, exit_code, stdout.finish(), stderr.finish(),
                              time.monotonic() - started)

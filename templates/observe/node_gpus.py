@@ -206,11 +206,13 @@ class Xid(threading.Thread):
         super().__init__(daemon=True)
         self.readable, self.events, self.since_us = True, [], 0
         try:
-            self.handle = open("/dev/kmsg", "rb", buffering=0)
-            self.handle.seek(0, os.SEEK_END)
+            kmsg = open("/dev/kmsg", "rb", buffering=0)
+            kmsg.seek(0, os.SEEK_END)
+            self.next_record = lambda: kmsg.read(8192)  # a record per read
         except OSError:
-            self.handle = self._through_sudo()
-            self.readable = self.handle is not None
+            lines = self._through_sudo()
+            self.readable = lines is not None
+            self.next_record = lines.readline if lines else None  # a record per line
 
     def _through_sudo(self):
         try:
@@ -231,9 +233,7 @@ class Xid(threading.Thread):
     def run(self):
         while self.readable:
             try:
-                # A record per read from /dev/kmsg; a line per record through cat.
-                records = self.handle.read(8192) if self.since_us == 0 else \
-                    self.handle.readline()
+                records = self.next_record()
             except OSError:
                 continue  # EPIPE: records overwritten before we read them
             if not records:
@@ -243,8 +243,8 @@ class Xid(threading.Thread):
     def record(self, record):
         prefix, _, message = record.partition(";")  # level,seq,usec,flags;text
         fields = prefix.split(",")
-        if len(fields) > 2 and number(fields[2]) is not None and \
-                number(fields[2]) < self.since_us:
+        logged_us = number(fields[2]) if len(fields) > 2 else None
+        if logged_us is not None and logged_us < self.since_us:
             return
         if "NVRM: Xid" in message:  # NVRM: Xid (PCI:0000:18:00): 79, ...
             bus = message.partition("PCI:")[2].partition(")")[0]

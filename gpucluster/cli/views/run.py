@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.remote.result import KILLED_BY_SIGNAL, CommandResult, FanoutResult
+from gpucluster.remote.result import NO_EXIT_STATUS, CommandResult, FanoutResult
 from gpucluster.wording import counted
 
 
@@ -53,7 +53,7 @@ def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
         else:
             prefix = _styled(console, f"[cyan]{escape(folded)}:[/] ")
             _write(console, "".join(f"{prefix}{line}\n" for line in lines))
-        if exit_code == KILLED_BY_SIGNAL:
+        if exit_code == NO_EXIT_STATUS:
             console.print(f"[yellow]{escape(folded)}: ended by a signal (no exit code)[/]")
         elif exit_code != 0:
             console.print(f"[yellow]{escape(folded)}: exited with exit code {exit_code}[/]")
@@ -86,7 +86,7 @@ def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
         if failure is not None:
             reasons.append((failure.kind.value, name))
         elif value is not None and not value.ok:
-            reasons.append(("killed by a signal" if value.exit_code == KILLED_BY_SIGNAL
+            reasons.append(("killed by a signal" if value.exit_code == NO_EXIT_STATUS
                             else f"exit {value.exit_code}", name))
     if not reasons:
         return None
