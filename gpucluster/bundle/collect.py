@@ -65,10 +65,11 @@ def first_failure(outcome: JobOutcome, store: JobStore) -> FirstFailure | None:
     root cause). A node unreachable now says nothing about the job."""
     candidates = []
     for node, state in outcome.states.items():
-        if state.state not in ("exited", "stopped") or state.exit_code in (0, None):
+        if state.state != "leftover" and (state.state not in ("exited", "stopped")
+                                          or state.exit_code in (0, None)):
             continue
         failure = failure_of(node, state, store.node_log(outcome.record.id, node))
-        if state.state == "exited" or failure.failed_at:
+        if state.state in ("exited", "leftover") or failure.failed_at:
             candidates.append(failure)
     return min(candidates, key=FirstFailure.order, default=None)
 

@@ -333,4 +333,6 @@ def _drop_silent(session: Session, followers: Mapping[str, _Follower],
 def _describe(state: NodeState) -> str:
     if state.state == "exited":
         return f"torchrun exited {state.exit_code}"
+    if state.state == "leftover":
+        return state.leftover_cause
     return state.state + (f": {state.detail}" if state.detail else "")

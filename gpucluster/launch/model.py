@@ -52,15 +52,37 @@ class LaunchRequest:
 @dataclass(frozen=True)
 class NodeState:
     node: str
-    state: str  # running, exited, stopped, lost, missing, unreachable
+    # running, exited, stopped, lost, missing, unreachable; leftover: torchrun ended while
+    # processes of the job still ran there (its orphaned workers)
+    state: str
     exit_code: int | None = None
     detail: str = ""
     exited_at: float | None = None  # node clock, when torchrun exited
 
     @property
     def failed(self) -> bool:
-        return self.state in ("lost", "unreachable") or (
+        return self.state in ("lost", "unreachable", "leftover") or (
             self.state == "exited" and self.exit_code != 0)
+
+    @property
+    def leftover_cause(self) -> str:
+        """A `leftover` node's failure in words: how torchrun ended, and what it left."""
+        code = self.exit_code
+        if code is None:  # its wrapper, which records the exit code, went with it
+            ended = "the job's leader was killed"
+        elif code > 128:
+            ended = f"torchrun was killed by {signal_words(code - 128)}"
+        else:
+            ended = f"torchrun exited {code}"
+        return f"{ended} while processes of the job still ran there"
+
+
+def signal_words(number: int) -> str:
+    """`signal 9 (SIGKILL)`."""
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass(frozen=True)
@@ -93,10 +115,7 @@ class FirstFailure:
         """`signal 9 (SIGKILL)` when the failing worker was killed by one."""
         if self.worker_exit is None or self.worker_exit >= 0:
             return None
-        try:
-            return f"signal {-self.worker_exit} ({signal.Signals(-self.worker_exit).name})"
-        except ValueError:
-            return f"signal {-self.worker_exit}"
+        return signal_words(-self.worker_exit)
 
     def order(self) -> tuple[str, int, float]:
         """Earliest root cause first; within the same second a worker killed by a signal

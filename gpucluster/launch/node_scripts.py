@@ -128,7 +128,8 @@ def stamper_script() -> str:
 def follow_script(record: JobRecord, node: str, follow: bool) -> str:
     return render("launch/follow.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, follow=follow, heartbeat_s=HEARTBEAT_S,
-                  marker_pattern=_marker_pattern(record, node))
+                  marker_pattern=_marker_pattern(record, node),
+                  marker_variable=f"{JOB_VARIABLE}={record.marker(node)}")
 
 
 def stop_script(record: JobRecord, node: str, grace_s: float,

@@ -90,14 +90,17 @@ def wait_for_ranks(process: subprocess.Popen[str], count: int, limit: float = 90
     return lines
 
 
-def kill_workers(node: str) -> list[str]:
-    """SIGKILL the node's train.py workers (not their torchrun); their pids."""
+def kill_workers(node: str, agent: bool = False) -> list[str]:
+    """SIGKILL the node's train.py workers (not their torchrun), or with `agent` its
+    torchrun (not its workers nor the wrapper that runs it); their pids."""
     killed = []
     for pid in subprocess.run(["ip", "netns", "pids", f"{NAME}-{node}"], capture_output=True,
                               text=True, check=True).stdout.split():
         try:  # short-lived processes (the follower's, a login's) come and go meanwhile
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"train.py" in cmdline and b"torchrun" not in cmdline:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            is_agent = len(argv) > 1 and argv[1].endswith(b"/torchrun")
+            is_worker = any(b"train.py" in word for word in argv) and not is_agent
+            if is_agent if agent else is_worker:
                 os.kill(int(pid), signal.SIGKILL)
                 killed.append(pid)
         except (FileNotFoundError, ProcessLookupError):
@@ -290,11 +293,32 @@ def test_max_restarts_re_forms_the_job_after_a_nodes_workers_die(cluster: Sandbo
     assert job_processes(cluster) == {}
 
 
-def test_ctrl_c_stops_the_job_on_every_node(cluster: Sandbox, project: Path) -> None:
+def test_a_killed_torchrun_fails_its_node_though_its_workers_run_on(
+        cluster: Sandbox, project: Path) -> None:
+    """The OOM killer's pick may be the agent: its workers, orphaned, still carry the
+    job's marker. The node used to count as running, and launch followed the others as
+    if nothing had happened, the node's part of the job unwatched."""
+    process = start_attached(cluster, project, "train.py", "--", *SLOW)
+    wait_for_ranks(process, 6)
+    assert len(kill_workers("node2", agent=True)) == 1
+    code, _, stderr, _ = finish(process, 60)
+    assert code == 1, stderr
+    assert "node2 failed (torchrun was killed by signal 9 (SIGKILL) while processes of " \
+           "the job still ran there): stopping the job on every node" in stderr, stderr
+    assert re.search(r"exited 137 leaving processes on node2, stopped on node\[1,3\]",
+                     stderr), stderr
+    assert job_processes(cluster) == {}
+
+
+@pytest.mark.parametrize("press", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_the_job_on_every_node(cluster: Sandbox, project: Path,
+                                            press: signal.Signals) -> None:
+    """SIGTERM (`kill`, a supervisor's stop) as Ctrl-C: it used to end the CLI at once
+    and leave the job running on every node."""
     process = start_attached(cluster, project, "train.py", "--", *SLOW)
     wait_for_ranks(process, 6)
     assert job_processes(cluster).keys() == set(cluster.nodes)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(press)
     code, _, stderr, _ = finish(process, 60)
     assert code == 130, stderr
     assert "interrupted: stopping the job on every node" in stderr

@@ -482,6 +482,44 @@ def test_logs_f_of_an_old_job_ends_when_its_leader_pid_was_reused(tmp_path: Path
     assert reports.by_kind(result.stdout)["state"] == ["exited 0 1700000000.0"]
 
 
+@pytest.mark.parametrize("leader_ended", [True, False])
+def test_processes_left_after_the_leader_ended_are_leftovers_not_a_running_job(
+        tmp_path: Path, leader_ended: bool) -> None:
+    """torchrun killed (the OOM killer's pick) orphans its workers, which still carry the
+    job's marker: the node's part of the job failed. They used to make it `running`, so
+    launch followed the other nodes as if nothing had happened and `jobs` said running."""
+    import shlex
+
+    from gpucluster import reports
+    from gpucluster.remote.local import LocalConnection
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    job = tmp_path / record.id / "node1"
+    job.mkdir(parents=True)
+    (job / "node.log").write_text("[0]:epoch 1\n")
+    marked = {**os.environ, "GPUCLUSTER_JOB": record.marker("node1")}
+    worker = subprocess.Popen(["sleep", "60"], env=marked)
+    leader = subprocess.Popen(["sleep", "60"], env=marked if not leader_ended else None)
+    try:  # an ended leader: its pid now another process's, without the marker
+        (job / "leader.pid").write_text(f"{leader.pid}\n")
+        if leader_ended:
+            (job / "exit_code").write_text("137 1700000000.0\n")
+        shell = LocalConnection("here")
+        followed = shell.run(node_scripts.follow_script(record, "node1", follow=False),
+                             timeout=15)
+        listed = shell.run(node_scripts.state_script([record], "node1", record.jobs_dir),
+                           timeout=15)
+    finally:
+        for process in (worker, leader):
+            process.kill()
+            process.wait()
+    expected = "leftover 137 1700000000.0" if leader_ended else "running -"
+    assert reports.by_kind(followed.stdout)["state"] == [expected]
+    assert reports.by_kind(listed.stdout)["job"] == [f"{record.id} {expected}"]
+    state = parse_state("node1", expected)
+    assert state.failed is leader_ended
+
+
 @pytest.mark.parametrize("shell", ["bash", "sh"])
 def test_following_a_job_beats_and_ends_with_its_state_and_stamps(tmp_path: Path,
                                                                   shell: str) -> None:

@@ -46,6 +46,9 @@ def state_label(state: NodeState) -> str:
     """running, stopped, lost...; exited with its code."""
     if state.state == "exited":
         return f"exited {state.exit_code}"
+    if state.state == "leftover":  # torchrun gone, its workers not
+        ended = "ended" if state.exit_code is None else f"exited {state.exit_code}"
+        return f"{ended} leaving processes"
     return state.state
 
 
@@ -55,6 +58,8 @@ def failure_cause(failure: FirstFailure) -> str:
         cause = f"worker killed by {failure.killing_signal}"
     elif worker is not None:
         cause = f"worker exit code {worker}"
+    elif failure.state.state == "leftover":
+        return failure.state.leftover_cause
     else:
         cause = failure.state.state + (f" ({failure.state.detail})"
                                        if failure.state.detail else "")
