@@ -87,6 +87,7 @@ def reap(
 
 def _process_json(process: GpuProcess) -> dict[str, Any]:
     return {"pid": process.pid, "user": process.user, "gpu_uuid": process.gpu_uuid,
+            "gpu_index": process.gpu_index,
             "used_mib": process.used_mib, "state": process.state, "job": process.job,
             "rank": process.rank, "owner": process.owner}
 
@@ -98,7 +99,8 @@ def _print_node(err: Console, host: str, node: NodeProcesses, done: Ended | None
     if not node.processes:
         return
     for p in node.processes:
-        gpu = p.gpu_uuid[-12:]
+        # The index, as nvidia-smi and CUDA_VISIBLE_DEVICES say; else the uuid's end
+        gpu = str(p.gpu_index) if p.gpu_index is not None else f"…{p.gpu_uuid[-12:]}"
         job = f"job {p.job} rank {p.rank}, " if p.job else ""
         action = ""
         if p.pid in left:
@@ -109,7 +111,7 @@ def _print_node(err: Console, host: str, node: NodeProcesses, done: Ended | None
             action = " (would end with --yes)"
         elif p.owner == "foreign" and not foreign:
             action = " (left alone: --foreign to end it)"
-        err.print(f"{escape(host)} pid {p.pid} {escape(p.user)} GPU …{gpu} "
+        err.print(f"{escape(host)} pid {p.pid} {escape(p.user)} GPU {gpu} "
                   f"{p.used_mib or 0} MiB state {p.state}: {job}{_OWNER_TEXT[p.owner]}"
                   f"{action}")
     if done is not None and done.freed_mib:

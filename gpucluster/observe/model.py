@@ -23,6 +23,7 @@ class GpuProcess:
     local_rank: int | None
     readable: bool = True  # its environment could be read (else: another user's)
     job_running: bool | None = None  # reap's listing only: the job's torchrun still runs
+    gpu_index: int | None = None  # reap's listing only: nvidia-smi's index of its GPU
 
     @property
     def owner(self) -> str:
@@ -98,7 +99,7 @@ def process_of(raw: dict[str, Any]) -> GpuProcess:
                       str(raw.get("user", "?")), str(raw.get("state", "?")),
                       raw.get("job") or None, _int(raw.get("rank")),
                       _int(raw.get("local_rank")), bool(raw.get("readable", True)),
-                      raw.get("job_running"))
+                      raw.get("job_running"), _int(raw.get("gpu_index")))
 
 
 def parse_frame(line: str) -> NodeSample | None:

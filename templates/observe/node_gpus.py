@@ -88,18 +88,30 @@ def apps_now():
     return [line.split(", ") for line in done.stdout.splitlines() if line.count(", ") == 2]
 
 
+def gpu_indexes():
+    """GPU uuid -> index (nvidia-smi's, CUDA's by default): what people call a GPU by."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", FORMAT], check=False,
+                              capture_output=True, text=True, timeout=30)
+        pairs = [line.split(", ") for line in done.stdout.splitlines()]
+        return {p[1]: number(p[0]) for p in pairs if len(p) == 2 and done.returncode == 0}
+    return {}
+
+
 def processes(jobs_dir, node):
     try:
         rows = apps_now()
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
         return {"error": str(error), "processes": []}
+    indexes = gpu_indexes() if rows else {}
     found, running = [], {}
     for uuid, pid, mib in rows:
         info = owner(pid)
         job = info["job"]
         if job and job not in running:
             running[job] = job_running(jobs_dir, job, node)
-        found.append({"pid": int(pid), "gpu_uuid": uuid, "used_mib": number(mib), **info,
+        found.append({"pid": int(pid), "gpu_uuid": uuid, "gpu_index": indexes.get(uuid),
+                      "used_mib": number(mib), **info,
                       "job_running": running.get(job) if job else None})
     return {"processes": found}
 

@@ -306,6 +306,15 @@ def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, j
         assert {j for (owner, j) in owners.values() if owner == "leftover"} == {dead_job}
         assert [owner for (host, _), (owner, _) in owners.items() if host == "node1"].count(
             "foreign") == 1
+        indexes = {p["pid"]: p["gpu_index"] for n in json.loads(listed.stdout)["nodes"]
+                   for p in n["processes"]}
+        assert indexes[foreign.pid] == 5  # nvidia-smi's index, not the uuid
+        assert f"pid {foreign.pid} root GPU 5 " in gpucluster(
+            "reap", "-i", str(cluster.inventory), "-w", "node1").stderr
+        # jobs agrees: node3's torchrun ended, its workers are left (it said running)
+        table = json.loads(gpucluster("jobs", "-i", str(cluster.inventory), "--json").stdout)
+        node3_state = next(j for j in table["jobs"] if j["id"] == dead_job)["nodes"]["node3"]
+        assert node3_state["state"] == "leftover", node3_state
         running = [pid for (_, pid), (owner, j) in owners.items() if owner == "running"
                    and j == running_job]
         assert len(running) == 4
