@@ -126,6 +126,8 @@ def classify(outcome: JobOutcome) -> tuple[str, str]:
     if failure.state.state in ("unreachable", "lost"):
         return "node lost", f"{failure.node}: {failure.state.state}" + (
             f" ({failure.state.detail})" if failure.state.detail else "")
+    if failure.state.state == "leftover":  # its torchrun, not a rank, ended first
+        return "worker error", f"{failure.node}: {failure.state.leftover_cause}"
     rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
     last = signature(outcome)[1]
     if failure.killing_signal:  # it printed no error of its own: its last line is not one

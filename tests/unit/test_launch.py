@@ -749,6 +749,13 @@ def test_recovery_classifies_what_ended_an_attempt(tmp_path: Path) -> None:
     assert classify(JobOutcome(record, {"n1": error}, killed)) == (
         "worker error", "rank 1 on n1: killed by signal 9 (SIGKILL); its last line: "
                         "rank 1/2 ready")
+    # Its torchrun killed, its workers orphaned: the node's last line ("Killed") is not
+    # the cause
+    agent = NodeState("n2", "leftover", 137)
+    orphaned = JobOutcome(record, {"n2": agent}, FirstFailure("n2", agent, None, 137,
+                                                              ("Killed",)))
+    assert classify(orphaned) == ("worker error", "n2: torchrun was killed by signal 9 "
+                                  "(SIGKILL) while processes of the job still ran there")
     assert classify(JobOutcome(record, {}, hang="no rank made progress for 12s")) == (
         "hang", "no rank made progress for 12s")
     assert classify(JobOutcome(record, {"n1": NodeState("n1", "exited", 0)})) == (
