@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -123,12 +124,16 @@ class Inventory:
         selected = list(self.hosts)
         if group is not None:
             if group not in self.groups:
-                known = ", ".join(sorted(self.groups)) or "none defined"
-                raise GpuclusterError(f"{self.path}: no group {group!r} (groups: {known})")
+                raise GpuclusterError(f"{self.path}: no group {group!r} "
+                                      f"({self._groups_fix(group)})")
             members = set(self.groups[group])
             selected = [h for h in selected if h.name in members]
         if patterns is not None:
             wanted = hostrange.expand_list(patterns)
+            if not wanted:  # `-w "$NODES"` with the variable unset: never "run on none"
+                raise GpuclusterError(f"--hosts {patterns!r} names no host (fix: a host "
+                                      f"list such as node[1-2], or no --hosts for every "
+                                      f"host)")
             names = {h.name for h in self.hosts}
             unknown = [n for n in wanted if n not in names]
             if unknown:
@@ -138,7 +143,22 @@ class Inventory:
                     f"{hostrange.fold(h.name for h in self.hosts)})")
             chosen = set(wanted)
             selected = [h for h in selected if h.name in chosen]
+        if not selected and group is not None:
+            both = f"both in --hosts {patterns} and " if patterns is not None else ""
+            listed = hostrange.fold(self.groups[group])
+            raise GpuclusterError(f"{self.path}: no host is {both}in group {group!r} (fix: "
+                                  + (f"group {group!r} is {listed})" if listed else
+                                     "the group lists no host)"))
         return selected
+
+    def _groups_fix(self, group: str) -> str:
+        known = sorted(self.groups)
+        if not known:
+            return (f"groups: none defined; fix: add `groups: {{{group}: [HOSTS]}}` to the "
+                    f"inventory, or `groups: [{group}]` to its hosts")
+        guess = difflib.get_close_matches(group, known, n=1)
+        return f"groups: {', '.join(known)}" + (f"; fix: did you mean {guess[0]}?"
+                                                 if guess else "")
 
 
 def is_ip(text: str) -> bool:

@@ -198,6 +198,17 @@ def test_selection_by_range_and_group(tmp_path: Path) -> None:
         loaded.select("n9")
     with pytest.raises(GpuclusterError, match="no group 'even'"):
         loaded.select(group="even")
+    # `-w "$NODES"` with the variable empty ran on nothing and said nothing, exit 0
+    with pytest.raises(GpuclusterError, match=r"--hosts '' names no host \(fix: "):
+        loaded.select("")
+    with pytest.raises(GpuclusterError, match=r"no host is both in --hosts n2 and in group "
+                                              r"'odd' \(fix: "):
+        loaded.select("n2", group="odd")
+    with pytest.raises(GpuclusterError, match=r"no group 'od'.*did you mean odd\?"):
+        loaded.select(group="od")
+    bare = inventory.load(write(tmp_path, "hosts: [a]\n"))
+    with pytest.raises(GpuclusterError, match=r"groups: none defined; fix: .*groups:"):
+        bare.select(group="gpu")
 
 
 def test_find_inventory_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
