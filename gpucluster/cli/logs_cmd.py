@@ -23,7 +23,8 @@ from gpucluster.cli.options import (
 from gpucluster.errors import GpuclusterError
 
 if TYPE_CHECKING:
-    from gpucluster.launch.logsearch import LogLine
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.logsearch import LogFilter, LogLine
 
 
 def logs(
@@ -100,7 +101,28 @@ def logs(
 
         follow(session, loaded, record, store, live=False, fail_fast=False,
                stop_on_interrupt=False, nodes=nodes)
-    _print(logsearch.merged(store, [record], keep), json_output)
+    found = logsearch.merged(store, [record], keep)
+    _print(found, json_output)
+    if not found:
+        print(_nothing_matched(store, record, keep), file=sys.stderr)
+
+
+def _nothing_matched(store: JobStore, record: JobRecord, keep: LogFilter) -> str:
+    """A search that found nothing says so, and where the ranks asked for ran when -w
+    picked other nodes (a rank's node is only known from its lines)."""
+    from gpucluster.launch import logsearch
+
+    note = f"no line of job {record.id} matches"
+    if keep.ranks is None or keep.nodes is None:
+        return note
+    homes = sorted({line.node for line in logsearch.merged(
+        store, [record], logsearch.LogFilter(ranks=keep.ranks))}, key=record.hosts.index)
+    if not homes or set(homes) & keep.nodes:
+        return note
+    ranks = hostrange.fold(str(r) for r in sorted(keep.ranks)).strip("[]")  # as --rank
+    where = hostrange.fold(homes)
+    return (f"{note}: rank{'s' if len(keep.ranks) > 1 else ''} {ranks} ran on {where} "
+            f"(fix: -w {where}, or no -w)")
 
 
 MAX_RANK = (1 << 20) - 1  # far beyond any world torchrun starts; bounds the set built

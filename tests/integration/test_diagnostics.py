@@ -118,6 +118,17 @@ def test_launch_debug_sets_the_variables_on_every_rank(cluster: Sandbox,
                            ready.stdout, re.M)
         assert sorted(int(r) for _, r, _ in found) == list(range(6)), ready.stdout
         assert all(r == again for _, r, again in found)
+        # A search that finds nothing says so (it was silent), and names where the ranks
+        # asked for ran when -w picked another node
+        home = events[0]["host.name"]
+        other = next(n for n in cluster.nodes if n != home)
+        elsewhere = gpucluster("logs", "-i", str(cluster.inventory), job, "--rank", "3",
+                               "-w", other)
+        assert elsewhere.code == 0 and elsewhere.stdout == "", elsewhere.stdout
+        assert f"no line of job {job} matches: rank 3 ran on {home} (fix: -w {home}, or " \
+               f"no -w)" in elsewhere.stderr, elsewhere.stderr
+        nothing = gpucluster("logs", "-i", str(cluster.inventory), job, "--grep", "no-such")
+        assert nothing.stdout == "" and f"no line of job {job} matches" in nothing.stderr
         # Each line's stamp came with the log, in the same session: the copy has them.
         for node in cluster.nodes:
             copy = cluster.inventory.parent / ".gpucluster" / "jobs" / job / f"{node}.log"
