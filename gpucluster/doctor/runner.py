@@ -153,7 +153,8 @@ def cross_node_summary(context: Context) -> dict[str, dict[str, list[str]]]:
     probes: dict[str, Callable[[NodeFacts], str | None]] = {
         "driver": lambda f: f.versions.driver if f.gpus else None,
         "CUDA (driver)": lambda f: f.versions.cuda if f.gpus else None,
-        "GPU": lambda f: (f"{len(f.gpus)} x {f.gpus[0].name}" if f.gpus else
+        "GPU": lambda f: (None if "nvidia_smi_path" not in f.sections else  # not probed
+                          f"{len(f.gpus)} x {f.gpus[0].name}" if f.gpus else
                           ("none" if not f.has_nvidia_smi else "driver failure")),
         "torch": lambda f: f.torch.version if f.torch and f.torch.version else None,
         "torch CUDA": lambda f: (f.torch.cuda or "cpu") if f.torch and f.torch.version else None,

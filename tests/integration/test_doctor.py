@@ -145,6 +145,8 @@ def test_blocked_rendezvous_port(staged: tuple[Sandbox, dict, int]) -> None:
         assert finding["status"] == "FAIL"
         assert "cannot reach node1 (198.19.0.11):29500: no answer" in finding["message"]
         assert "--dport 29500" in finding["remedy"]
+        # the tool's own fix first (it was only the iptables line by hand)
+        assert finding["remedy"].startswith("gpucluster provision --only firewall")
 
 
 def test_missing_hosts_entry(staged: tuple[Sandbox, dict, int]) -> None:

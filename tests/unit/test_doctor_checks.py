@@ -340,3 +340,17 @@ def test_the_probe_measures_the_login_from_sending_to_its_first_line() -> None:
     found = probe.parse_facts("@@gpc section clock\n1\n@@gpc end 0\n", 100.0, 103.5)
     assert found.login_s == 3.5
     assert probe.parse_facts("", 100.0).login_s is None  # no line seen: not measured
+
+
+def test_the_cross_node_summary_leaves_out_what_was_not_probed(tmp_path: Path) -> None:
+    """`doctor --only rendezvous-port` probes no GPU facts; its summary said "GPU: none
+    on node[1-3]" of nodes with eight GPUs each."""
+    from gpucluster.doctor.runner import cross_node_summary
+
+    gathered = facts()
+    unprobed = dataclasses.replace(gathered, sections={
+        k: v for k, v in gathered.sections.items()
+        if k not in ("nvidia_smi_path", "gpus", "nvidia_version", "torch")})
+    assert cross_node_summary(context(tmp_path, {"n1": unprobed, "n2": unprobed})) == {}
+    without = facts(gpus=[], nvidia_smi_path="")  # probed: no nvidia-smi there is news
+    assert cross_node_summary(context(tmp_path, {"n1": without}))["GPU"] == {"none": ["n1"]}

@@ -129,9 +129,10 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
             results.append(CheckResult(
                 "rendezvous-port", host.name, Status.FAIL,
                 f"cannot reach {head.name} ({head.address}):{port}: {how}",
-                f"on {head.name}, allow tcp/{port} from the cluster's addresses, e.g. sudo "
-                f"iptables -I INPUT -p tcp --dport {port} -s {host.address} -j ACCEPT; check "
-                f"cloud security groups too"))
+                f"gpucluster provision --only firewall (opens tcp/{port} and NCCL's ports "
+                f"to the cluster's addresses only, on every node); by hand, on {head.name}: "
+                f"sudo iptables -I INPUT -p tcp --dport {port} -s {host.address} -j ACCEPT; "
+                f"a cloud security group may drop it too"))
     return results
 
 
