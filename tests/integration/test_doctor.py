@@ -155,6 +155,7 @@ def test_missing_hosts_entry(staged: tuple[Sandbox, dict, int]) -> None:
     assert finding["status"] == "FAIL"
     assert finding["message"] == "node3 does not resolve"
     assert "198.19.0.13 node3" in finding["remedy"]
+    assert finding["remedy"].startswith("gpucluster provision --only hosts")
     assert results[("name-resolution", "node1")]["status"] == "OK"
 
 

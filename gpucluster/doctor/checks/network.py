@@ -71,12 +71,15 @@ def name_resolution(context: Context) -> list[CheckResult]:
             problems.insert(0, f"{hostrange.fold(unresolved)} "
                                f"{'does' if len(unresolved) == 1 else 'do'} not resolve")
         if problems:
-            remedy = ("add to /etc/hosts on this node: " + "; ".join(fixes)
-                      if fixes else "fix DNS or /etc/hosts so every hostname resolves to the "
-                      "node's cluster address")
+            # provision's hosts block maps inventory addresses: not for DNS-named hosts
+            remedy = ("gpucluster provision --only hosts (a block at the top of every "
+                      "node's /etc/hosts, above any 127.0.1.1 line); by hand, add to "
+                      "/etc/hosts on this node: " + "; ".join(fixes) + " (and remove any "
+                      "127.0.1.1 line naming the host)" if fixes else
+                      "fix DNS or /etc/hosts so every hostname resolves to the node's "
+                      "cluster address (and remove any 127.0.1.1 line naming the host)")
             results.append(CheckResult("name-resolution", host.name, Status.FAIL,
-                                       "; ".join(problems), remedy + " (and remove any "
-                                       "127.0.1.1 line naming the host)",
+                                       "; ".join(problems), remedy,
                                        {"resolved": dict(seen.resolved)}))
         else:
             said = f"all {len(peers)} hostnames resolve to cluster addresses" \
