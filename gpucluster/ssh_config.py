@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
+# paramiko imports invoke (Fabric's task runner, one of its dependencies) as it is itself
+# imported: about 0.1 s of every command's start-up, for one use: `Match exec` lines.
+_MATCH_EXEC = re.compile(r"^\s*match\s.*\bexec\b", re.IGNORECASE | re.MULTILINE)
+
+
+def leave_out_invoke() -> None:
+    """From now on, an import of invoke fails (paramiko then goes without it), until an
+    ssh config with a `Match exec` line is read. Called as the CLI starts."""
+    if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+        sys.modules["invoke"] = None  # type: ignore[assignment]  # import -> ImportError
+
+
+def _let_in_invoke() -> None:
+    if "invoke" in sys.modules and sys.modules["invoke"] is None:
+        del sys.modules["invoke"]
 
 
 @dataclass(frozen=True)
@@ -29,9 +46,12 @@ class SshConfig:
         self.path = Path(path).expanduser()
         self._config = None
         if self.path.is_file():
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+            if _MATCH_EXEC.search(text):  # before paramiko's first import, which tries it
+                _let_in_invoke()
             import paramiko  # lazy: keeps `gpucluster --help` fast
 
-            self._config = paramiko.SSHConfig.from_path(str(self.path))
+            self._config = paramiko.SSHConfig.from_text(text)
 
     def lookup(self, alias: str) -> SshConfigEntry:
         if self._config is None:

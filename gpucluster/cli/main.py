@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gpucluster import __version__, interrupts
+from gpucluster import __version__, interrupts, ssh_config
 from gpucluster.cli import (
     bundle_cmd,
     demo_cmd,
@@ -99,6 +99,7 @@ def _root(
 def main() -> None:
     """Console-script entry point: the one place errors become messages and exit codes."""
     interrupts.terminations_interrupt()
+    ssh_config.leave_out_invoke()
     try:
         app(prog_name="gpucluster")
     except GpuclusterError as error:
