@@ -37,6 +37,26 @@ def test_each_node_has_its_own_files_hostname_and_host_key(sandbox: Sandbox) -> 
     assert not Path("/srv/marker").exists()
 
 
+def test_each_node_has_its_own_dev_shm(sandbox: Sandbox) -> None:
+    """As each server has: doctor's shm fix (a remount) tried on one node resized the
+    host's /dev/shm, and every node's with it."""
+    before = subprocess.run(["df", "--output=size", "/dev/shm"], capture_output=True,
+                            text=True, check=True).stdout
+    sandbox.node_exec("node1", "mount -o remount,size=64M /dev/shm && "
+                               "echo only-on-node1 > /dev/shm/gpc-marker")
+    try:
+        hosts = _run_json(sandbox.inventory, "df --output=size -k /dev/shm | tail -1; "
+                          "cat /dev/shm/gpc-marker 2>/dev/null || true")
+        assert hosts["node1"]["stdout"].split() == ["65536", "only-on-node1"]
+        assert hosts["node2"]["stdout"].split()[0] != "65536"
+        assert "only-on-node1" not in hosts["node2"]["stdout"]
+        assert not Path("/dev/shm/gpc-marker").exists()
+        assert subprocess.run(["df", "--output=size", "/dev/shm"], capture_output=True,
+                              text=True, check=True).stdout == before
+    finally:
+        sandbox.node_exec("node1", "rm -f /dev/shm/gpc-marker")
+
+
 def test_nodes_start_bare_knowing_only_their_own_name(sandbox: Sandbox) -> None:
     hosts = _run_json(sandbox.inventory, "getent hosts node1 node2 || true")
     assert sandbox.addresses["node1"] in hosts["node1"]["stdout"]
