@@ -33,6 +33,9 @@ class TorchrunSpec:
     log_dir: str | None = None  # with tee: per-rank logs here, lines prefixed on stdout
     extra: Sequence[str] = field(default_factory=tuple)
     module: bool = False  # script is a module name: torchrun -m, as python -m
+    # This node's cluster address: the rank-0 agent gives it to the workers for their
+    # store (else its hostname, which peers may not resolve: the job then hangs)
+    local_addr: str | None = None
 
 
 def nproc_for(host: Host, override: int | None) -> int:
@@ -53,6 +56,8 @@ def torchrun_argv(inventory: Inventory, spec: TorchrunSpec) -> list[str]:
         argv += ["--rdzv-conf", f"join_timeout={spec.join_timeout_s}"]
     if spec.log_dir is not None:
         argv += ["--log-dir", spec.log_dir, "--tee", "3"]
+    if spec.local_addr is not None:
+        argv += ["--local_addr", spec.local_addr]  # torch 2.0 on; `--local-addr` is 2.4's
     return [*argv, *spec.extra, *(["-m"] if spec.module else []), spec.script, *spec.args]
 
 

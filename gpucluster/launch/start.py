@@ -243,7 +243,8 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                   request: LaunchRequest, env: Mapping[str, str], sync: _Sync) -> str:
     spec = TorchrunSpec(record.id, record.nproc_per_node[host.name], record.script,
                         tuple(record.args), max_restarts=request.max_restarts,
-                        log_dir=TORCHRUN_LOG_DIR, module=record.module)
+                        log_dir=TORCHRUN_LOG_DIR, module=record.module,
+                        local_addr=host.address)
     argv = torchrun_argv(inventory, spec)
     container = None
     images_dir = node_images_dir(inventory.cluster.work_dir)

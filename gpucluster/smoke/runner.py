@@ -54,7 +54,7 @@ def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int
     """cd to the work dir, point NCCL/gloo at the cluster interface, start torchrun."""
     spec = TorchrunSpec(rendezvous_id, nproc, SCRIPT,
                         ("--sizes", sizes, "--iterations", str(iterations)),
-                        join_timeout_s=JOIN_TIMEOUT_S)
+                        join_timeout_s=JOIN_TIMEOUT_S, local_addr=host.address)
     argv = " ".join(shlex.quote(part) for part in torchrun_argv(inventory, spec))
     return (f"cd {shell_path(inventory.cluster.work_dir)} && "
             + interface_exports(host, inventory.cluster.env)

@@ -114,6 +114,26 @@ def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, str, str,
     return process.returncode, stdout, stderr, time.monotonic() - started
 
 
+def test_ranks_meet_at_cluster_addresses_even_where_names_do_not_resolve(
+        cluster: Sandbox, project: Path) -> None:
+    """torchrun's rank-0 agent gave the workers its hostname for their store: where the
+    others could not resolve it (no /etc/hosts entry yet), every rank hung for good.
+    Each node's torchrun now gets its cluster address (--local_addr)."""
+    for node in ("node2", "node3"):
+        cluster.node_exec(node, "cp -p /etc/hosts /etc/hosts.gpc-test && "
+                                "grep -v -w node1 /etc/hosts.gpc-test > /etc/hosts")
+    try:
+        assert cluster.node_exec("node2", "getent hosts node1", check=False).returncode != 0
+        done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
+                          "train.py", "--", "--epochs", "1", cwd=str(project), timeout=120)
+    finally:
+        for node in ("node2", "node3"):
+            cluster.node_exec(node, "cat /etc/hosts.gpc-test > /etc/hosts && "
+                                    "rm /etc/hosts.gpc-test")
+    assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[node1/0] done" in done.stdout
+
+
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
                       "train.py", "--", "--epochs", "3", "--checkpoint-dir", FIRST_RUN,

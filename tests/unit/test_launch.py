@@ -264,6 +264,8 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     joined = " ".join(argv)
     assert "--rdzv-endpoint 10.0.0.1:29500" in joined and "--max-restarts 2" in joined
     assert "--log-dir /l --tee 3" in joined
+    placed = torchrun_argv(loaded, TorchrunSpec("job1", 4, "train.py", local_addr="10.0.0.2"))
+    assert placed[-3:] == ["--local_addr", "10.0.0.2", "train.py"]
     module = torchrun_argv(loaded, TorchrunSpec("job1", 4, "pkg.train", ("--a",), module=True))
     assert module[-3:] == ["-m", "pkg.train", "--a"]
     container = node_scripts.Container("reg/img:1", "gpucluster-job1", True,
