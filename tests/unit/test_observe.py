@@ -81,6 +81,14 @@ def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
     assert summary_line(alone).plain == "2/2 GPUs busy"  # not "no GPU activity"
     none = Snapshot(0.0, 1.0, (view("node1", None, stale=True),))
     assert summary_line(none).plain == "no GPUs sampled | stale: node1"
+    # Every GPU's Xid column read `?` with nothing to say why (a sudo user whose sudo
+    # asks a password cannot read the kernel log)
+    unread = {**json.loads(frame((65, 50), rx=0)), "xid": None}
+    blind = Snapshot(0.0, 1.0, tuple(view(n, parse_frame(json.dumps(unread)))
+                                     for n in ("node1", "node2")))
+    assert summary_line(blind).plain.endswith(
+        " | Xid ?: node[1-2] cannot read the kernel log (fix: passwordless sudo, or "
+        "sysctl kernel.dmesg_restrict=0)")
 
 
 def test_json_counts_ecc_errors_since_first_seen_and_marks_stale_nodes() -> None:

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpucluster import hostrange
 from gpucluster.hostrange import spans
 from gpucluster.observe.model import GpuProcess, NodeSample
 from gpucluster.observe.snapshot import NodeView, Snapshot
@@ -43,6 +44,11 @@ def summary_line(snapshot: Snapshot) -> Text:
     stale = [n.host for n in snapshot.nodes if n.stale]
     if stale:
         parts.append(f"stale: {', '.join(stale)}")
+    blind = [n.host for n in snapshot.nodes
+             if not n.stale and n.sample is not None and n.sample.xid is None]
+    if blind:  # else every GPU's `?` goes unexplained
+        parts.append(f"Xid ?: {hostrange.fold(blind)} cannot read the kernel log (fix: "
+                     f"passwordless sudo, or sysctl kernel.dmesg_restrict=0)")
     return Text(" | ".join(parts), style="bold")
 
 
