@@ -47,8 +47,7 @@ def summary(collected: Collected, inventory_path: Path) -> str:
         "None of driver, CUDA, GPU, torch, torch CUDA, NCCL differ between the nodes that "
         "answered."]
     lines += ["", "## GPU errors found", ""]
-    lines += _gpu_errors(collected) or ["None: no Xid in the kernel lines collected, and "
-                                        "doctor's ECC, row-remapping and Xid checks passed."]
+    lines += _gpu_errors(collected) or [_no_gpu_errors(collected)]
     lines += ["", "## Doctor's other findings", ""]
     lines += [f"- {r.host} `{r.name}` {r.status.value}: {r.message}"
               for r in (collected.doctor.results if collected.doctor else [])
@@ -96,6 +95,20 @@ def _gpu_errors(collected: Collected) -> list[str]:
                                                                                 Status.WARN):
             found.append(f"- {result.host}: doctor `{result.name}`: {result.message}")
     return found
+
+
+def _no_gpu_errors(collected: Collected) -> str:
+    """None found: said as such only where the kernel log could be read."""
+    unread = hostrange.hosts_by((r.message, r.host) for r in (
+        collected.doctor.results if collected.doctor else ())
+        if r.name == "xid" and r.status == Status.SKIP)
+    if not unread:
+        return ("None: no Xid in the kernel lines collected, and doctor's ECC, "
+                "row-remapping and Xid checks passed.")
+    where = "; ".join(f"{hostrange.fold(hosts)} (doctor `xid`: {why})"
+                      for why, hosts in unread.items())
+    return f"None found, but the kernel log could not be read on {where}: Xid errors " \
+           f"there are unknown."
 
 
 def write(collected: Collected, store: JobStore, inventory_path: Path, output: Path) -> int:

@@ -58,3 +58,18 @@ def test_a_job_that_ended_well_has_its_nodes_folded_by_state() -> None:
     text = summary(Collected(nodes, doctor, JobOutcome(record, states, None), record, 1.0,
                              None), Path("inv.yaml"))
     assert "No node failed. States: exited 0 on node[1-3]." in text
+
+
+def test_no_gpu_errors_is_not_claimed_where_the_kernel_log_was_unreadable() -> None:
+    """A node user without passwordless sudo cannot read the kernel log: the summary
+    said "no Xid ... and doctor's Xid checks passed" of checks that had been skipped."""
+    doctor = DoctorReport(("node1", "node2"), ("xid",), (
+        CheckResult("xid", "node1", Status.SKIP, "kernel log not readable (dmesg_restrict=1)"),
+        CheckResult("xid", "node2", Status.OK, "no Xid errors")))
+    nodes = {n: NodeBundle(n) for n in ("node1", "node2")}
+    text = summary(Collected(nodes, doctor, None, None, 1.0, None), Path("inv.yaml"))
+    errors = text.split("## GPU errors found")[1].split("##")[0]
+    assert "passed" not in errors
+    assert "None found, but the kernel log could not be read on node1 (doctor `xid`: " \
+           "kernel log not readable (dmesg_restrict=1)): Xid errors there are unknown." \
+           in errors
