@@ -61,8 +61,10 @@ class NodeState:
 
     @property
     def failed(self) -> bool:
-        return self.state in ("lost", "unreachable", "leftover") or (
-            self.state == "exited" and self.exit_code != 0)
+        # A leftover whose torchrun exited 0 (a process the script left behind) is no
+        # failure of the job: stopping the others then could cut their last steps short.
+        return self.state in ("lost", "unreachable") or (
+            self.state in ("exited", "leftover") and self.exit_code != 0)
 
     @property
     def leftover_cause(self) -> str:

@@ -520,6 +520,7 @@ def test_processes_left_after_the_leader_ended_are_leftovers_not_a_running_job(
     assert reports.by_kind(listed.stdout)["job"] == [f"{record.id} {expected}"]
     state = parse_state("node1", expected)
     assert state.failed is leader_ended
+    assert not parse_state("node1", "leftover 0").failed  # the script left a process
 
 
 @pytest.mark.parametrize("shell", ["bash", "sh"])
