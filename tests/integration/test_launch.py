@@ -99,7 +99,8 @@ def kill_workers(node: str, agent: bool = False) -> list[str]:
         try:  # short-lived processes (the follower's, a login's) come and go meanwhile
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             is_agent = len(argv) > 1 and argv[1].endswith(b"/torchrun")
-            is_worker = any(b"train.py" in word for word in argv) and not is_agent
+            is_worker = (any(b"train.py" in word for word in argv)  # not torchrun's wrapper
+                         and not any(b"torchrun" in word for word in argv))
             if is_agent if agent else is_worker:
                 os.kill(int(pid), signal.SIGKILL)
                 killed.append(pid)
