@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from gpucluster import interrupts, reports
+from gpucluster import hostrange, interrupts, reports
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of, stop
@@ -249,6 +249,11 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
             if fail_fast and live and state.failed and not stops.begun:
                 stops.begin(f"{node} failed ({_describe(state)}): stopping the job on every "
                             f"node")
+            left = [n for n, s in outcome.states.items() if s.state == "leftover"]
+            if fail_fast and live and left and len(outcome.states) == len(hosts) \
+                    and not stops.begun:  # a process the script left: ours to end
+                stops.begin(f"{hostrange.fold(left)}: torchrun exited 0 leaving processes "
+                            f"of the job there: ending them")
     failures = [failure_of(n, s, followers[n].log) for n, s in outcome.states.items()
                 if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)

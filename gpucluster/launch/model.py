@@ -156,7 +156,9 @@ class JobOutcome:
         if self.first_failure is not None:
             code = self.first_failure.exit_code
             return code if code is not None and 0 < code < 128 else 1
-        if any(s.state != "exited" or s.exit_code != 0 for s in self.states.values()):
+        # A leftover after an exit 0: the job succeeded (launch ends what it left)
+        if any(s.state not in ("exited", "leftover") or s.exit_code != 0
+               for s in self.states.values()):
             return 1
         return 0
 

@@ -135,6 +135,25 @@ def test_ranks_meet_at_cluster_addresses_even_where_names_do_not_resolve(
     assert "[node1/0] done" in done.stdout
 
 
+def test_a_process_the_script_left_behind_is_ended_and_the_job_succeeds(
+        cluster: Sandbox, project: Path) -> None:
+    """A script that starts a background process and exits 0 left it running (holding
+    whatever it held), and launch exited 1 with nothing said but its state."""
+    (project / "leaves.py").write_text(
+        "import os, subprocess, sys\n"
+        "if os.environ.get('RANK') == '0':\n"
+        "    subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "print('left one', flush=True)\n")
+    done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
+                      "leaves.py", cwd=str(project), timeout=120)
+    assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"node\d: torchrun exited 0 leaving processes of the job there: "
+                     r"ending them", done.stderr), done.stderr
+    assert re.search(r"stopped: nothing of it is left on node\[1-3\] \(1 process",
+                     done.stderr), done.stderr
+    assert job_processes(cluster) == {}
+
+
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
                       "train.py", "--", "--epochs", "3", "--checkpoint-dir", FIRST_RUN,
