@@ -22,6 +22,7 @@ from gpucluster.torchrun import (
 )
 
 HEAD_ADDRESS = "$GPC_HEAD_ADDR"  # set by the batch script from Slurm's NodeAddr
+NODE_ADDRESS = "$addr"  # set by each node's task from its own NodeAddr
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,17 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     nodes = request.nodes or len(hosts)
     nproc = nproc_for(head, request.nproc_per_node)
     cluster = inventory.cluster
+    # Each torchrun gets its node's cluster address, as launch's does: else the rank-0
+    # agent hands the workers its hostname, and ranks where it does not resolve hang.
     spec = TorchrunSpec("slurm-$SLURM_JOB_ID", nproc, request.script, tuple(request.args),
-                        module=request.module)
+                        module=request.module, local_addr=NODE_ADDRESS)
     argv = torchrun_argv(inventory, spec)
     if request.image:
         argv[0] = "torchrun"  # the image's own, not the host's
     argv[argv.index("--nnodes") + 1] = "$SLURM_NNODES"
     endpoint = argv.index("--rdzv-endpoint") + 1
     argv[endpoint] = f"{HEAD_ADDRESS}:{cluster.rendezvous_port}"
-    expanded = {"$SLURM_NNODES", argv[endpoint], spec.rendezvous_id}
+    expanded = {"$SLURM_NNODES", argv[endpoint], spec.rendezvous_id, NODE_ADDRESS}
     # Slurm's variables expand on the node; every other word is quoted.
     command = " ".join(f'"{w}"' if w in expanded else shlex.quote(w) for w in argv)
     env = {**cluster.env, **(request.env or {})}

@@ -109,7 +109,8 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         assert mode.strip() == "400 munge" and sha.split()[0] == hashlib.sha256(
             key).hexdigest()
 
-    # The exported sbatch script runs examples/train.py on every node.
+    # The exported sbatch script runs examples/train.py on every node, even where a
+    # node cannot resolve the first one's name (its ranks hung for good before).
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_bytes(TRAIN.read_bytes())
@@ -119,8 +120,17 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                           cwd=str(project), timeout=120)
     assert exported.code == 0, exported.stderr
     assert "synced: 1 sent" in exported.stderr
-    output = on_node1(cluster, f"cd /srv && sbatch --wait -o /srv/train-%j.out {script} "
-                               f">/dev/null && cat /srv/train-*.out", timeout=300)
+    for node in ("node2", "node3"):
+        cluster.node_exec(node, "cp -p /etc/hosts /etc/hosts.gpc-test && "
+                                "grep -v -w node1 /etc/hosts.gpc-test > /etc/hosts")
+    try:
+        assert cluster.node_exec("node2", "getent hosts node1", check=False).returncode != 0
+        output = on_node1(cluster, f"cd /srv && sbatch --wait -o /srv/train-%j.out {script} "
+                                   f">/dev/null && cat /srv/train-*.out", timeout=300)
+    finally:
+        for node in ("node2", "node3"):
+            cluster.node_exec(node, "cat /etc/hosts.gpc-test > /etc/hosts && "
+                                    "rm /etc/hosts.gpc-test")
     for rank in range(3):
         assert f"rank {rank}/3" in output, output
     assert "done" in output

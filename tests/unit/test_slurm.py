@@ -184,10 +184,10 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
     assert "export NCCL_IB_HCA=mlx5\n" in text
     assert ('--nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
             '--rdzv-endpoint "$GPC_HEAD_ADDR:29500" --rdzv-id "slurm-$SLURM_JOB_ID"') in text
-    assert "train.py --epochs 3" in text
+    assert '--local_addr "$addr" train.py --epochs 3' in text  # its own NodeAddr
     module = sbatch_script(inventory.load(path), SbatchRequest(
         "pkg.train", ("--epochs", "3"), "/srv/gpucluster/proj", synced=True, module=True))
-    assert "--max-restarts 0 -m pkg.train --epochs 3\n" in module
+    assert '--max-restarts 0 --local_addr "$addr" -m pkg.train --epochs 3\n' in module
     assert "#SBATCH --job-name=pkg.train\n" in module
     imaged = sbatch_script(inventory.load(path), SbatchRequest(
         "train.py", (), "/srv/gpucluster/proj", synced=True, image="ghcr.io/org/t:1"))
