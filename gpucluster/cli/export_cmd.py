@@ -48,6 +48,10 @@ def sbatch(
     ] = None,
     image: Annotated[str | None, typer.Option(
         metavar="IMAGE", help="Run torchrun inside this container image.")] = None,
+    submit: Annotated[bool, typer.Option(
+        "--submit", help="Submit it too, with sbatch on the Slurm controller host, from "
+                         "the work dir; the job ID goes to stdout (the script only to "
+                         "-o).")] = False,
     no_sync: Annotated[bool, typer.Option(
         "--no-sync", help="Do not sync the work dir: it is on a shared filesystem, at the "
                           "path the script names.")] = False,
@@ -58,7 +62,9 @@ def sbatch(
 ) -> None:
     """An sbatch script that runs SCRIPT as `launch` would: one srun task per node,
     torchrun with c10d rendezvous on the allocation's first node."""
+    from gpucluster.launch.start import code_dir_for
     from gpucluster.slurm.export import export_sbatch
+    from gpucluster.slurm.submit import submit as submit_job
 
     loaded = load_inventory(inventory)
     root = (workdir or Path.cwd()).absolute()
@@ -70,7 +76,15 @@ def sbatch(
                                    nproc_per_node=nproc_per_node,
                                    env=parse_env(env or []), image=image, output_name=name,
                                    module=module)
-    err.print(note)
-    write_output(output, text, 0o755)
-    if output is not None:
-        err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the cluster")
+        err.print(note)
+        if output is not None or not submit:
+            write_output(output, text, 0o755)
+        if submit:
+            job = submit_job(session, loaded, text, code_dir_for(loaded, root))
+            print(job.job_id)
+            err.print(f"submitted batch job {job.job_id} on {job.host}; its output: "
+                      f"{job.output} on the job's first node (squeue: gpucluster run -w "
+                      f"{job.host} squeue)")
+        elif output is not None:
+            err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the "
+                      f"cluster, or write it with --submit")

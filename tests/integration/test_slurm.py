@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -109,24 +110,33 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         assert mode.strip() == "400 munge" and sha.split()[0] == hashlib.sha256(
             key).hexdigest()
 
-    # The exported sbatch script runs examples/train.py on every node, even where a
-    # node cannot resolve the first one's name (its ranks hung for good before).
+    # The exported sbatch script, submitted by export itself, runs examples/train.py on
+    # every node, even where a node cannot resolve the first one's name (its ranks hung
+    # for good before).
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_bytes(TRAIN.read_bytes())
     script = tmp_path / "train.sbatch"
-    exported = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "train.py",
-                          "-o", str(script), "--", "--epochs", "2", "--steps", "5",
-                          cwd=str(project), timeout=120)
-    assert exported.code == 0, exported.stderr
-    assert "synced: 1 sent" in exported.stderr
     for node in ("node2", "node3"):
         cluster.node_exec(node, "cp -p /etc/hosts /etc/hosts.gpc-test && "
                                 "grep -v -w node1 /etc/hosts.gpc-test > /etc/hosts")
     try:
         assert cluster.node_exec("node2", "getent hosts node1", check=False).returncode != 0
-        output = on_node1(cluster, f"cd /srv && sbatch --wait -o /srv/train-%j.out {script} "
-                                   f">/dev/null && cat /srv/train-*.out", timeout=300)
+        exported = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "train.py",
+                              "-o", str(script), "--submit", "--", "--epochs", "2",
+                              "--steps", "5", cwd=str(project), timeout=120)
+        assert exported.code == 0, exported.stderr
+        assert "synced: 1 sent" in exported.stderr
+        assert script.read_text().startswith("#!/bin/bash\n")  # -o writes it too
+        job = exported.stdout.strip()
+        found = re.search(r"submitted batch job (\d+) on node1; its output: (\S+) on",
+                          exported.stderr)
+        assert found and found[1] == job, exported.stderr
+        deadline = time.monotonic() + 300
+        while on_node1(cluster, f"squeue -h -j {job} 2>/dev/null; true").strip():
+            assert time.monotonic() < deadline, "the job did not end in 300 s"
+            time.sleep(1)
+        output = on_node1(cluster, f"cat {found[2]}")
     finally:
         for node in ("node2", "node3"):
             cluster.node_exec(node, "cat /etc/hosts.gpc-test > /etc/hosts && "

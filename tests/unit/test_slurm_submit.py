@@ -1,0 +1,63 @@
+"""`export sbatch --submit` on a local host with a stand-in sbatch on PATH: the script
+arrives on sbatch's stdin in the work dir, the job ID comes back, and each way it can
+go wrong is one line with the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import load
+from gpucluster.remote.session import Session
+from gpucluster.remote.ssh import SshOptions
+from gpucluster.slurm.submit import refusal, submit
+
+
+@pytest.fixture
+def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # Keeps what it was given and where, and answers as sbatch --parsable does.
+    fake = bin_dir / "sbatch"
+    fake.write_text(f"#!/bin/sh\npwd > {tmp_path}/where; cat > {tmp_path}/script\n"
+                    f'[ -e {tmp_path}/refuse ] && {{ echo "sbatch: error: Batch job '
+                    f'submission failed: Invalid partition name specified" >&2; exit 1; }}\n'
+                    f"echo '42;cluster'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
+    return Session(load(inventory), SshOptions(tmp_path / "known_hosts"))
+
+
+def test_the_script_goes_to_sbatch_in_the_work_dir_and_the_job_id_comes_back(
+        session: Session, tmp_path: Path) -> None:
+    work = tmp_path / "work dir"
+    work.mkdir()
+    job = submit(session, session.inventory, "#!/bin/bash\necho hi\n", f"'{work}'")
+    assert (job.job_id, job.host) == ("42", "a")
+    assert job.output == f"'{work}'/slurm-42.out"
+    assert (tmp_path / "where").read_text().strip() == str(work)
+    assert (tmp_path / "script").read_text() == "#!/bin/bash\necho hi\n"
+
+
+def test_a_missing_work_dir_or_a_refusal_is_one_line_with_the_fix(
+        session: Session, tmp_path: Path) -> None:
+    with pytest.raises(GpuclusterError, match=r"^a: no '/nowhere' there, so nothing was "
+                                              r"submitted \(fix: drop --no-sync"):
+        submit(session, session.inventory, "x", "'/nowhere'")
+    (tmp_path / "refuse").touch()
+    with pytest.raises(GpuclusterError, match=r"^a: sbatch refused the job: sbatch: error: "
+                                              r"Batch job submission failed: Invalid "
+                                              r"partition name specified$"):
+        submit(session, session.inventory, "x", f"'{tmp_path}'")
+
+
+def test_a_slurm_that_is_not_running_gets_the_fix() -> None:
+    said = refusal("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error\n"
+                   "sbatch: fatal: Could not establish a configuration source\n")
+    assert said == ("sbatch: fatal: Could not establish a configuration source (fix: is "
+                    "Slurm set up and running? gpucluster provision --with slurm)")
