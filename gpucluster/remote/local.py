@@ -84,6 +84,7 @@ class LocalConnection:
             stdout=splitters[process.stdout].finish(),
             stderr=splitters[process.stderr].finish(),
             duration_s=time.monotonic() - started,
+            signal=signal.Signals(-exit_code).name.removeprefix("SIG") if exit_code < 0 else None,
         )
 
     def end_running(self) -> None:

@@ -7,6 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+# paramiko's exit status when none came: the connection was lost (the SSH layer raises
+# for that), or sshd sent exit-signal instead, so in a CommandResult a signal ended the
+# command (its name in `signal`, see exit_signal.py).
+NO_EXIT_STATUS = -1
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -18,10 +23,23 @@ class CommandResult:
     stdout: str
     stderr: str
     duration_s: float
+    signal: str | None = None  # what ended it, as sshd names it (KILL, SEGV), if a signal did
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+    @property
+    def killed(self) -> bool:
+        """A signal ended it: there is no exit code."""
+        return self.signal is not None or self.exit_code == NO_EXIT_STATUS
+
+    @property
+    def ending(self) -> str:
+        """How it ended, in words: `exit 3`, `killed by SIGKILL`."""
+        if not self.killed:
+            return f"exit {self.exit_code}"
+        return f"killed by SIG{self.signal}" if self.signal else "killed by a signal"
 
 
 class FailureKind(enum.Enum):
@@ -36,10 +54,6 @@ class FailureKind(enum.Enum):
     ERROR = "error"
 
 
-# paramiko's exit status when none came: the connection was lost (the SSH layer raises
-# for that), or sshd sent exit-signal instead, so in a CommandResult a signal ended the
-# command (paramiko drops which one).
-NO_EXIT_STATUS = -1
 
 
 class RemoteError(Exception):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -24,8 +23,10 @@ from gpucluster.remote.connection import (
     Stdin,
     build_command,
 )
+from gpucluster.remote.exit_signal import exit_signal, keep_exit_signals
 from gpucluster.remote.result import NO_EXIT_STATUS, CommandResult, FailureKind, RemoteError
 from gpucluster.remote.ssh_channel import PID_REPORT, PidFilter, RemoteGroup, feed, pump
+from gpucluster.remote.ssh_errors import connect_failure
 
 if TYPE_CHECKING:
     import paramiko
@@ -128,7 +129,7 @@ class SshConnection:
             raise
         except BaseException as error:
             client.close()
-            raise self._classify(error) from None
+            raise connect_failure(error, self.endpoint, self.options, self.host) from None
         transport = client.get_transport()
         if transport is not None:
             offered = transport.get_remote_server_key()
@@ -136,6 +137,7 @@ class SshConnection:
                 client.close()
                 raise hostkeys.refuse_revoked(endpoint.label, offered, options.known_hosts)
             transport.set_keepalive(options.keepalive_s)
+            keep_exit_signals(transport)
         return client
 
     def identities(self) -> list[str]:
@@ -179,40 +181,6 @@ class SshConnection:
             raise RemoteError(FailureKind.UNREACHABLE,
                               f"jump host {self.via.host} could not reach "
                               f"{self.endpoint.address}:{self.endpoint.port}: {error}") from None
-
-    def _classify(self, error: BaseException) -> BaseException:
-        import paramiko
-
-        where = f"{self.endpoint.address}:{self.endpoint.port}"
-        if isinstance(error, paramiko.BadHostKeyException):
-            return hostkeys.refuse_changed(self.host, error, self.options.known_hosts,
-                                           self.endpoint.address, self.endpoint.port)
-        if isinstance(error, paramiko.PasswordRequiredException):
-            return RemoteError(FailureKind.AUTH_FAILED,
-                               f"identity file {self.endpoint.identity_file} is passphrase-"
-                               f"protected: add it to ssh-agent (ssh-add) and rerun")
-        if isinstance(error, paramiko.AuthenticationException):
-            how = "password" if self.options.password else (
-                self.endpoint.identity_file or "ssh-agent and default keys")
-            return RemoteError(FailureKind.AUTH_FAILED,
-                               f"{self.endpoint.user}@{where} refused {how}: check user and "
-                               f"identity_file, or pass --ask-pass for password login")
-        if isinstance(error, paramiko.SSHException) and "No authentication methods" in str(error):
-            return RemoteError(FailureKind.AUTH_FAILED,
-                               f"no key or password to offer {self.endpoint.user}@{where}: set "
-                               f"identity_file, load the key into ssh-agent, or pass --ask-pass")
-        if isinstance(error, (TimeoutError, socket.timeout)):
-            limit = self.endpoint.connect_timeout or self.options.connect_timeout
-            return RemoteError(FailureKind.UNREACHABLE, f"no answer from {where} within {limit:g}s")
-        if isinstance(error, socket.gaierror):
-            return RemoteError(FailureKind.UNREACHABLE,
-                               f"cannot resolve {self.endpoint.address}: {error.strerror}")
-        if isinstance(error, OSError):
-            return RemoteError(FailureKind.UNREACHABLE,
-                               f"cannot connect to {where}: {error.strerror or error}")
-        if isinstance(error, paramiko.SSHException):
-            return RemoteError(FailureKind.UNREACHABLE, f"SSH failed with {where}: {error}")
-        return error
 
     def transport(self) -> paramiko.Transport:
         self.connect()
@@ -302,7 +270,7 @@ class SshConnection:
         if exit_code == NO_EXIT_STATUS and not channel.get_transport().is_active():
             raise RemoteError(FailureKind.UNREACHABLE, "connection lost while running")
         return CommandResult(self.host, command, exit_code, stdout.finish(), stderr.finish(),
-                             time.monotonic() - started)
+                             time.monotonic() - started, signal=exit_signal(channel))
 
     def _end_group(self, group: RemoteGroup, wait_for_pid: bool = False) -> None:
         """TERM, then KILL, the process group of a command that did not finish; over a

@@ -105,6 +105,22 @@ def _processes_running(pattern: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if "pgrep" not in line]
 
 
+def test_a_command_a_signal_ended_is_named_with_its_signal(sandbox: Sandbox) -> None:
+    """sshd sends exit-signal for it, which paramiko drops: it read `ended by a signal`
+    where the OOM killer's SIGKILL was the whole story."""
+    result = gpucluster("run", "-i", str(sandbox.inventory), "-w", "node1",
+                        "kill -KILL $$")
+    assert result.code == 1
+    assert "node1: killed by SIGKILL (no exit code)" in result.stdout, result.stdout
+    assert "1 of 1 host failed: node1 (killed by SIGKILL)" in result.stderr, result.stderr
+    ended = gpucluster("run", "-i", str(sandbox.inventory), "-w", "node2", "--json",
+                       "kill -TERM $$")
+    assert {k: ended.json()["hosts"][0][k] for k in ("exit_code", "signal")} == \
+        {"exit_code": -1, "signal": "TERM"}
+    normal = gpucluster("run", "-i", str(sandbox.inventory), "--json", "exit 3")
+    assert {(h["exit_code"], h["signal"]) for h in normal.json()["hosts"]} == {(3, None)}
+
+
 def test_command_timeout_is_a_typed_failure_and_leaves_nothing_running(
         sandbox: Sandbox) -> None:
     result = gpucluster("run", "-i", str(sandbox.inventory), "--json", "--timeout", "1",

@@ -73,12 +73,16 @@ def test_hosts_that_failed_alike_are_said_once() -> None:
 def test_a_command_ended_by_a_signal_says_so_not_exit_minus_one() -> None:
     """sshd sends exit-signal, not exit-status, for a command a signal ended; paramiko
     then reports -1, which read as `exit -1`."""
-    killed = FanoutResult(hosts=("n1", "n2"), values={
+    killed = FanoutResult(hosts=("n1", "n2", "n3"), values={
         "n1": CommandResult("n1", "c", -1, "", "", 0.1),
-        "n2": CommandResult("n2", "c", 0, "", "", 0.1)})
-    assert run.failure_summary(killed) == "1 of 2 hosts failed: n1 (killed by a signal)"
-    assert "n1: ended by a signal (no exit code)\n" in _text(
-        lambda console: run.print_run(console, killed))
+        "n2": CommandResult("n2", "c", 0, "", "", 0.1),
+        "n3": CommandResult("n3", "c", -1, "", "", 0.1, signal="KILL")})
+    assert run.failure_summary(killed) == ("2 of 3 hosts failed: n1 (killed by a signal), "
+                                           "n3 (killed by SIGKILL)")
+    shown = _text(lambda console: run.print_run(console, killed))
+    assert "n1: killed by a signal (no exit code)\n" in shown
+    assert "n3: killed by SIGKILL (no exit code)\n" in shown
+    assert run.run_payload("c", killed)["hosts"][2]["signal"] == "KILL"
 
 
 def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
@@ -95,7 +99,8 @@ def test_run_json_schema_is_pinned() -> None:
     assert set(payload) == {"schema", "command", "hosts", "failed"}
     assert payload["failed"] == ["n4", "n5"]
     assert payload["hosts"][0] == {"host": "n1", "ok": True, "exit_code": 0, "stdout": "same\n",
-                                   "stderr": "", "duration_s": 0.123, "error": None}
+                                   "stderr": "", "duration_s": 0.123, "signal": None,
+                                   "error": None}
     assert payload["hosts"][4]["error"] == {"kind": "unreachable", "message": "no answer"}
     assert payload["hosts"][4]["exit_code"] is None
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.remote.result import NO_EXIT_STATUS, CommandResult, FanoutResult
+from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.wording import counted
 
 
@@ -21,6 +21,7 @@ def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, 
             "host": name,
             "ok": value is not None and value.ok,
             "exit_code": value.exit_code if value else None,
+            "signal": value.signal if value else None,
             "stdout": value.stdout if value else None,
             "stderr": value.stderr if value else None,
             "duration_s": round(value.duration_s, 3) if value else None,
@@ -31,19 +32,21 @@ def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, 
             "failed": [h["host"] for h in hosts if not h["ok"]]}
 
 
-def fold_outputs(result: FanoutResult[CommandResult]) -> list[tuple[list[str], str, int]]:
-    """Hosts grouped by identical output and exit code, in order of first appearance."""
+def fold_outputs(result: FanoutResult[CommandResult]
+                 ) -> list[tuple[list[str], str, CommandResult]]:
+    """Hosts grouped by identical output and ending (`exit 0`, `killed by SIGKILL`), in
+    order of first appearance, each group with its first host's result."""
     answered = [(name, result.values[name]) for name in result.hosts if name in result.values]
-    groups = hostrange.hosts_by(((value.stdout + value.stderr, value.exit_code), name)
+    groups = hostrange.hosts_by(((value.stdout + value.stderr, value.ending), name)
                                 for name, value in answered)
-    return [(hosts, output, code) for (output, code), hosts in groups.items()]
+    return [(hosts, output, result.values[hosts[0]]) for (output, _), hosts in groups.items()]
 
 
 def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
     """clush -b: a shared output under its folded host list, a unique one line-prefixed.
     The hosts' text is written as they sent it, not through rich: rich would expand tabs,
     wrap long lines and take a line's time (seconds for 100k lines)."""
-    for hosts, output, exit_code in fold_outputs(result):
+    for hosts, output, first in fold_outputs(result):
         folded = hostrange.fold(hosts)
         lines = output.rstrip("\n").split("\n") if output else []
         if len(hosts) > 1 and lines:
@@ -53,10 +56,11 @@ def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
         else:
             prefix = _styled(console, f"[cyan]{escape(folded)}:[/] ")
             _write(console, "".join(f"{prefix}{line}\n" for line in lines))
-        if exit_code == NO_EXIT_STATUS:
-            console.print(f"[yellow]{escape(folded)}: ended by a signal (no exit code)[/]")
-        elif exit_code != 0:
-            console.print(f"[yellow]{escape(folded)}: exited with exit code {exit_code}[/]")
+        if first.killed:
+            console.print(f"[yellow]{escape(folded)}: {first.ending} (no exit code)[/]")
+        elif first.exit_code != 0:
+            console.print(f"[yellow]{escape(folded)}: exited with exit code "
+                          f"{first.exit_code}[/]")
     failed = hostrange.hosts_by(
         ((result.failures[name].kind.value, result.failures[name].message), name)
         for name in result.failed_hosts)
@@ -86,8 +90,7 @@ def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
         if failure is not None:
             reasons.append((failure.kind.value, name))
         elif value is not None and not value.ok:
-            reasons.append(("killed by a signal" if value.exit_code == NO_EXIT_STATUS
-                            else f"exit {value.exit_code}", name))
+            reasons.append((value.ending, name))
     if not reasons:
         return None
     folded = ", ".join(f"{hostrange.fold(names)} ({reason})"
