@@ -80,7 +80,8 @@ def sbatch(
         if output is not None or not submit:
             write_output(output, text, 0o755)
         if submit:
-            job = submit_job(session, loaded, text, code_dir_for(loaded, root))
+            job = submit_job(session, loaded, text, code_dir_for(loaded, root),
+                             f"{loaded.cluster.work_dir.rstrip('/')}/{root.resolve().name}")
             print(job.job_id)
             err.print(f"submitted batch job {job.job_id} on {job.host}; its output: "
                       f"{job.output} on the job's first node (squeue: gpucluster run -w "

@@ -47,7 +47,10 @@ def refusal(stderr: str) -> str:
     return said
 
 
-def submit(session: Session, inventory: Inventory, script: str, code_dir: str) -> Submitted:
+def submit(session: Session, inventory: Inventory, script: str, code_dir: str,
+           shown_dir: str) -> Submitted:
+    """`code_dir`: the nodes' copy of the work dir, shell-quoted; `shown_dir`: the same as
+    the user wrote it (`~/gpucluster/proj`), for messages."""
     host = submit_host(inventory)
     try:
         result = session.connection(host).run(submit_command(code_dir), SUBMIT_TIMEOUT_S,
@@ -56,7 +59,7 @@ def submit(session: Session, inventory: Inventory, script: str, code_dir: str) -
         raise GpuclusterError(f"{host.name}: the job was not submitted: {error.message}"
                               ) from None
     if result.exit_code == NO_WORK_DIR:
-        raise GpuclusterError(f"{host.name}: no {code_dir} there, so nothing was submitted "
+        raise GpuclusterError(f"{host.name}: no {shown_dir} there, so nothing was submitted "
                               f"(fix: drop --no-sync, or put the work dir there)")
     if result.exit_code == NO_SBATCH:
         raise GpuclusterError(f"{host.name} has no sbatch, so nothing was submitted (fix: "
@@ -64,4 +67,4 @@ def submit(session: Session, inventory: Inventory, script: str, code_dir: str) -
     job_id = result.stdout.strip().split(";", 1)[0]
     if not result.ok or not job_id.isdigit():
         raise GpuclusterError(f"{host.name}: sbatch refused the job: {refusal(result.stderr)}")
-    return Submitted(job_id, host.name, f"{code_dir}/slurm-{job_id}.out")
+    return Submitted(job_id, host.name, f"{shown_dir}/slurm-{job_id}.out")

@@ -37,23 +37,23 @@ def test_the_script_goes_to_sbatch_in_the_work_dir_and_the_job_id_comes_back(
         session: Session, tmp_path: Path) -> None:
     work = tmp_path / "work dir"
     work.mkdir()
-    job = submit(session, session.inventory, "#!/bin/bash\necho hi\n", f"'{work}'")
+    job = submit(session, session.inventory, "#!/bin/bash\necho hi\n", f"'{work}'", "~/w")
     assert (job.job_id, job.host) == ("42", "a")
-    assert job.output == f"'{work}'/slurm-42.out"
+    assert job.output == "~/w/slurm-42.out"
     assert (tmp_path / "where").read_text().strip() == str(work)
     assert (tmp_path / "script").read_text() == "#!/bin/bash\necho hi\n"
 
 
 def test_a_missing_work_dir_or_a_refusal_is_one_line_with_the_fix(
         session: Session, tmp_path: Path) -> None:
-    with pytest.raises(GpuclusterError, match=r"^a: no '/nowhere' there, so nothing was "
+    with pytest.raises(GpuclusterError, match=r"^a: no ~/nowhere there, so nothing was "
                                               r"submitted \(fix: drop --no-sync"):
-        submit(session, session.inventory, "x", "'/nowhere'")
+        submit(session, session.inventory, "x", "'/nowhere'", "~/nowhere")
     (tmp_path / "refuse").touch()
     with pytest.raises(GpuclusterError, match=r"^a: sbatch refused the job: sbatch: error: "
                                               r"Batch job submission failed: Invalid "
                                               r"partition name specified$"):
-        submit(session, session.inventory, "x", f"'{tmp_path}'")
+        submit(session, session.inventory, "x", f"'{tmp_path}'", str(tmp_path))
 
 
 def test_a_slurm_that_is_not_running_gets_the_fix() -> None:
