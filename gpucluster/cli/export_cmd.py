@@ -13,8 +13,11 @@ from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
     ConnectTimeoutOption,
+    ContainerOption,
+    ImageOption,
     InventoryOption,
     ModuleOption,
+    chosen_image,
     load_inventory,
     open_session,
     stderr_console,
@@ -46,8 +49,8 @@ def sbatch(
     env: Annotated[list[str] | None, typer.Option(
         "--env", "-e", metavar="K=V", help="Extra environment for the job (repeatable).")
     ] = None,
-    image: Annotated[str | None, typer.Option(
-        metavar="IMAGE", help="Run torchrun inside this container image.")] = None,
+    image: ImageOption = None,
+    container: ContainerOption = False,
     submit: Annotated[bool, typer.Option(
         "--submit", help="Submit it too, with sbatch on the Slurm controller host, from "
                          "the work dir; the job ID goes to stdout (the script only to "
@@ -67,6 +70,7 @@ def sbatch(
     from gpucluster.slurm.submit import submit as submit_job
 
     loaded = load_inventory(inventory)
+    job_image = chosen_image(loaded, image, container)
     root = (workdir or Path.cwd()).absolute()
     err = stderr_console()
     name = output.name if output else "job.sbatch"
@@ -74,7 +78,9 @@ def sbatch(
         text, note = export_sbatch(session, loaded, root, script, tuple(script_args or ()),
                                    sync=not no_sync, nodes=nodes,
                                    nproc_per_node=nproc_per_node,
-                                   env=parse_env(env or []), image=image, output_name=name,
+                                   env=parse_env(env or []),
+                                   image=job_image,
+                                   output_name=name,
                                    module=module)
         err.print(note)
         if output is not None or not submit:

@@ -15,11 +15,14 @@ from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
     ConnectTimeoutOption,
+    ContainerOption,
     GroupOption,
     HostsOption,
+    ImageOption,
     InventoryOption,
     JsonOption,
     ModuleOption,
+    chosen_image,
     load_inventory,
     open_session,
     stderr_console,
@@ -76,12 +79,8 @@ def launch(
         "--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and the NCCL "
                         "flight recorder on every rank, their files in the job dir "
                         "(gpucluster bundle takes them).")] = False,
-    image: Annotated[str | None, typer.Option(
-        metavar="IMAGE",
-        help="Run torchrun inside this container image (host network and IPC, GPUs).")
-    ] = None,
-    container: Annotated[bool, typer.Option(
-        "--container", help="Run inside the inventory's cluster.image.")] = False,
+    image: ImageOption = None,
+    container: ContainerOption = False,
     detach: Annotated[bool, typer.Option(
         "--detach", "-d", help="Start the job and return; follow it with gpucluster logs.")
     ] = False,
@@ -119,14 +118,11 @@ def launch(
     from gpucluster.launch.model import LaunchRefused, LaunchRequest
 
     loaded = load_inventory(inventory, hosts, group)
-    chosen_image = image or (loaded.cluster.image if container else None)
-    if container and chosen_image is None:
-        raise GpuclusterError(f"{loaded.path}: --container needs cluster.image in the "
-                              f"inventory (fix: set it, or give --image NAME)")
+    image = chosen_image(loaded, image, container)
     secrets = _secret_env(secret_env or [])
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
                             nproc_per_node, max_restarts, {**parse_env(env or []), **secrets},
-                            chosen_image, debug=debug, secret_env=frozenset(secrets),
+                            image, debug=debug, secret_env=frozenset(secrets),
                             module=module)
     err = stderr_console()
     store = job_store(loaded)

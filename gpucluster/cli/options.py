@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from gpucluster import inventory as inventory_module
+from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
@@ -42,6 +43,13 @@ ModuleOption = Annotated[
                  help="SCRIPT is a module name (pkg.train), run as python -m runs it, from "
                       "the work dir (torchrun -m)."),
 ]
+ImageOption = Annotated[
+    str | None,
+    typer.Option("--image", metavar="IMAGE",
+                 help="Run torchrun inside this container image (host network and IPC, GPUs)."),
+]
+ContainerOption = Annotated[
+    bool, typer.Option("--container", help="Run inside the inventory's cluster.image.")]
 HostsOption = Annotated[
     str | None,
     typer.Option("--hosts", "-w", metavar="RANGE",
@@ -117,3 +125,12 @@ def write_output(output: Path | None, text: str, mode: int = 0o644) -> None:
     partial.write_text(text, encoding="utf-8")
     partial.chmod(mode)
     partial.replace(output)
+
+
+def chosen_image(inventory: Inventory, image: str | None, container: bool) -> str | None:
+    """--image, else with --container the inventory's cluster.image; None: on the host."""
+    chosen = image or (inventory.cluster.image if container else None)
+    if container and chosen is None:
+        raise GpuclusterError(f"{inventory.path}: --container needs cluster.image in the "
+                              f"inventory (fix: set it, or give --image NAME)")
+    return chosen

@@ -1,6 +1,6 @@
 """`export sbatch --submit` on a local host with a stand-in sbatch on PATH: the script
 arrives on sbatch's stdin in the work dir, the job ID comes back, and each way it can
-go wrong is one line with the fix."""
+go wrong is one line with the fix. And `--container`, as launch has it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gpucluster.inventory import load
 from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
 from gpucluster.slurm.submit import refusal, submit
+from tests.cli import gpucluster
 
 
 @pytest.fixture
@@ -61,3 +62,21 @@ def test_a_slurm_that_is_not_running_gets_the_fix() -> None:
                    "sbatch: fatal: Could not establish a configuration source\n")
     assert said == ("sbatch: fatal: Could not establish a configuration source (fix: is "
                     "Slurm set up and running? gpucluster provision --with slurm)")
+
+
+def test_export_takes_the_inventory_image_with_container_as_launch_does(
+        tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
+    bare = gpucluster("export", "sbatch", "-i", str(inventory), "--no-sync", "--container",
+                      "train.py", cwd=str(tmp_path))
+    assert bare.code == 2 and bare.stderr.strip() == (
+        f"gpucluster: error: {inventory}: --container needs cluster.image in the inventory "
+        f"(fix: set it, or give --image NAME)")
+    inventory.write_text("cluster: {image: 'localhost/train:1'}\n"
+                         "hosts:\n  - {name: a, address: 10.0.0.1}\n")
+    imaged = gpucluster("export", "sbatch", "-i", str(inventory), "--no-sync", "--container",
+                        "train.py", cwd=str(tmp_path))
+    assert imaged.code == 0, imaged.stderr
+    assert " localhost/train:1 torchrun " in imaged.stdout
