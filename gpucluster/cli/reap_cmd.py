@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpucluster.observe.reap import Ended, NodeProcesses
 
 _OWNER_TEXT = {"running": "running (never touched)", "leftover": "ended: a leftover",
+               "slurm": "running (never touched)",
                "foreign": "foreign (not gpucluster's)"}
 
 
@@ -89,7 +90,7 @@ def _process_json(process: GpuProcess) -> dict[str, Any]:
     return {"pid": process.pid, "user": process.user, "gpu_uuid": process.gpu_uuid,
             "gpu_index": process.gpu_index,
             "used_mib": process.used_mib, "state": process.state, "job": process.job,
-            "rank": process.rank, "owner": process.owner}
+            "rank": process.rank, "slurm_job": process.slurm_job, "owner": process.owner}
 
 
 def _print_node(err: Console, host: str, node: NodeProcesses, done: Ended | None,
@@ -101,7 +102,8 @@ def _print_node(err: Console, host: str, node: NodeProcesses, done: Ended | None
     for p in node.processes:
         # The index, as nvidia-smi and CUDA_VISIBLE_DEVICES say; else the uuid's end
         gpu = str(p.gpu_index) if p.gpu_index is not None else f"…{p.gpu_uuid[-12:]}"
-        job = f"job {p.job} rank {p.rank}, " if p.job else ""
+        job = f"job {p.job} rank {p.rank}, " if p.job else (
+            f"Slurm job {p.slurm_job}, " if p.slurm_job else "")
         action = ""
         if p.pid in left:
             action = f" [bold red]LEFT: {escape(left[p.pid])}[/]"

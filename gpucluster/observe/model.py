@@ -24,13 +24,19 @@ class GpuProcess:
     readable: bool = True  # its environment could be read (else: another user's)
     job_running: bool | None = None  # reap's listing only: the job's torchrun still runs
     gpu_index: int | None = None  # reap's listing only: nvidia-smi's index of its GPU
+    slurm_job: str | None = None  # the Slurm job whose SLURM_JOB_ID it carries
+    slurm_job_running: bool | None = None  # reap's listing only: squeue has it (None: unknown)
 
     @property
     def owner(self) -> str:
-        """running (a job of ours that runs), leftover (of one that ended) or foreign."""
-        if self.job is None:
-            return "foreign"
-        return "leftover" if self.job_running is False else "running"
+        """running (a job of ours that runs), leftover (of one of ours, or of Slurm's,
+        that ended), slurm (a Slurm job that runs, or may: never ours to end) or
+        foreign."""
+        if self.job is not None:
+            return "leftover" if self.job_running is False else "running"
+        if self.slurm_job is not None:
+            return "leftover" if self.slurm_job_running is False else "slurm"
+        return "foreign"
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,8 @@ def process_of(raw: dict[str, Any]) -> GpuProcess:
                       str(raw.get("user", "?")), str(raw.get("state", "?")),
                       raw.get("job") or None, _int(raw.get("rank")),
                       _int(raw.get("local_rank")), bool(raw.get("readable", True)),
-                      raw.get("job_running"), _int(raw.get("gpu_index")))
+                      raw.get("job_running"), _int(raw.get("gpu_index")),
+                      raw.get("slurm_job") or None, raw.get("slurm_job_running"))
 
 
 def parse_frame(line: str) -> NodeSample | None:

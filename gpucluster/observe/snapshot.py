@@ -88,7 +88,8 @@ def take(streams: ClusterStreams) -> Snapshot:
 def _process_json(process: GpuProcess) -> dict[str, Any]:
     return {"pid": process.pid, "user": process.user, "used_mib": process.used_mib,
             "job": process.job, "rank": process.rank, "local_rank": process.local_rank,
-            "foreign": process.job is None}
+            "slurm_job": process.slurm_job,
+            "foreign": process.job is None and process.slurm_job is None}
 
 
 def _gpu_json(node: NodeView, sample: NodeSample, gpu: Gpu) -> dict[str, Any]:

@@ -5,7 +5,8 @@
 #                                           is started per sample; PEER's route names
 #                                           the cluster interface
 #   processes JOBS_DIR NODE                 one JSON object: the GPU processes, with the
-#                                           job (and whether it still runs) of each
+#                                           job, ours or Slurm's (and whether it still
+#                                           runs), of each
 #   end GRACE_S PID...                      TERM, grace, KILL; what is left, as JSON
 import contextlib
 import json
@@ -58,7 +59,7 @@ def owner(pid):
         with open(f"/proc/{pid}/environ", "rb") as handle:
             for entry in handle.read().split(b"\0"):
                 name, _, value = entry.decode(errors="replace").partition("=")
-                if name in ("GPUCLUSTER_JOB", "RANK", "LOCAL_RANK"):
+                if name in ("GPUCLUSTER_JOB", "RANK", "LOCAL_RANK", "SLURM_JOB_ID"):
                     environ[name] = value
         readable = True
     except OSError:
@@ -66,7 +67,8 @@ def owner(pid):
     return {"user": user, "state": state[0] if state else "?", "readable": readable,
             "job": environ.get("GPUCLUSTER_JOB", "").split("@")[0] or None,
             "rank": number(environ.get("RANK", "-")),
-            "local_rank": number(environ.get("LOCAL_RANK", "-"))}
+            "local_rank": number(environ.get("LOCAL_RANK", "-")),
+            "slurm_job": environ.get("SLURM_JOB_ID") or None}
 
 
 def job_running(jobs_dir, job, node):
@@ -78,6 +80,27 @@ def job_running(jobs_dir, job, node):
             return marker in handle.read().split(b"\0")
     except (OSError, ValueError):
         return False
+
+
+# squeue's states of a job that still holds its nodes (with -j it lists every state).
+SLURM_ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
+                "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD")
+
+
+def slurm_job_running(job):
+    """True while Slurm has the job, False once it has ended (or been forgotten), None
+    when squeue cannot say: such a process is then left alone."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False,
+                              capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if "Invalid job id" in done.stderr:
+        return False
+    state = done.stdout.strip()
+    if done.returncode != 0 or not state:
+        return None
+    return state in SLURM_ACTIVE
 
 
 def apps_now():
@@ -104,15 +127,19 @@ def processes(jobs_dir, node):
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
         return {"error": str(error), "processes": []}
     indexes = gpu_indexes() if rows else {}
-    found, running = [], {}
+    found, running, slurm_running = [], {}, {}
     for uuid, pid, mib in rows:
         info = owner(pid)
-        job = info["job"]
+        job, slurm_job = info["job"], info["slurm_job"]
         if job and job not in running:
             running[job] = job_running(jobs_dir, job, node)
+        if slurm_job and slurm_job not in slurm_running:
+            slurm_running[slurm_job] = slurm_job_running(slurm_job)
         found.append({"pid": int(pid), "gpu_uuid": uuid, "gpu_index": indexes.get(uuid),
                       "used_mib": number(mib), **info,
-                      "job_running": running.get(job) if job else None})
+                      "job_running": running.get(job) if job else None,
+                      "slurm_job_running": slurm_running.get(slurm_job) if slurm_job
+                      else None})
     return {"processes": found}
 
 

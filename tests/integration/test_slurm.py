@@ -161,6 +161,29 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     cluster.node_exec("node2", "kill $(nvidia-smi --query-compute-apps=pid "
                                "--format=csv,noheader)", check=False)
 
+    # reap tells Slurm's jobs apart: a running one's GPU process is never ended, even with
+    # --foreign (it was "foreign" before); one whose job Slurm no longer has is a leftover.
+    running = on_node1(cluster, "sbatch --parsable -w node2 -N1 -o /dev/null --wrap "
+                                "'LOCAL_RANK=2 exec sleep 600'").strip().split(";")[0]
+    cluster.node_exec("node2", f"SLURM_JOB_ID=99999 LOCAL_RANK=3 setsid -f sleep 600 {quiet}")
+    deadline = time.monotonic() + 30
+    while len(cluster.node_exec("node2", GPU_PROCESSES_WITH_RANK_1).stdout.split()) < 2:
+        assert time.monotonic() < deadline, "the Slurm job's process did not show"
+        time.sleep(0.5)
+    # doctor (and so launch's refusal) says whose they are, never `kill` for Slurm's job.
+    checked = gpucluster("doctor", "-i", str(cluster.inventory), "-w", "node2", "--json",
+                         "--only", "gpu-processes")
+    finding = next(r for r in checked.json()["results"] if r["check"] == "gpu-processes")
+    assert f"GPUs held by Slurm job {running} (1 process)" in finding["message"], finding
+    assert "leftovers of Slurm job 99999 (Slurm has ended it)" in finding["message"]
+    assert f"scancel {running}" in finding["remedy"] and "reap --yes" in finding["remedy"]
+    reaped = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node2", "--yes",
+                        "--foreign", "--grace", "2", "--json")
+    held = {p["slurm_job"]: p for p in reaped.json()["nodes"][0]["processes"]}
+    assert (held[running]["owner"], held[running]["ended"]) == ("slurm", False), held
+    assert (held["99999"]["owner"], held["99999"]["ended"]) == ("leftover", True), held
+    on_node1(cluster, f"scancel {running}")
+
     # A second run changes nothing; a changed setting shows as a diff, changing nothing.
     again = provision(cluster, "--with", "slurm")
     assert again["exit"] == 0 and set(slurm_outcomes(again).values()) == {"already ok"}

@@ -300,3 +300,33 @@ def test_xids_read_through_sudo_skip_the_records_logged_before_the_sampler_start
     xid.record("3,101,5000001,-;NVRM: Xid (PCI:0000:19:00): 48, pid=2, DBE\n")
     xid.record("6,102,5000002,-;eth0: link up\n")
     assert xid.events == [["0000:19:00", 48]]
+
+
+def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None:
+    """A running Slurm job's GPU process read as foreign: `reap --yes --foreign` ended it."""
+    from rich.console import Console
+
+    from gpucluster.cli.views.top import render
+    from gpucluster.observe.model import process_of
+    from gpucluster.observe.reap import NodeProcesses, targets
+
+    def slurms(running: bool | None) -> dict:
+        return {"gpu_uuid": "GPU-1", "pid": 77, "used_mib": 10, "user": "bob", "state": "S",
+                "job": None, "slurm_job": "12", "slurm_job_running": running}
+
+    listed = NodeProcesses("n1", tuple(process_of(slurms(r)) for r in (True, None, False)))
+    assert [p.owner for p in listed.processes] == ["slurm", "slurm", "leftover"]
+    assert targets(listed, foreign=True) == [listed.processes[2]]  # Slurm has forgotten it
+    raw = json.loads(frame())
+    raw["processes"][2] = slurms(None)
+    sample = parse_frame(json.dumps(raw))
+    assert sample is not None
+    shown = Console(width=240, record=True, file=io.StringIO())
+    shown.print(render(Snapshot(0.0, 1.0, (view("node1", sample),)), shown))
+    assert "Slurm job 12 pid 77 (bob)" in shown.export_text()
+    compact = Console(width=240, record=True, file=io.StringIO())
+    compact.print(render(Snapshot(0.0, 1.0, (view("node1", sample),)), compact, compact=True))
+    assert "ranks 2-3, slurm 12" in compact.export_text() and "foreign" not in \
+        compact.export_text()
+    gpu = to_json(Snapshot(0.0, 1.0, (view("node1", sample),)))["nodes"][0]["gpus"][1]
+    assert gpu["processes"][1]["slurm_job"] == "12" and not gpu["processes"][1]["foreign"]

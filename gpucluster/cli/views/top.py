@@ -59,6 +59,8 @@ def _who(processes: list[GpuProcess]) -> str:
     for p in processes[:3]:
         if p.job:
             shown.append(f"{p.job} rank {p.rank if p.rank is not None else '?'}")
+        elif p.slurm_job:
+            shown.append(f"Slurm job {p.slurm_job} pid {p.pid} ({p.user})")
         else:
             shown.append(f"foreign pid {p.pid} ({p.user})")
     return ", ".join(shown) + (f" +{len(processes) - 3}" if len(processes) > 3 else "")
@@ -111,12 +113,15 @@ def _gpu_table(node: NodeView) -> Table:
 
 
 def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
-    """`20261202-112253-bd46 ranks 0-7, foreign 2`; `short`: `bd46 ranks 0-7, ...` (the
-    id's last part names the job as well: gpucluster stop takes a unique part)."""
+    """`20261202-112253-bd46 ranks 0-7, slurm 12, foreign 2`; `short`: `bd46 ranks 0-7,
+    ...` (the id's last part names the job as well: gpucluster stop takes a unique part)."""
     ranks: dict[str, set[int]] = {}
+    slurm: dict[str, None] = {}  # Slurm's jobs, in order
     foreign = 0
     for process in processes:
-        if process.job is None:
+        if process.job is None and process.slurm_job is not None:
+            slurm[process.slurm_job] = None
+        elif process.job is None:
             foreign += 1
         else:
             ranks.setdefault(process.job, set()).update(
@@ -124,6 +129,7 @@ def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
     names = {job: job.rsplit("-", 1)[-1] if short else job for job in ranks}
     parts = [f"{names[job]} ranks {spans(sorted(held))}" if held else names[job]
              for job, held in ranks.items()]
+    parts += [f"slurm {job}" for job in slurm]
     return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
 
 

@@ -134,6 +134,9 @@ def xid(context: Context) -> list[CheckResult]:
     return results
 
 
+SLURM_JOB = "slurm:"  # the probe's prefix for a Slurm job's id
+
+
 @check("gpu-processes", "gpu-health", "no compute process already holding a GPU",
        sections=("nvidia_smi_path", "gpus", "apps", "app_jobs"))
 def gpu_processes(context: Context) -> list[CheckResult]:
@@ -151,7 +154,11 @@ def gpu_processes(context: Context) -> list[CheckResult]:
         said, fixes = [], []
         for (job, state), held in sorted(by_owner.items()):
             listed = ", ".join(f"pid {p.pid} {p.name} ({p.used_mib} MiB)" for p in held)
-            if state == "running":  # a job's ranks: no pids, never advise killing a rank
+            if job.startswith(SLURM_JOB):
+                what, fix = _slurm_holder(job.removeprefix(SLURM_JOB), state, held, listed)
+                said.append(what)
+                fixes.append(fix)
+            elif state == "running":  # a job's ranks: no pids, never advise killing a rank
                 said.append(f"GPUs held by running job {job} "
                             f"({counted(len(held), 'process', 'processes')})")
                 fixes.append(f"let job {job} finish, or end it: gpucluster stop {job}")
@@ -176,12 +183,26 @@ def _process_data(process: nvidia_smi.GpuProcess, job: str, state: str) -> dict[
             "bus_id": process.bus_id, "job": job or None, "job_state": state or None}
 
 
+def _slurm_holder(job: str, state: str, held: list[nvidia_smi.GpuProcess],
+                  listed: str) -> tuple[str, str]:
+    """What a Slurm job's processes are, and the fix: never killing them while Slurm has
+    the job."""
+    if state == "ended":
+        return (f"GPUs held by leftovers of Slurm job {job} (Slurm has ended it): {listed}",
+                "end them: gpucluster reap --yes (gpucluster reap lists them)")
+    unsure = " (squeue could not say whether it still runs)" if state == "unknown" else ""
+    return (f"GPUs held by Slurm job {job} ({counted(len(held), 'process', 'processes')})"
+            f"{unsure}", f"let Slurm job {job} finish, or end it: scancel {job}; or launch "
+                         f"on other nodes (-w)")
+
+
 def _app_jobs(text: str) -> dict[int, tuple[str, str]]:
-    """The probe's `PID JOB running|ended` lines (`PID - -` for no job of ours)."""
+    """The probe's `PID JOB running|ended` lines (`PID slurm:ID running|ended|unknown`
+    for a Slurm job's process, `PID - -` for no job)."""
     owners = {}
     for line in text.splitlines():
         pid, _, rest = line.strip().partition(" ")
         job, _, state = rest.rpartition(" ")
-        if pid.isdigit() and job not in ("", "-") and state in ("running", "ended"):
+        if pid.isdigit() and job not in ("", "-") and state in ("running", "ended", "unknown"):
             owners[int(pid)] = (job, state)
     return owners
