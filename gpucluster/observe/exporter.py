@@ -91,6 +91,9 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
         "gpucluster_gpu_job_info", "1 for each gpucluster job and rank on a GPU (join on "
         "Hostname and gpu with the DCGM metrics).", labels=["Hostname", "gpu", "UUID",
                                                             "job_id", "rank", "local_rank"])
+    slurm = GaugeMetricFamily(
+        "gpucluster_gpu_slurm_job_info", "1 for each Slurm job holding a GPU (its processes' "
+        "SLURM_JOB_ID).", labels=["Hostname", "gpu", "UUID", "slurm_job_id"])
     memory = GaugeMetricFamily(
         "gpucluster_gpu_process_memory_used_mib", "GPU memory held by each process, with "
         "its gpucluster job and rank (empty for a foreign process).",
@@ -98,7 +101,10 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
     for node in nodes:
         assert node.sample is not None
         for gpu in node.sample.gpus:
-            for process in node.sample.processes_on(gpu):
+            held = node.sample.processes_on(gpu)
+            for slurm_job in dict.fromkeys(p.slurm_job for p in held if p.slurm_job):
+                slurm.add_metric([node.host, str(gpu.index), gpu.uuid, slurm_job], 1.0)
+            for process in held:
                 rank = "" if process.rank is None else str(process.rank)
                 if process.job:
                     local = "" if process.local_rank is None else str(process.local_rank)
@@ -108,7 +114,7 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
                     memory.add_metric([node.host, str(gpu.index), gpu.uuid, str(process.pid),
                                        process.user, process.job or "", rank],
                                       float(process.used_mib))
-    yield from (job, memory)
+    yield from (job, slurm, memory)
 
 
 def serve(streams: ClusterStreams, address: str, port: int,

@@ -330,3 +330,9 @@ def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None
         compact.export_text()
     gpu = to_json(Snapshot(0.0, 1.0, (view("node1", sample),)))["nodes"][0]["gpus"][1]
     assert gpu["processes"][1]["slurm_job"] == "12" and not gpu["processes"][1]["foreign"]
+    streams = _Streams()
+    streams.nodes = {"node1": _Stream(sample, 0.3)}
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(streams))  # type: ignore[arg-type]
+    assert ('gpucluster_gpu_slurm_job_info{Hostname="node1",UUID="GPU-1",gpu="1",'
+            'slurm_job_id="12"} 1.0') in generate_latest(registry).decode()
