@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,15 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         assert time.monotonic() < deadline, states
         time.sleep(0.5)
     assert sorted(on_node1(cluster, "srun -N3 hostname -s").split()) == cluster.nodes
+    # bundle takes Slurm's view of the cluster and the node's slurmd log.
+    archive = tmp_path / "bundle.tar.gz"
+    bundled = gpucluster("bundle", "-i", str(cluster.inventory), "-w", "node1", "-o",
+                         str(archive))
+    assert bundled.code == 0, bundled.stderr
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("node1/slurm.txt"))
+        slurm_txt = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+    assert "node2 idle gpu:h100:8" in slurm_txt and "slurmd version" in slurm_txt, slurm_txt
     # Slurm's ports were opened by the firewall step, to peers only.
     rules = cluster.node_exec("node2", "iptables -S INPUT").stdout
     assert f"-s {cluster.addresses['node1']}/32 -p tcp -m multiport --dports " \
