@@ -16,7 +16,10 @@ from gpucluster.bundle.collect import Collected, doctor_json, scrub
 from gpucluster.doctor.model import Status
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
+from gpucluster.slurm.verify import is_healthy
+from gpucluster.wording import counted
 
+SINFO_HEADING = "# sinfo -N"  # in slurm.txt (templates/bundle/collect.sh.j2)
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
 
@@ -52,17 +55,38 @@ def summary(collected: Collected, inventory_path: Path) -> str:
     lines += [f"- {r.host} `{r.name}` {r.status.value}: {r.message}"
               for r in (collected.doctor.results if collected.doctor else [])
               if r.status in (Status.FAIL, Status.WARN)] or ["None."]
+    lines += _slurm(collected)
     lines += ["", "## What is where", "",
               "- `nodes/NODE/`: `doctor.json`, `nvidia-smi-q.txt`, `nvidia-smi-topo.txt`, "
               "`kernel-gpu.txt`, `network.txt`, `firewall.txt`, `system.txt`, "
-              "`journal.txt`" + (", and `job/` (its log, stamps, torchrun's per-rank logs, "
-                                 "NCCL debug files and flight-recorder dumps)" if record
-                                 else ""),
+              "`journal.txt`, `slurm.txt` (where Slurm is set up)"
+              + (", and `job/` (its log, stamps, torchrun's per-rank logs, NCCL debug "
+                 "files and flight-recorder dumps)" if record else ""),
               "- `doctor.json`: the whole report, every node's facts"]
     if record is not None:
         lines.append("- `job/job.json`: the job's record (its environment with secret values "
                      "masked); `job/logs/`: the controller's copy of every node's log")
     return "\n".join(lines) + "\n"
+
+
+def _slurm(collected: Collected) -> list[str]:
+    """Slurm's view (sinfo, from the first node whose slurm.txt has it): the nodes it does
+    not call healthy, with its reason. Nothing where Slurm is not set up."""
+    for bundle in collected.nodes.values():
+        text = bundle.files.get("slurm.txt", b"").decode(errors="replace")
+        if SINFO_HEADING not in text:
+            continue
+        listing = text.split(SINFO_HEADING, 1)[1].split("\n# ", 1)[0].strip().splitlines()
+        if not listing or not listing[0].startswith("NODELIST"):
+            said = listing[0] if listing else "nothing"
+            return ["", "## Slurm", "", f"sinfo failed: {said}"]
+        rows = [line.split(None, 3) for line in listing[1:] if line.strip()]
+        sick = [f"- **{row[0]}**: {row[1]}" + (f" ({row[3]})" if len(row) > 3 and
+                                                 row[3] != "none" else "")
+                for row in rows if len(row) > 1 and not is_healthy(row[1])]
+        return ["", "## Slurm", "", *(sick or [
+            f"Every node sinfo lists is healthy ({counted(len(rows), 'node')})."])]
+    return []
 
 
 def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list[str]:

@@ -73,3 +73,26 @@ def test_no_gpu_errors_is_not_claimed_where_the_kernel_log_was_unreadable() -> N
     assert "None found, but the kernel log could not be read on node1 (doctor `xid`: " \
            "kernel log not readable (dmesg_restrict=1)): Xid errors there are unknown." \
            in errors
+
+
+def test_the_summary_names_the_nodes_slurm_does_not_call_healthy() -> None:
+    sinfo = (b"# sinfo -N\nNODELIST STATE GRES REASON\nnode1 idle gpu:h100:8 none\n"
+             b"node2 drained gpu:h100:8 bad GPU 3\nnode3 down* gpu:h100:8 Not responding\n"
+             b"\n# squeue\n")
+    doctor = DoctorReport(("node1", "node2"), (), ())
+    text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": sinfo})}, doctor,
+                             None, None, 1.0, None), Path("inv.yaml"))
+    slurm = text.split("## Slurm")[1].split("##")[0]
+    assert "- **node2**: drained (bad GPU 3)\n- **node3**: down* (Not responding)" in slurm
+    assert "node1" not in slurm
+    healthy = sinfo.replace(b"drained", b"idle").replace(b"down*", b"mixed")
+    text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": healthy})}, doctor,
+                             None, None, 1.0, None), Path("inv.yaml"))
+    assert "Every node sinfo lists is healthy (3 nodes)." in text
+    failed = b"# sinfo -N\nsinfo: error: Unable to contact slurm controller\n"
+    text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": failed})}, doctor,
+                             None, None, 1.0, None), Path("inv.yaml"))
+    assert "sinfo failed: sinfo: error: Unable to contact slurm controller" in text
+    without = summary(Collected({"node1": NodeBundle("node1")}, doctor, None, None, 1.0,
+                                None), Path("inv.yaml"))
+    assert "## Slurm" not in without
