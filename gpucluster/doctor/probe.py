@@ -203,6 +203,7 @@ SLOW_STEPS = {
     "xid": "reading dmesg",
     "port": "connecting to the head's rendezvous port",
     "sudo": "sudo -n true",
+    "slurm": "sinfo (slurmctld not answering?)",
 }
 
 
@@ -244,6 +245,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
     or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
     it also tests the head's rendezvous port."""
     from gpucluster.doctor.rendezvous import connect_script
+    from gpucluster.slurm.verify import SINFO
 
     wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(
@@ -254,7 +256,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
         torch_script=TORCH_SCRIPT,
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),
         app_fields=",".join(nvidia_smi.APP_FIELDS),
-        names=" ".join(shlex.quote(h.name) for h in inventory.hosts),
+        names=" ".join(shlex.quote(h.name) for h in inventory.hosts), sinfo=SINFO,
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
 
 

@@ -10,6 +10,7 @@ from typing import Protocol
 from gpucluster.remote.result import CommandResult
 
 HEALTHY = ("idle", "allocated", "mixed", "completing")
+# The format parse_sinfo reads.
 SINFO = "sinfo -h -N -o '%N|%T|%E'"
 
 
@@ -37,7 +38,9 @@ def is_healthy(state: str) -> bool:
 def problem_of(state: str, reason: str) -> str:
     """What is wrong with a node, naming the fields where its facts and slurm.conf
     differ (Slurm's reason: "Low RealMemory (reported:1000 < 100.00% of configured:2000)")."""
-    text = f"Slurm has it {state}" + (f": {reason}" if reason and reason != "none" else "")
+    text = f"Slurm has it {state}" + (" (its slurmd is not responding)"
+                                      if state.endswith("*") else "") \
+        + (f": {reason}" if reason and reason != "none" else "")
     if "reported" in reason or "Low " in reason or "count" in reason:
         text += (" (the node's facts differ from slurm.conf: rerun provision to rebuild it "
                  "from what the nodes report now)")

@@ -97,6 +97,16 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         assert time.monotonic() < deadline, states
         time.sleep(0.5)
     assert sorted(on_node1(cluster, "srun -N3 hostname -s").split()) == cluster.nodes
+    # doctor names a node Slurm will not use, with Slurm's reason.
+    on_node1(cluster, "scontrol update nodename=node3 state=drain reason='bad GPU 3'")
+    try:
+        checked = gpucluster("doctor", "-i", str(cluster.inventory), "--json", "--only",
+                             "slurm")
+    finally:
+        on_node1(cluster, "scontrol update nodename=node3 state=resume")
+    found = {r["host"]: r for r in checked.json()["results"]}
+    assert [found[n]["status"] for n in cluster.nodes] == ["OK", "OK", "WARN"], found
+    assert found["node3"]["message"] == "Slurm has it drained: bad GPU 3"
     # bundle takes Slurm's view of the cluster and the node's slurmd log.
     archive = tmp_path / "bundle.tar.gz"
     bundled = gpucluster("bundle", "-i", str(cluster.inventory), "-w", "node1", "-o",

@@ -354,3 +354,22 @@ def test_the_cross_node_summary_leaves_out_what_was_not_probed(tmp_path: Path) -
     assert cross_node_summary(context(tmp_path, {"n1": unprobed, "n2": unprobed})) == {}
     without = facts(gpus=[], nvidia_smi_path="")  # probed: no nvidia-smi there is news
     assert cross_node_summary(context(tmp_path, {"n1": without}))["GPU"] == {"none": ["n1"]}
+
+
+def test_slurm_names_each_node_slurm_cannot_use_with_its_reason_and_fix(
+        tmp_path: Path) -> None:
+    listing = "a|idle|none\nb|drained|bad GPU 3\nc|down*|Not responding\n"
+    ctx = context(tmp_path, {"a": facts(slurm=listing), "b": facts(slurm=listing),
+                             "c": facts(slurm=listing), "d": facts(slurm="not set up")})
+    results = {r.host: r for r in REGISTRY["slurm"].run(ctx)}
+    assert {h: r.status for h, r in results.items()} == {
+        "a": Status.OK, "b": Status.WARN, "c": Status.FAIL, "d": Status.SKIP}
+    assert results["b"].message == "Slurm has it drained: bad GPU 3"
+    assert "scontrol update nodename=b state=resume" in results["b"].remedy
+    assert results["c"].message == ("Slurm has it down* (its slurmd is not responding): "
+                                    "Not responding")
+    assert results["c"].remedy.startswith("gpucluster provision --with slurm restarts")
+    failed = "sinfo: error: Unable to contact slurm controller (connect failure)"
+    down = {r.host: r for r in REGISTRY["slurm"].run(
+        context(tmp_path, {"a": facts(slurm=failed)}))}
+    assert (down["a"].status, down["a"].message) == (Status.WARN, f"sinfo failed: {failed}")
