@@ -16,7 +16,7 @@ from gpucluster.bundle.collect import Collected, doctor_json, scrub
 from gpucluster.doctor.model import Status
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.slurm.verify import is_healthy
+from gpucluster.slurm_states import is_healthy
 from gpucluster.wording import counted
 
 SINFO_HEADING = "# sinfo -N"  # in slurm.txt (templates/bundle/collect.sh.j2)

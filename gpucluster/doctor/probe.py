@@ -245,7 +245,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
     or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
     it also tests the head's rendezvous port."""
     from gpucluster.doctor.rendezvous import connect_script
-    from gpucluster.slurm.verify import SINFO
+    from gpucluster.slurm_states import SINFO
 
     wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(

@@ -23,6 +23,7 @@ from gpucluster.provision.model import Change, Each, ProvisionContext, Step
 from gpucluster.remote.result import FailureKind, FanoutResult, RemoteError
 from gpucluster.slurm import config, verify
 from gpucluster.slurm.facts import NodeFacts, facts_script, install_command, missing, parse_facts
+from gpucluster.slurm_states import is_healthy, problem_of
 from gpucluster.templating import render
 
 T = TypeVar("T")
@@ -168,8 +169,8 @@ class SlurmStep(Step):
         wanted = ["munged", *(["slurmctld"] if is_controller else []), "slurmd"]
         changes = [Change(f"start {d}") for d in wanted if d not in node.daemons]
         state = context.gathered["slurm_states"].get(node.node_name)
-        if "slurmd" in node.daemons and state and not verify.is_healthy(state[0]):
-            changes.append(Change(f"restart slurmd: {verify.problem_of(*state)}"))
+        if "slurmd" in node.daemons and state and not is_healthy(state[0]):
+            changes.append(Change(f"restart slurmd: {problem_of(*state)}"))
         return changes
 
     # -- bringing it up

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpucluster import inventory
+from gpucluster import inventory, slurm_states
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import SlurmSettings
 from gpucluster.provision.runner import select_steps, slurm_settings
 from gpucluster.provision.steps_firewall import Firewall, nftables_commands, port_intervals
 from gpucluster.provision.steps_slurm import daemons_script
-from gpucluster.slurm import config, verify
+from gpucluster.slurm import config
 from gpucluster.slurm.facts import NodeFacts, gpu_type, install_command, missing, parse_facts
 from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
 from gpucluster.templating import render
@@ -106,13 +106,13 @@ def test_only_the_controller_keeps_slurm_conf_and_systemd_nodes_get_the_dropin()
 
 
 def test_sinfo_verdicts_name_what_differs() -> None:
-    states = verify.parse_sinfo("gpu01|idle|none\ngpu02|inval|Low RealMemory (reported:"
+    states = slurm_states.parse_sinfo("gpu01|idle|none\ngpu02|inval|Low RealMemory (reported:"
                                 "1000 < 100.00% of configured:2000)\ngpu03|idle*|none\n")
-    assert verify.is_healthy(states["gpu01"][0])
-    assert not verify.is_healthy(states["gpu02"][0])
-    assert not verify.is_healthy("drained") and not verify.is_healthy("idle+drain")
-    assert verify.is_healthy("mixed") and verify.is_healthy("allocated")
-    problem = verify.problem_of(*states["gpu02"])
+    assert slurm_states.is_healthy(states["gpu01"][0])
+    assert not slurm_states.is_healthy(states["gpu02"][0])
+    assert not slurm_states.is_healthy("drained") and not slurm_states.is_healthy("idle+drain")
+    assert slurm_states.is_healthy("mixed") and slurm_states.is_healthy("allocated")
+    problem = slurm_states.problem_of(*states["gpu02"])
     assert "Low RealMemory (reported:1000" in problem and "facts differ" in problem
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpucluster.doctor.model import CheckResult, Context, Status, check
-from gpucluster.slurm.verify import is_healthy, parse_sinfo, problem_of
+from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
 
 NOT_SET_UP = "not set up"  # what the probe's slurm section says on a node without Slurm
 RESUME = ("once its cause is fixed: sudo scontrol update nodename={name} state=resume "

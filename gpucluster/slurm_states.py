@@ -1,0 +1,36 @@
+"""Slurm's word on its nodes (sinfo): parsed and judged. A leaf module, so that doctor
+and bundle can read Slurm's states without importing the Slurm step and its export."""
+
+from __future__ import annotations
+
+HEALTHY = ("idle", "allocated", "mixed", "completing")
+# The format parse_sinfo reads.
+SINFO = "sinfo -h -N -o '%N|%T|%E'"
+
+
+def parse_sinfo(output: str) -> dict[str, tuple[str, str]]:
+    """`sinfo -N -o '%N|%T|%E'` -> node -> (state, reason)."""
+    states = {}
+    for line in output.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3:
+            states[parts[0]] = (parts[1].strip().lower(), parts[2].strip())
+    return states
+
+
+def is_healthy(state: str) -> bool:
+    """Up and usable: idle or running jobs; `*` (not responding), drain, down, inval
+    or unknown are not."""
+    return state.rstrip("+~#!%$@^-") in HEALTHY and "drain" not in state
+
+
+def problem_of(state: str, reason: str) -> str:
+    """What is wrong with a node, naming the fields where its facts and slurm.conf
+    differ (Slurm's reason: "Low RealMemory (reported:1000 < 100.00% of configured:2000)")."""
+    text = f"Slurm has it {state}" + (" (its slurmd is not responding)"
+                                      if state.endswith("*") else "") \
+        + (f": {reason}" if reason and reason != "none" else "")
+    if "reported" in reason or "Low " in reason or "count" in reason:
+        text += (" (the node's facts differ from slurm.conf: rerun provision to rebuild it "
+                 "from what the nodes report now)")
+    return text
