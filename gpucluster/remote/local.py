@@ -84,7 +84,7 @@ class LocalConnection:
             stdout=splitters[process.stdout].finish(),
             stderr=splitters[process.stderr].finish(),
             duration_s=time.monotonic() - started,
-            signal=signal.Signals(-exit_code).name.removeprefix("SIG") if exit_code < 0 else None,
+            signal=_signal_name(-exit_code) if exit_code < 0 else None,
         )
 
     def end_running(self) -> None:
@@ -137,3 +137,11 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 def _signal_group(process: subprocess.Popen[bytes], which: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, which)
+
+
+def _signal_name(number: int) -> str:
+    """`KILL`, as sshd names signals in exit-signal; a real-time one has no name: `35`."""
+    try:
+        return signal.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)

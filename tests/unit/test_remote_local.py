@@ -215,3 +215,12 @@ def test_known_hosts_markers_and_bad_lines_do_not_break_verification(tmp_path: P
     with pytest.raises(RemoteError, match="HOST KEY REVOKED"):
         policy.missing_host_key(None, "node3", key_b)  # type: ignore[arg-type]
     assert key_b.get_base64() not in user.read_text().splitlines()[-1]  # not recorded
+
+
+def test_a_command_a_signal_ended_carries_the_signals_name() -> None:
+    killed = LocalConnection("here").run("kill -KILL $$", timeout=10)
+    assert (killed.signal, killed.killed, killed.ending) == ("KILL", True, "killed by SIGKILL")
+    realtime = LocalConnection("here").run("kill -35 $$", timeout=10)  # no name in Python
+    assert realtime.ending == "killed by SIG35"
+    exited = LocalConnection("here").run("exit 3", timeout=10)
+    assert (exited.signal, exited.killed, exited.ending) == (None, False, "exit 3")
