@@ -3,8 +3,9 @@ the nodes as launch does)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +24,11 @@ from gpucluster.cli.options import (
     stderr_console,
     write_output,
 )
+from gpucluster.errors import EXIT_FAILED, Interrupted
+
+if TYPE_CHECKING:
+    from gpucluster.inventory import Inventory
+    from gpucluster.remote.session import Session
 
 app = typer.Typer(help="Write the cluster's jobs for other schedulers.", no_args_is_help=True)
 
@@ -55,6 +61,10 @@ def sbatch(
         "--submit", help="Submit it too, with sbatch on the Slurm controller host, from "
                          "the work dir; the job ID goes to stdout (the script only to "
                          "-o).")] = False,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Submit it (as --submit) and print its output as it is "
+                               "written, until it ends; exit 0 only if it completed.")
+    ] = False,
     no_sync: Annotated[bool, typer.Option(
         "--no-sync", help="Do not sync the work dir: it is on a shared filesystem, at the "
                           "path the script names.")] = False,
@@ -83,15 +93,41 @@ def sbatch(
                                    output_name=name,
                                    module=module)
         err.print(note)
-        if output is not None or not submit:
+        if output is not None or not (submit or follow):
             write_output(output, text, 0o755)
-        if submit:
+        if submit or follow:
             job = submit_job(session, loaded, text, code_dir_for(loaded, root),
                              f"{loaded.cluster.work_dir.rstrip('/')}/{root.resolve().name}")
-            print(job.job_id)
+            print(job.job_id, flush=True)
             err.print(f"submitted batch job {job.job_id} on {job.host}; its output: "
                       f"{job.output} on the job's first node (squeue: gpucluster run -w "
                       f"{job.host} squeue)")
+            if follow:
+                _follow(session, loaded, job.job_id)
         elif output is not None:
             err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the "
                       f"cluster, or write it with --submit")
+
+
+def _follow(session: Session, inventory: Inventory, job_id: str) -> None:
+    """The job's output to stdout until it ends; exit 1 unless it completed. Ctrl-C
+    stops following, never the job."""
+    from gpucluster.slurm.follow import follow
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        ended = follow(session, inventory, job_id, show)
+    except KeyboardInterrupt:
+        raise Interrupted(f"stopped following; Slurm job {job_id} goes on (scancel "
+                          f"{job_id} on a node ends it)") from None
+    err = stderr_console()
+    if ended.state == "COMPLETED":
+        err.print(f"Slurm job {job_id} completed")
+        return
+    how = (f"{ended.state.lower()} (exit {ended.exit_code})" if ended.state else
+           "ended, but Slurm no longer knows how")
+    err.print(f"Slurm job {job_id} {how}")
+    raise typer.Exit(EXIT_FAILED)

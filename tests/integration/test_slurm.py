@@ -143,20 +143,17 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     try:
         assert cluster.node_exec("node2", "getent hosts node1", check=False).returncode != 0
         exported = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "train.py",
-                              "-o", str(script), "--submit", "--", "--epochs", "2",
-                              "--steps", "5", cwd=str(project), timeout=120)
-        assert exported.code == 0, exported.stderr
+                              "-o", str(script), "--follow", "--", "--epochs", "2",
+                              "--steps", "5", cwd=str(project), timeout=300)
+        assert exported.code == 0, exported.stdout + exported.stderr
         assert "synced: 1 sent" in exported.stderr
         assert script.read_text().startswith("#!/bin/bash\n")  # -o writes it too
-        job = exported.stdout.strip()
+        job, _, output = exported.stdout.partition("\n")  # the job ID, then its output
         found = re.search(r"submitted batch job (\d+) on node1; its output: (\S+) on",
                           exported.stderr)
         assert found and found[1] == job, exported.stderr
-        deadline = time.monotonic() + 300
-        while on_node1(cluster, f"squeue -h -j {job} 2>/dev/null; true").strip():
-            assert time.monotonic() < deadline, "the job did not end in 300 s"
-            time.sleep(1)
-        output = on_node1(cluster, f"cat {found[2]}")
+        assert f"Slurm job {job} completed" in exported.stderr
+        assert on_node1(cluster, f"cat {found[2]}") == output  # all of it, once
     finally:
         for node in ("node2", "node3"):
             cluster.node_exec(node, "cat /etc/hosts.gpc-test > /etc/hosts && "
@@ -164,6 +161,11 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     for rank in range(3):
         assert f"rank {rank}/3" in output, output
     assert "done" in output
+    (project / "fails.py").write_text("import sys\nprint('failing', flush=True)\nsys.exit(3)\n")
+    failed = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "-N", "1",
+                        "--follow", "fails.py", cwd=str(project), timeout=120)
+    assert failed.code == 1 and "failing" in failed.stdout, failed.stdout + failed.stderr
+    assert re.search(r"Slurm job \d+ failed \(exit 1:0\)", failed.stderr), failed.stderr
 
     # The epilog ends the job's leftover GPU process (escaped from the job's process
     # tree), never one of another's.

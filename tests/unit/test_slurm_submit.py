@@ -80,3 +80,15 @@ def test_export_takes_the_inventory_image_with_container_as_launch_does(
                         "train.py", cwd=str(tmp_path))
     assert imaged.code == 0, imaged.stderr
     assert " localhost/train:1 torchrun " in imaged.stdout
+
+
+def test_scontrols_one_line_job_record_is_read_by_key() -> None:
+    from gpucluster.slurm.follow import parse_job
+
+    line = ("JobId=9 JobName=wrap UserId=gcuser(2000) JobState=FAILED Reason=NonZeroExitCode "
+            "ExitCode=3:0 BatchHost=node1 WorkDir=/home/gcuser StdOut=/home/gcuser/w-9.log")
+    assert parse_job(line) == parse_job(line + "\n")
+    job = parse_job(line)
+    assert (job.state, job.batch_host, job.stdout, job.exit_code) == (
+        "FAILED", "node1", "/home/gcuser/w-9.log", "3:0")
+    assert parse_job("slurm_load_jobs error: Invalid job id specified").state == ""

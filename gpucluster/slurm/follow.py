@@ -1,0 +1,83 @@
+"""`export sbatch --submit --follow`: a submitted job's output as it is written, from
+the node that runs its batch step, until Slurm says the job has ended; then how it
+ended. Polled, each poll one short command with its own time limit."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Host, Inventory
+from gpucluster.remote.result import RemoteError
+from gpucluster.remote.session import Session
+from gpucluster.slurm.submit import submit_host
+
+POLL_S = 2.0
+POLL_TIMEOUT_S = 30.0
+CHUNK_BYTES = 4 << 20  # read per poll at most: a job that floods its output is caught up
+# JobState values of a job that has not ended (scontrol show job).
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
+          "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    state: str  # COMPLETED, FAILED, RUNNING...; "" once Slurm has forgotten the job
+    batch_host: str
+    stdout: str
+    exit_code: str  # CODE:SIGNAL
+
+
+def parse_job(text: str) -> JobInfo:
+    """`scontrol show job -o ID`: one line of KEY=VALUE words."""
+    fields = dict(word.partition("=")[::2] for word in text.split() if "=" in word)
+    return JobInfo(fields.get("JobState", ""), fields.get("BatchHost", ""),
+                   fields.get("StdOut", ""), fields.get("ExitCode", ""))
+
+
+def follow(session: Session, inventory: Inventory, job_id: str,
+           on_output: Callable[[str], None]) -> JobInfo:
+    """Stream the job's output to `on_output` until it ends; its last JobInfo."""
+    controller = session.connection(submit_host(inventory))
+    by_name = {host.name: host for host in inventory.hosts}
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offset, last = 0, JobInfo("", "", "", "")
+    while True:
+        try:
+            shown = controller.run(f"scontrol show job -o {shlex.quote(job_id)}",
+                                   POLL_TIMEOUT_S)
+        except RemoteError as error:
+            raise GpuclusterError(f"{controller.host}: lost while following Slurm job "
+                                  f"{job_id}: {error.message} (the job goes on: squeue -j "
+                                  f"{job_id} on a node shows it)") from None
+        info = parse_job(shown.stdout) if shown.ok else JobInfo("", last.batch_host,
+                                                                 last.stdout, last.exit_code)
+        host = by_name.get(info.batch_host)
+        while host is not None and info.stdout:  # what the node has written since
+            chunk = _read_from(session, host, info.stdout, offset)
+            offset += len(chunk)
+            on_output(decoder.decode(chunk))
+            if len(chunk) < CHUNK_BYTES:
+                break
+        last = info
+        if info.state not in ACTIVE:
+            on_output(decoder.decode(b"", final=True))
+            return info
+        time.sleep(POLL_S)
+
+
+def _read_from(session: Session, host: Host, path: str, offset: int) -> bytes:
+    """The file's bytes from `offset` (at most CHUNK_BYTES); none while it is not there
+    yet or the node does not answer (the next poll tries again)."""
+    command = (f"tail -c +{offset + 1} {shlex.quote(path)} 2>/dev/null | "
+               f"head -c {CHUNK_BYTES} | base64 -w0")
+    try:
+        done = session.connection(host).run(command, POLL_TIMEOUT_S)
+    except RemoteError:
+        return b""
+    return base64.b64decode(done.stdout) if done.ok else b""
