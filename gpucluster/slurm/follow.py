@@ -19,6 +19,8 @@ from gpucluster.slurm.submit import submit_host
 
 POLL_S = 2.0
 POLL_TIMEOUT_S = 30.0
+UNANSWERED_LIMIT_S = 120.0  # scontrol failing this long (not: no such job) ends following
+FORGOTTEN = "Invalid job id"  # scontrol, of a job Slurm no longer keeps
 CHUNK_BYTES = 4 << 20  # read per poll at most: a job that floods its output is caught up
 # JobState values of a job that has not ended (scontrol show job).
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
@@ -46,7 +48,7 @@ def follow(session: Session, inventory: Inventory, job_id: str,
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    offset, last = 0, JobInfo("", "", "", "")
+    offset, last, unanswered = 0, JobInfo("", "", "", ""), 0
     while True:
         try:
             shown = controller.run(f"scontrol show job -o {shlex.quote(job_id)}",
@@ -55,6 +57,16 @@ def follow(session: Session, inventory: Inventory, job_id: str,
             raise GpuclusterError(f"{controller.host}: lost while following Slurm job "
                                   f"{job_id}: {error.message} (the job goes on: squeue -j "
                                   f"{job_id} on a node shows it)") from None
+        if not shown.ok and FORGOTTEN not in shown.stderr:  # slurmctld busy or restarting
+            unanswered += 1
+            if unanswered * POLL_S >= UNANSWERED_LIMIT_S:
+                raise GpuclusterError(
+                    f"{controller.host}: scontrol has not answered for "
+                    f"{UNANSWERED_LIMIT_S:g} s: {shown.stderr.strip()[-200:]} (is slurmctld "
+                    f"running? the job may go on: squeue -j {job_id} on a node)")
+            time.sleep(POLL_S)
+            continue
+        unanswered = 0
         info = parse_job(shown.stdout) if shown.ok else JobInfo("", last.batch_host,
                                                                  last.stdout, last.exit_code)
         host = by_name.get(info.batch_host)
