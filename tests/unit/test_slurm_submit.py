@@ -1,6 +1,7 @@
-"""`export sbatch --submit` on a local host with a stand-in sbatch on PATH: the script
-arrives on sbatch's stdin in the work dir, the job ID comes back, and each way it can
-go wrong is one line with the fix. And `--container`, as launch has it."""
+"""`export sbatch --submit` and `--follow` on a local host with stand-in sbatch and
+scontrol on PATH: the script arrives on sbatch's stdin in the work dir, the job ID
+comes back, the output streams whole through a busy slurmctld, and each way it can go
+wrong is one line with the fix. And `--container`, as launch has it."""
 
 from __future__ import annotations
 
@@ -92,3 +93,45 @@ def test_scontrols_one_line_job_record_is_read_by_key() -> None:
     assert (job.state, job.batch_host, job.stdout, job.exit_code) == (
         "FAILED", "node1", "/home/gcuser/w-9.log", "3:0")
     assert parse_job("slurm_load_jobs error: Invalid job id specified").state == ""
+
+
+def test_follow_streams_the_output_whole_and_outlasts_a_busy_slurmctld(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in scontrol fails twice (slurmctld restarting), then says RUNNING twice
+    while the job writes, then COMPLETED. Chunks of 3 bytes split the é."""
+    from gpucluster.slurm import follow as following
+
+    monkeypatch.setattr(following, "POLL_S", 0.01)
+    monkeypatch.setattr(following, "CHUNK_BYTES", 3)
+    out = tmp_path / "slurm-7.out"
+    calls = tmp_path / "calls"
+    record = f"JobId=7 BatchHost=a StdOut={out} ExitCode=0:0"
+    (tmp_path / "bin" / "scontrol").write_text(
+        f"#!/bin/sh\necho x >> {calls}; n=$(wc -l < {calls})\n"
+        f"case $n in\n"
+        f"  1|2) echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1;;\n"
+        f"  3) printf 'step 1 h\\303\\251\\n' > {out}; echo '{record} JobState=RUNNING';;\n"
+        f"  4) echo 'step 2' >> {out}; echo '{record} JobState=RUNNING';;\n"
+        f"  *) echo 'done' >> {out}; echo '{record} JobState=COMPLETED';;\n"
+        f"esac\n")
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    shown: list[str] = []
+    ended = following.follow(session, session.inventory, "7", shown.append)
+    assert ended.state == "COMPLETED" and ended.exit_code == "0:0"
+    assert "".join(shown) == "step 1 hé\nstep 2\ndone\n"
+
+
+def test_follow_gives_up_on_a_slurmctld_that_never_answers_and_says_the_job_goes_on(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucluster.slurm import follow as following
+
+    monkeypatch.setattr(following, "POLL_S", 0.01)
+    monkeypatch.setattr(following, "UNANSWERED_LIMIT_S", 0.05)
+    (tmp_path / "bin" / "scontrol").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\n"
+        "exit 1\n")
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    with pytest.raises(GpuclusterError, match=r"^a: scontrol has not answered for 0.05 s: "
+                                              r".*Unable to contact slurm controller \(is "
+                                              r"slurmctld running\? the job may go on"):
+        following.follow(session, session.inventory, "7", lambda text: None)
