@@ -74,7 +74,8 @@ def sbatch(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """An sbatch script that runs SCRIPT as `launch` would: one srun task per node,
-    torchrun with c10d rendezvous on the allocation's first node."""
+    torchrun with c10d rendezvous on the allocation's first node. Written out, or
+    submitted (--submit) and followed to its end (--follow)."""
     from gpucluster.launch.start import code_dir_for
     from gpucluster.slurm.export import export_sbatch
     from gpucluster.slurm.submit import submit as submit_job
