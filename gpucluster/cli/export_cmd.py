@@ -119,12 +119,13 @@ def _follow(session: Session, inventory: Inventory, job_id: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    err = stderr_console()
     try:
-        ended = follow(session, inventory, job_id, show)
+        ended = follow(session, inventory, job_id, show,
+                       lambda status: err.print(f"Slurm job {job_id}: {status}"))
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (scancel "
                           f"{job_id} on a node ends it)") from None
-    err = stderr_console()
     if ended.state == "COMPLETED":
         err.print(f"Slurm job {job_id} completed")
         return

@@ -33,18 +33,31 @@ class JobInfo:
     batch_host: str
     stdout: str
     exit_code: str  # CODE:SIGNAL
+    reason: str = ""  # why it waits (Resources, Priority...), else None
+    nodes: str = ""  # Slurm's NodeList, once it runs
+
+    @property
+    def status(self) -> str:
+        """`pending (Resources)`, `running on node[1-3]`: what a user waits for."""
+        waiting = f" ({self.reason})" if self.reason not in ("", "None") else ""
+        where = f" on {self.nodes}" if self.nodes not in ("", "(null)") and \
+            self.state != "PENDING" else ""
+        return f"{self.state.lower()}{where}{waiting}"
 
 
 def parse_job(text: str) -> JobInfo:
     """`scontrol show job -o ID`: one line of KEY=VALUE words."""
     fields = dict(word.partition("=")[::2] for word in text.split() if "=" in word)
     return JobInfo(fields.get("JobState", ""), fields.get("BatchHost", ""),
-                   fields.get("StdOut", ""), fields.get("ExitCode", ""))
+                   fields.get("StdOut", ""), fields.get("ExitCode", ""),
+                   fields.get("Reason", ""), fields.get("NodeList", ""))
 
 
 def follow(session: Session, inventory: Inventory, job_id: str,
-           on_output: Callable[[str], None]) -> JobInfo:
-    """Stream the job's output to `on_output` until it ends; its last JobInfo."""
+           on_output: Callable[[str], None],
+           on_status: Callable[[str], None] = lambda status: None) -> JobInfo:
+    """Stream the job's output to `on_output` until it ends, and each change of its
+    state to `on_status` while it has not ended; its last JobInfo."""
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -69,6 +82,8 @@ def follow(session: Session, inventory: Inventory, job_id: str,
         unanswered = 0
         info = parse_job(shown.stdout) if shown.ok else JobInfo("", last.batch_host,
                                                                  last.stdout, last.exit_code)
+        if info.state in ACTIVE and info.status != last.status:
+            on_status(info.status)
         host = by_name.get(info.batch_host)
         while host is not None and info.stdout:  # what the node has written since
             chunk = _read_from(session, host, info.stdout, offset)

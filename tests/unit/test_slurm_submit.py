@@ -105,7 +105,7 @@ def test_follow_streams_the_output_whole_and_outlasts_a_busy_slurmctld(
     monkeypatch.setattr(following, "CHUNK_BYTES", 3)
     out = tmp_path / "slurm-7.out"
     calls = tmp_path / "calls"
-    record = f"JobId=7 BatchHost=a StdOut={out} ExitCode=0:0"
+    record = f"JobId=7 BatchHost=a StdOut={out} ExitCode=0:0 NodeList=a Reason=None"
     (tmp_path / "bin" / "scontrol").write_text(
         f"#!/bin/sh\necho x >> {calls}; n=$(wc -l < {calls})\n"
         f"case $n in\n"
@@ -116,8 +116,10 @@ def test_follow_streams_the_output_whole_and_outlasts_a_busy_slurmctld(
         f"esac\n")
     (tmp_path / "bin" / "scontrol").chmod(0o755)
     shown: list[str] = []
-    ended = following.follow(session, session.inventory, "7", shown.append)
+    statuses: list[str] = []
+    ended = following.follow(session, session.inventory, "7", shown.append, statuses.append)
     assert ended.state == "COMPLETED" and ended.exit_code == "0:0"
+    assert statuses == ["running on a"]  # said once, not at every poll
     assert "".join(shown) == "step 1 hé\nstep 2\ndone\n"
 
 
@@ -135,3 +137,12 @@ def test_follow_gives_up_on_a_slurmctld_that_never_answers_and_says_the_job_goes
                                               r".*Unable to contact slurm controller \(is "
                                               r"slurmctld running\? the job may go on"):
         following.follow(session, session.inventory, "7", lambda text: None)
+
+
+def test_a_waiting_job_says_why() -> None:
+    from gpucluster.slurm.follow import parse_job
+
+    pending = parse_job("JobId=8 JobState=PENDING Reason=Resources NodeList=(null)")
+    assert pending.status == "pending (Resources)"
+    assert parse_job("JobId=8 JobState=RUNNING Reason=None NodeList=n[1-2]").status == \
+        "running on n[1-2]"
