@@ -24,6 +24,10 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
                   image: str | None = None, output_name: str = "job.sbatch",
                   module: bool = False) -> tuple[str, str]:
     """(the script, what was done about the work dir)."""
+    if nodes is not None and nodes > len(inventory.hosts):  # Slurm would hold it for ever
+        raise GpuclusterError(f"-N {nodes}: the cluster has {len(inventory.hosts)} nodes, so "
+                              f"Slurm could never run the job (fix: -N {len(inventory.hosts)}"
+                              f" or fewer)")
     files, relative = check_request(LaunchRequest(script, tuple(args), root, module=module))
     code_dir = code_dir_for(inventory, root)
     if sync:

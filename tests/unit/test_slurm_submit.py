@@ -146,3 +146,14 @@ def test_a_waiting_job_says_why() -> None:
     assert pending.status == "pending (Resources)"
     assert parse_job("JobId=8 JobState=RUNNING Reason=None NodeList=n[1-2]").status == \
         "running on n[1-2]"
+
+
+def test_more_nodes_than_the_cluster_has_is_refused_before_anything(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: 'n[1-2]', address: '10.0.0.[1-2]'}\n")
+    refused = gpucluster("export", "sbatch", "-i", str(inventory), "-N", "3", "--submit",
+                         "train.py", cwd=str(tmp_path))
+    assert refused.code == 2 and refused.stderr.strip() == (
+        "gpucluster: error: -N 3: the cluster has 2 nodes, so Slurm could never run the "
+        "job (fix: -N 2 or fewer)")
