@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from gpucluster.cli.launch_cmd import parse_env
 from gpucluster.cli.options import (
@@ -122,7 +123,7 @@ def _follow(session: Session, inventory: Inventory, job_id: str) -> None:
     err = stderr_console()
     try:
         ended = follow(session, inventory, job_id, show,
-                       lambda status: err.print(f"Slurm job {job_id}: {status}"))
+                       lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"))
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (scancel "
                           f"{job_id} on a node ends it)") from None

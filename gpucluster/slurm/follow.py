@@ -61,7 +61,8 @@ def follow(session: Session, inventory: Inventory, job_id: str,
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    offset, last, unanswered = 0, JobInfo("", "", "", ""), 0
+    offset, last = 0, JobInfo("", "", "", "")
+    unanswered_since: float | None = None  # when scontrol began failing
     while True:
         try:
             shown = controller.run(f"scontrol show job -o {shlex.quote(job_id)}",
@@ -71,15 +72,15 @@ def follow(session: Session, inventory: Inventory, job_id: str,
                                   f"{job_id}: {error.message} (the job goes on: squeue -j "
                                   f"{job_id} on a node shows it)") from None
         if not shown.ok and FORGOTTEN not in shown.stderr:  # slurmctld busy or restarting
-            unanswered += 1
-            if unanswered * POLL_S >= UNANSWERED_LIMIT_S:
+            unanswered_since = unanswered_since or time.monotonic()
+            if time.monotonic() - unanswered_since >= UNANSWERED_LIMIT_S:
                 raise GpuclusterError(
                     f"{controller.host}: scontrol has not answered for "
                     f"{UNANSWERED_LIMIT_S:g} s: {shown.stderr.strip()[-200:]} (is slurmctld "
                     f"running? the job may go on: squeue -j {job_id} on a node)")
             time.sleep(POLL_S)
             continue
-        unanswered = 0
+        unanswered_since = None
         info = parse_job(shown.stdout) if shown.ok else JobInfo("", last.batch_host,
                                                                  last.stdout, last.exit_code)
         if info.state in ACTIVE and info.status != last.status:
