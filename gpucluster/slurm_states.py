@@ -4,6 +4,12 @@ and bundle can read Slurm's states without importing the Slurm step and its expo
 from __future__ import annotations
 
 HEALTHY = ("idle", "allocated", "mixed", "completing")
+# A job's states (squeue %T, scontrol JobState) once it has ended for good; every other
+# state (pending, running, held, requeued, or one a newer Slurm adds) is a job Slurm still
+# has, whose processes are never ours to end. templates/observe/node_gpus.py keeps a copy
+# (it runs on nodes alone); a unit test keeps the two equal.
+ENDED_JOB_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                    "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "TIMEOUT")
 # The format parse_sinfo reads.
 SINFO = "sinfo -h -N -o '%N|%T|%E'"
 

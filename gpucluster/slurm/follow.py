@@ -16,20 +16,22 @@ from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm.submit import submit_host
+from gpucluster.slurm_states import ENDED_JOB_STATES
 
 POLL_S = 2.0
 POLL_TIMEOUT_S = 30.0
 UNANSWERED_LIMIT_S = 120.0  # scontrol failing this long (not: no such job) ends following
 FORGOTTEN = "Invalid job id"  # scontrol, of a job Slurm no longer keeps
 CHUNK_BYTES = 4 << 20  # read per poll at most: a job that floods its output is caught up
-# JobState values of a job that has not ended (scontrol show job).
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
-          "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
 @dataclass(frozen=True)
 class JobInfo:
     state: str  # COMPLETED, FAILED, RUNNING...; "" once Slurm has forgotten the job
+
+    @property
+    def ended(self) -> bool:
+        return self.state == "" or self.state in ENDED_JOB_STATES
     batch_host: str
     stdout: str
     exit_code: str  # CODE:SIGNAL
@@ -83,7 +85,7 @@ def follow(session: Session, inventory: Inventory, job_id: str,
         unanswered_since = None
         info = parse_job(shown.stdout) if shown.ok else JobInfo("", last.batch_host,
                                                                  last.stdout, last.exit_code)
-        if info.state in ACTIVE and info.status != last.status:
+        if not info.ended and info.status != last.status:
             on_status(info.status)
         host = by_name.get(info.batch_host)
         while host is not None and info.stdout:  # what the node has written since
@@ -93,7 +95,7 @@ def follow(session: Session, inventory: Inventory, job_id: str,
             if len(chunk) < CHUNK_BYTES:
                 break
         last = info
-        if info.state not in ACTIVE:
+        if info.ended:
             on_output(decoder.decode(b"", final=True))
             return info
         time.sleep(POLL_S)

@@ -82,9 +82,11 @@ def job_running(jobs_dir, job, node):
         return False
 
 
-# squeue's states of a job that still holds its nodes (with -j it lists every state).
-SLURM_ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
-                "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD")
+# A Slurm job's states once it has ended (squeue -j lists every state); any other is a
+# job Slurm still has. gpucluster/slurm_states.ENDED_JOB_STATES, copied: this file runs
+# on nodes alone.
+SLURM_ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+               "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "TIMEOUT")
 
 
 def slurm_job_running(job):
@@ -100,7 +102,7 @@ def slurm_job_running(job):
     state = done.stdout.strip()
     if done.returncode != 0 or not state:
         return None
-    return state in SLURM_ACTIVE
+    return state not in SLURM_ENDED
 
 
 def apps_now():

@@ -336,3 +336,18 @@ def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None
     registry.register(ClusterCollector(streams))  # type: ignore[arg-type]
     assert ('gpucluster_gpu_slurm_job_info{Hostname="node1",UUID="GPU-1",gpu="1",'
             'slurm_job_id="12"} 1.0') in generate_latest(registry).decode()
+
+
+def test_the_node_script_knows_the_same_ended_slurm_states_as_the_controller() -> None:
+    """node_gpus.py runs on nodes alone, so it keeps a copy: reap must never take a job
+    Slurm still has for an ended one."""
+    import importlib.util
+
+    from gpucluster.slurm_states import ENDED_JOB_STATES
+
+    spec = importlib.util.spec_from_file_location(
+        "node_gpus", template_dir() / "observe" / "node_gpus.py")
+    assert spec is not None and spec.loader is not None
+    node_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(node_script)
+    assert node_script.SLURM_ENDED == ENDED_JOB_STATES
