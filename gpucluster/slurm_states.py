@@ -12,6 +12,11 @@ ENDED_JOB_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED",
                     "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "TIMEOUT")
 # The format parse_sinfo reads.
 SINFO = "sinfo -h -N -o '%N|%T|%E'"
+# provision --with slurm's epilog on every node; a site's own Slurm has slurm.conf.
+EPILOG = "/etc/slurm/gpucluster-epilog.sh"
+SLURM_CONF = "/etc/slurm/slurm.conf"
+# A shell test: is Slurm set up on this node (ours, or a site's)?
+SET_UP_HERE = f"[ -e {EPILOG} ] || [ -e {SLURM_CONF} ]"
 
 
 def parse_sinfo(output: str) -> dict[str, tuple[str, str]]:

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster import hostrange
-from gpucluster.bundle.collect import Collected, doctor_json, scrub
+from gpucluster.bundle.collect import SINFO_HEADING, Collected, doctor_json, scrub
 from gpucluster.doctor.model import Status
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.slurm_states import is_healthy
+from gpucluster.slurm_states import is_healthy, parse_sinfo
 from gpucluster.wording import counted
 
-SINFO_HEADING = "# sinfo -N"  # in slurm.txt (templates/bundle/collect.sh.j2)
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
 
@@ -76,16 +75,16 @@ def _slurm(collected: Collected) -> list[str]:
         text = bundle.files.get("slurm.txt", b"").decode(errors="replace")
         if SINFO_HEADING not in text:
             continue
-        listing = text.split(SINFO_HEADING, 1)[1].split("\n# ", 1)[0].strip().splitlines()
-        if not listing or not listing[0].startswith("NODELIST"):
-            said = listing[0] if listing else "nothing"
+        listing = text.split(SINFO_HEADING, 1)[1].split("\n# ", 1)[0].strip()
+        states = parse_sinfo(listing)
+        if not states:
+            said = listing.splitlines()[0] if listing else "nothing"
             return ["", "## Slurm", "", f"sinfo failed: {said}"]
-        rows = [line.split(None, 3) for line in listing[1:] if line.strip()]
-        sick = [f"- **{row[0]}**: {row[1]}" + (f" ({row[3]})" if len(row) > 3 and
-                                                 row[3] != "none" else "")
-                for row in rows if len(row) > 1 and not is_healthy(row[1])]
+        sick = [f"- **{node}**: {state}" + (f" ({reason})" if reason not in ("", "none")
+                                             else "")
+                for node, (state, reason) in states.items() if not is_healthy(state)]
         return ["", "## Slurm", "", *(sick or [
-            f"Every node sinfo lists is healthy ({counted(len(rows), 'node')})."])]
+            f"Every node sinfo lists is healthy ({counted(len(states), 'node')})."])]
     return []
 
 

@@ -29,11 +29,13 @@ from gpucluster.launch.model import FirstFailure, JobOutcome
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import HostFailure, RemoteError
 from gpucluster.remote.session import Session
+from gpucluster.slurm_states import SET_UP_HERE, SINFO
 from gpucluster.templating import render
 
 NODE_LIMIT_S = 180.0  # the whole collection on one node; each command has its own
 MAX_FILE_BYTES = 8 * 1024 * 1024  # one command's output
 MAX_JOB_FILE_KB = 64 * 1024  # one file of a job's directory
+SINFO_HEADING = "# sinfo: node|state|reason"  # in slurm.txt, where SUMMARY.md reads it
 SKIPPED_CHECKS = ("rendezvous-port",)  # it opens a test listener: not while a job runs
 # NAME=value or NAME: value where NAME looks secret, wherever a script printed it.
 _SECRET_ASSIGNMENT = re.compile(
@@ -88,7 +90,8 @@ def collect_script(inventory: Inventory, host: Host, record: JobRecord | None,
     return render("bundle/collect.sh.j2", node=host.name, max_bytes=MAX_FILE_BYTES,
                   max_job_file_kb=MAX_JOB_FILE_KB, since=int(since),
                   since_text=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
-                  tag=inventory.cluster.name, job_dir=job_dir)
+                  tag=inventory.cluster.name, job_dir=job_dir, slurm_set_up=SET_UP_HERE,
+                  sinfo=SINFO, sinfo_heading=SINFO_HEADING)
 
 
 def _collect_on(connection: Connection, script: str) -> NodeBundle:

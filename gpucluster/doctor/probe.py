@@ -245,7 +245,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
     or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
     it also tests the head's rendezvous port."""
     from gpucluster.doctor.rendezvous import connect_script
-    from gpucluster.slurm_states import ENDED_JOB_STATES, SINFO
+    from gpucluster.slurm_states import ENDED_JOB_STATES, SET_UP_HERE, SINFO
 
     wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(
@@ -257,7 +257,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),
         app_fields=",".join(nvidia_smi.APP_FIELDS),
         names=" ".join(shlex.quote(h.name) for h in inventory.hosts), sinfo=SINFO,
-        slurm_ended=ENDED_JOB_STATES,
+        slurm_set_up=SET_UP_HERE, slurm_ended=ENDED_JOB_STATES,
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
 
 

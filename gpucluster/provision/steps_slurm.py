@@ -81,7 +81,7 @@ class SlurmStep(Step):
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         settings = settings_of(context)
-        controller = settings.controller or context.inventory.head.name
+        controller = config.controller_name(settings, context.inventory)
         script = self._facts_script()
         answers = each(lambda host, connection: parse_facts(
             host.name, host.address, connection.run(script, timeout=60, sudo=True).stdout))

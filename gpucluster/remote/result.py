@@ -54,8 +54,6 @@ class FailureKind(enum.Enum):
     ERROR = "error"
 
 
-
-
 class RemoteError(Exception):
     """Raised by a connection when a command could not run (or finish) on its host."""
 

@@ -7,16 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpucluster.inventory import SlurmSettings
+from gpucluster.inventory import Inventory, SlurmSettings
 from gpucluster.slurm.facts import NodeFacts
+from gpucluster.slurm_states import EPILOG, SLURM_CONF
 from gpucluster.templating import render
 
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
-SLURM_CONF = "/etc/slurm/slurm.conf"
 GRES_CONF = "/etc/slurm/gres.conf"
 CGROUP_CONF = "/etc/slurm/cgroup.conf"
-EPILOG = "/etc/slurm/gpucluster-epilog.sh"
 SLURMD_DROPIN = "/etc/systemd/system/slurmd.service.d/gpucluster.conf"
 MUNGE_KEY = "/etc/munge/munge.key"
 EPILOG_GRACE_S = 5
@@ -33,6 +32,11 @@ def firewall_ports(settings: SlurmSettings) -> list[str]:
     """What the firewall opens to peers for Slurm: slurmctld, slurmd and srun's range
     (as iptables writes a range, low:high)."""
     return [str(SLURMCTLD_PORT), str(SLURMD_PORT), settings.srun_ports.replace("-", ":")]
+
+
+def controller_name(settings: SlurmSettings | None, inventory: Inventory) -> str:
+    """The slurmctld host: `slurm.controller`, else the head."""
+    return (settings.controller if settings else None) or inventory.head.name
 
 
 def conf_server(controller: NodeFacts) -> str:

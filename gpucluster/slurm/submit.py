@@ -9,6 +9,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
+from gpucluster.slurm.config import controller_name
 
 SUBMIT_TIMEOUT_S = 60
 # Exit codes of the submit command that are ours, not sbatch's.
@@ -25,9 +26,8 @@ class Submitted:
 
 
 def submit_host(inventory: Inventory) -> Host:
-    """The slurmctld host (`slurm.controller`, else the head), as provision set it up."""
-    controller = inventory.slurm.controller if inventory.slurm else None
-    return inventory.host(controller) if controller else inventory.head
+    """The slurmctld host, as provision set it up."""
+    return inventory.host(controller_name(inventory.slurm, inventory))
 
 
 def submit_command(code_dir: str) -> str:

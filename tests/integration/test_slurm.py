@@ -115,7 +115,12 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     with tarfile.open(archive) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("node1/slurm.txt"))
         slurm_txt = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
-    assert "node2 idle gpu:h100:8" in slurm_txt and "slurmd version" in slurm_txt, slurm_txt
+        summary_md = tar.extractfile(next(  # type: ignore[union-attr]
+            m for m in tar.getmembers() if m.name.endswith("SUMMARY.md"))).read().decode()
+    assert "node2|idle|none" in slurm_txt and "node2 gpu:h100:8" in slurm_txt, slurm_txt
+    assert "slurmd version" in slurm_txt, slurm_txt
+    # SUMMARY.md reads the state from that listing with doctor's own parser.
+    assert "Every node sinfo lists is healthy (3 nodes)." in summary_md, summary_md
     # Slurm's ports were opened by the firewall step, to peers only.
     rules = cluster.node_exec("node2", "iptables -S INPUT").stdout
     assert f"-s {cluster.addresses['node1']}/32 -p tcp -m multiport --dports " \

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpucluster.bundle.archive import summary
-from gpucluster.bundle.collect import Collected, NodeBundle, scrub
+from gpucluster.bundle.collect import SINFO_HEADING, Collected, NodeBundle, scrub
 from gpucluster.doctor.model import CheckResult, Status
 from gpucluster.doctor.runner import DoctorReport
 from gpucluster.launch.jobs import JobRecord
@@ -76,9 +76,10 @@ def test_no_gpu_errors_is_not_claimed_where_the_kernel_log_was_unreadable() -> N
 
 
 def test_the_summary_names_the_nodes_slurm_does_not_call_healthy() -> None:
-    sinfo = (b"# sinfo -N\nNODELIST STATE GRES REASON\nnode1 idle gpu:h100:8 none\n"
-             b"node2 drained gpu:h100:8 bad GPU 3\nnode3 down* gpu:h100:8 Not responding\n"
-             b"\n# squeue\n")
+    # As collect.sh.j2 writes it: the heading, then SINFO's node|state|reason rows.
+    sinfo = (f"{SINFO_HEADING}\nnode1|idle|none\nnode2|drained|bad GPU 3\n"
+             "node3|down*|Not responding\n\n# sinfo -N -o '%N %G' (each node's GRES)\n"
+             "node1 gpu:h100:8\n\n# squeue\n").encode()
     doctor = DoctorReport(("node1", "node2"), (), ())
     text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": sinfo})}, doctor,
                              None, None, 1.0, None), Path("inv.yaml"))
@@ -89,7 +90,7 @@ def test_the_summary_names_the_nodes_slurm_does_not_call_healthy() -> None:
     text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": healthy})}, doctor,
                              None, None, 1.0, None), Path("inv.yaml"))
     assert "Every node sinfo lists is healthy (3 nodes)." in text
-    failed = b"# sinfo -N\nsinfo: error: Unable to contact slurm controller\n"
+    failed = f"{SINFO_HEADING}\nsinfo: error: Unable to contact slurm controller\n".encode()
     text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": failed})}, doctor,
                              None, None, 1.0, None), Path("inv.yaml"))
     assert "sinfo failed: sinfo: error: Unable to contact slurm controller" in text
