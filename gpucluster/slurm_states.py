@@ -29,10 +29,15 @@ def parse_sinfo(output: str) -> dict[str, tuple[str, str]]:
     return states
 
 
+def base_state(state: str) -> str:
+    """The state without sinfo's flag suffix ("mixed+" -> "mixed", "down*" -> "down")."""
+    return state.rstrip("*+~#!%$@^-")
+
+
 def is_healthy(state: str) -> bool:
     """Up and usable: idle or running jobs; `*` (not responding), drain, down, inval
     or unknown are not."""
-    return state.rstrip("+~#!%$@^-") in HEALTHY and "drain" not in state
+    return "*" not in state and base_state(state) in HEALTHY and "drain" not in state
 
 
 def problem_of(state: str, reason: str) -> str:

@@ -145,7 +145,7 @@ def launch(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         try:
             record = Attempt(session, loaded, store, request).start(
-                on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
+                on_phase=view.phase_printer(err))
         except LaunchRefused as refused:
             view.print_refusal(err, refused)
             raise typer.Exit(EXIT_FAILED) from None

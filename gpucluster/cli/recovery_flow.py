@@ -57,7 +57,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
                          say=lambda text: err.print(f"[bold yellow]gpucluster: "
                                                     f"{escape(text)}[/]"),
                          on_output=view.line_printer(sys.stderr if json_output else sys.stdout),
-                         on_phase=lambda text: err.print(f"[dim]gpucluster: {text}[/]"))
+                         on_phase=view.phase_printer(err))
     except LaunchRefused as refused:
         view.print_refusal(err, refused)
         raise typer.Exit(EXIT_FAILED) from None

@@ -13,6 +13,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.launch.jobs import JobRecord
 
 DEFAULT_GRACE_S = 10.0
+WARNING = "warning: "  # a progress line (on_phase) that starts so is one to heed
 
 OutputCallback = Callable[[str, str | None, str], None]  # node, rank, text
 

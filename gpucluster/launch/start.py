@@ -17,7 +17,7 @@ from gpucluster.doctor.runner import DEFAULT_PROBE_TIMEOUT_S, run_doctor
 from gpucluster.env_names import masked
 from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Host, Inventory
-from gpucluster.launch import node_scripts, workdir
+from gpucluster.launch import node_scripts, outside_slurm, workdir
 from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
@@ -56,12 +56,14 @@ LARGE_FILE_BYTES = 10 << 20
 def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str,
               checks: tuple[str, ...] = PREFLIGHT_CHECKS
               ) -> tuple[list[CheckResult], dict[str, dict[str, Section]]]:
-    """Doctor's job-readiness checks, and in the same round trip each node's listing of
-    its copy of the work dir (for the sync), run in the shells that start the job next.
+    """Doctor's job-readiness checks, and in the same round trip Slurm's view of the node
+    (outside_slurm) and each node's listing of its copy of the work dir (for the sync),
+    run in the shells that start the job next.
     Everything not OK or SKIP refuses the launch, but a slow login (ssh's WARN): it only
     slows the start."""
     report = run_doctor(session, inventory, [REGISTRY[name] for name in checks],
-                        rider=workdir.listing_command(code_dir), probe_via=shells.step)
+                        rider=outside_slurm.rider() + workdir.listing_command(code_dir),
+                        probe_via=shells.step)
     return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)
              and not (r.name == "ssh" and r.status is Status.WARN)], report.sections)
 
@@ -149,6 +151,10 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         raise LaunchRefused(f"{hostrange.fold(sorted(named))} not ready for a new job" + (
             f" (fix what the findings say, or start on the others only: -w "
             f"{hostrange.fold(others)})" if others else ""), findings)
+    beside_slurm = outside_slurm.warning(listed, [h.name for h in inventory.hosts],
+                                         request.script, request.args)
+    if beside_slurm is not None:
+        phase(beside_slurm)
     # The changes go with the start, in one round trip per node: what each node lacks is
     # known from the listing that came back with the checks.
     ignored = workdir.IgnoreRules(request.workdir).ignored

@@ -99,14 +99,25 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     assert sorted(on_node1(cluster, "srun -N3 hostname -s").split()) == cluster.nodes
     # doctor names a node Slurm will not use, with Slurm's reason.
     on_node1(cluster, "scontrol update nodename=node3 state=drain reason='bad GPU 3'")
+    outside = tmp_path / "outside-the-queue"
+    outside.mkdir()
+    (outside / "hello.py").write_text("print('hello')\n")
     try:
         checked = gpucluster("doctor", "-i", str(cluster.inventory), "--json", "--only",
                              "slurm")
+        launched = gpucluster("launch", "-i", str(cluster.inventory), "-C", str(outside),
+                              "hello.py", timeout=120)
     finally:
         on_node1(cluster, "scontrol update nodename=node3 state=resume")
     found = {r["host"]: r for r in checked.json()["results"]}
     assert [found[n]["status"] for n in cluster.nodes] == ["OK", "OK", "WARN"], found
     assert found["node3"]["message"] == "Slurm has it drained: bad GPU 3"
+    # A job launched outside the queue starts, warned about the nodes Slurm could still
+    # start jobs on (node3 drained: Slurm starts nothing there).
+    assert launched.code == 0, launched.stderr
+    assert "warning: node[1-2] in Slurm's queue: Slurm may start its jobs on the GPUs " \
+           "this job uses outside it" in launched.stderr, launched.stderr
+    assert "scontrol update nodename=node[1-2] state=drain" in launched.stderr
     # bundle takes Slurm's view of the cluster and the node's slurmd log.
     archive = tmp_path / "bundle.tar.gz"
     bundled = gpucluster("bundle", "-i", str(cluster.inventory), "-w", "node1", "-o",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -15,6 +15,7 @@ from gpucluster import hostrange
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
+    WARNING,
     FirstFailure,
     JobOutcome,
     LaunchRefused,
@@ -24,6 +25,14 @@ from gpucluster.launch.model import (
     StopResult,
 )
 from gpucluster.wording import counted
+
+
+def phase_printer(err: Console) -> Callable[[str], None]:
+    """Launch's progress lines, dim; a line that warns stands out."""
+    def say(text: str) -> None:
+        style = "bold yellow" if text.startswith(WARNING) else "dim"
+        err.print(f"[{style}]gpucluster: {escape(text)}[/]")
+    return say
 
 
 def line_printer(stream: TextIO) -> OutputCallback:
