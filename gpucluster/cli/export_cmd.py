@@ -3,13 +3,12 @@ the nodes as launch does)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-from rich.markup import escape
 
+from gpucluster.cli import slurm_jobs
 from gpucluster.cli.launch_cmd import parse_env
 from gpucluster.cli.options import (
     AcceptNewOption,
@@ -25,11 +24,6 @@ from gpucluster.cli.options import (
     stderr_console,
     write_output,
 )
-from gpucluster.errors import EXIT_FAILED, Interrupted
-
-if TYPE_CHECKING:
-    from gpucluster.inventory import Inventory
-    from gpucluster.remote.session import Session
 
 app = typer.Typer(help="Write the cluster's jobs for other schedulers.", no_args_is_help=True)
 
@@ -105,32 +99,7 @@ def sbatch(
                       f"{job.output} on the job's first node (squeue: gpucluster run -w "
                       f"{job.host} squeue)")
             if follow:
-                _follow(session, loaded, job.job_id)
+                slurm_jobs.output(session, loaded, job.job_id, live=True)
         elif output is not None:
             err.print(f"wrote {output}: submit it with `sbatch {output}` on a node of the "
                       f"cluster, or write it with --submit")
-
-
-def _follow(session: Session, inventory: Inventory, job_id: str) -> None:
-    """The job's output to stdout until it ends; exit 1 unless it completed. Ctrl-C
-    stops following, never the job."""
-    from gpucluster.slurm.follow import follow
-
-    def show(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    err = stderr_console()
-    try:
-        ended = follow(session, inventory, job_id, show,
-                       lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"))
-    except KeyboardInterrupt:
-        raise Interrupted(f"stopped following; Slurm job {job_id} goes on (scancel "
-                          f"{job_id} on a node ends it)") from None
-    if ended.state == "COMPLETED":
-        err.print(f"Slurm job {job_id} completed")
-        return
-    how = (f"{ended.state.lower()} (exit {ended.exit_code})" if ended.state else
-           "ended, but Slurm no longer knows how")
-    err.print(f"Slurm job {job_id} {how}")
-    raise typer.Exit(EXIT_FAILED)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpucluster import hostrange
 from gpucluster.cli.options import (
@@ -36,7 +37,7 @@ from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
     from gpucluster.launch.jobs import JobRecord, JobStore
-    from gpucluster.launch.model import JobOutcome
+    from gpucluster.launch.model import JobOutcome, NodeState
     from gpucluster.remote.session import Session
 
 GraceOption = Annotated[float, typer.Option(
@@ -174,26 +175,43 @@ def jobs(
     ask_pass: AskPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
-    """List jobs started from beside this inventory, with their state on each node."""
+    """List jobs started from beside this inventory, with their state on each node; where
+    Slurm is set up (provision --with slurm), Slurm's queue after them."""
+    from gpucluster.cli import slurm_jobs
     from gpucluster.launch.control import states
+    from gpucluster.launch.supervisor import supervisor_of
+    from gpucluster.slurm.queue import QueuedJob, queue, set_up_from_here
+    from gpucluster.state import state_dir_for
 
     loaded = load_inventory(inventory)
     store = job_store(loaded)
     records = [store.load(i) for i in store.ids()[-limit:]]
-    if not records:
-        if json_output:
-            common.print_json(stdout_console(), view.jobs_payload([], {}, {}))
-        stderr_console().print(f"no jobs recorded in {store.root}")
-        return
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        table = states(session, loaded, records)
-    from gpucluster.launch.supervisor import supervisor_of
-
+    ask_slurm = set_up_from_here(loaded, state_dir_for(loaded))
+    table: dict[str, dict[str, NodeState]] = {}
+    queued: list[QueuedJob] | None = None
+    slurm_failed = ""
+    if records or ask_slurm:
+        with open_session(loaded, accept_new_host_keys, ask_pass,
+                          connect_timeout) as session:
+            table = states(session, loaded, records) if records else {}
+            try:
+                queued = queue(session, loaded) if ask_slurm else None
+            except GpuclusterError as error:
+                slurm_failed = str(error)
     supervisors = {r.id: supervisor_of(store, r.id) for r in records}
     if json_output:
-        common.print_json(stdout_console(), view.jobs_payload(records, table, supervisors))
-    else:
+        common.print_json(stdout_console(), {
+            **view.jobs_payload(records, table, supervisors),
+            "slurm": slurm_jobs.queue_payload(queued)})
+    elif records:
         view.print_jobs(stdout_console(), records, table, supervisors)
+    if not records:
+        stderr_console().print(f"no jobs recorded in {store.root}")
+    if queued is not None and not json_output:
+        slurm_jobs.print_queue(stdout_console(), queued)
+    if slurm_failed:
+        stderr_console().print(f"gpucluster: Slurm's queue: {escape(slurm_failed)}")
+        raise typer.Exit(EXIT_FAILED)
 
 
 def stop(
@@ -206,11 +224,20 @@ def stop(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """End a job on every node: TERM, then KILL after the grace period; confirms that
-    nothing of it is left."""
+    nothing of it is left. JOB slurm-ID cancels a Slurm job (scancel) and waits for Slurm
+    to end it."""
     from gpucluster.launch import supervisor
     from gpucluster.launch.control import stop as stop_job
+    from gpucluster.slurm.queue import slurm_job
 
     loaded = load_inventory(inventory)
+    slurm_id = slurm_job(job)
+    if slurm_id is not None:
+        from gpucluster.cli import slurm_jobs
+
+        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+            slurm_jobs.cancel(session, loaded, slurm_id, json_output)
+        return
     store = job_store(loaded)
     record = store.load(job)
     watcher = supervisor.supervisor_of(store, record.id)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpucluster import hostrange
+from gpucluster.cli import slurm_jobs
 from gpucluster.cli.launch_cmd import JobArgument, attach, job_store
 from gpucluster.cli.options import (
     AcceptNewOption,
@@ -60,10 +61,22 @@ def logs(
     Also saved, one file per node, under .gpucluster/jobs/JOB/.
 
     With --grep, --rank, --since, --until, --all-jobs or --json, the lines are fetched,
-    filtered and merged in time order across nodes, each with its time."""
+    filtered and merged in time order across nodes, each with its time.
+
+    JOB slurm-ID is a Slurm job: its output file (slurm-ID.out), read from its batch node."""
     from gpucluster.launch import logsearch
+    from gpucluster.slurm.queue import slurm_job
 
     loaded = load_inventory(inventory)
+    slurm_id = slurm_job(job)
+    if slurm_id is not None:
+        if any(x is not None for x in (node, rank, grep, since, until)) or all_jobs \
+                or json_output:
+            raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown as it is: "
+                                  f"only -f applies (fix: gpucluster logs {job} | grep ...)")
+        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+            slurm_jobs.output(session, loaded, slurm_id, live=follow_live)
+        return
     store = job_store(loaded)
     keep = logsearch.LogFilter(
         logsearch.parse_pattern(grep) if grep is not None else None,

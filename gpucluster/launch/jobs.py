@@ -96,8 +96,9 @@ class JobStore:
                 i for i in ids if i.startswith(job_id) or i.endswith(job_id)]
             if len(matches) != 1:
                 what = "matches no job" if not matches else f"is ambiguous ({len(matches)} jobs)"
+                slurm = f"; a Slurm job is slurm-{job_id}" if job_id.isdigit() else ""
                 raise GpuclusterError(f"job {job_id!r} {what} (fix: gpucluster jobs lists "
-                                      f"them)")
+                                      f"them{slurm})")
             chosen = matches[0]
         path = self.directory(chosen) / "job.json"
         try:

@@ -1,11 +1,12 @@
-"""`export sbatch --submit --follow`: a submitted job's output as it is written, from
-the node that runs its batch step, until Slurm says the job has ended; then how it
-ended. Polled, each poll one short command with its own time limit."""
+"""`export sbatch --follow` and `logs -f slurm-ID`: a Slurm job's output as it is
+written, from the node that runs its batch step, until Slurm says the job has ended; then
+how it ended. Polled, each poll one short command with its own time limit."""
 
 from __future__ import annotations
 
 import base64
 import codecs
+import dataclasses
 import shlex
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
+from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm.submit import submit_host
@@ -55,37 +57,49 @@ def parse_job(text: str) -> JobInfo:
                    fields.get("Reason", ""), fields.get("NodeList", ""))
 
 
+def job_info(connection: Connection, job_id: str) -> JobInfo | str:
+    """The job as scontrol shows it (state "" once Slurm has forgotten it), or
+    scontrol's complaint where it did not answer (slurmctld busy or restarting)."""
+    try:
+        shown = connection.run(f"scontrol show job -o {shlex.quote(job_id)}", POLL_TIMEOUT_S)
+    except RemoteError as error:
+        raise GpuclusterError(f"{connection.host}: lost while asking about Slurm job "
+                              f"{job_id}: {error.message} (the job goes on: squeue -j "
+                              f"{job_id} on a node shows it)") from None
+    if shown.ok:
+        return parse_job(shown.stdout)
+    if FORGOTTEN in shown.stderr:
+        return JobInfo("", "", "", "")
+    return shown.stderr.strip()[-200:] or shown.ending
+
+
 def follow(session: Session, inventory: Inventory, job_id: str,
            on_output: Callable[[str], None],
-           on_status: Callable[[str], None] = lambda status: None) -> JobInfo:
-    """Stream the job's output to `on_output` until it ends, and each change of its
-    state to `on_status` while it has not ended; its last JobInfo."""
+           on_status: Callable[[str], None] = lambda status: None,
+           live: bool = True) -> JobInfo:
+    """Stream the job's output to `on_output` until it ends (or, not `live`, what it has
+    written so far), and each change of its state to `on_status` while it has not
+    ended; its last JobInfo."""
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, last = 0, JobInfo("", "", "", "")
     unanswered_since: float | None = None  # when scontrol began failing
     while True:
-        try:
-            shown = controller.run(f"scontrol show job -o {shlex.quote(job_id)}",
-                                   POLL_TIMEOUT_S)
-        except RemoteError as error:
-            raise GpuclusterError(f"{controller.host}: lost while following Slurm job "
-                                  f"{job_id}: {error.message} (the job goes on: squeue -j "
-                                  f"{job_id} on a node shows it)") from None
-        if not shown.ok and FORGOTTEN not in shown.stderr:  # slurmctld busy or restarting
+        info = job_info(controller, job_id)
+        if isinstance(info, str):
             unanswered_since = unanswered_since or time.monotonic()
             if time.monotonic() - unanswered_since >= UNANSWERED_LIMIT_S:
                 raise GpuclusterError(
                     f"{controller.host}: scontrol has not answered for "
-                    f"{UNANSWERED_LIMIT_S:g} s: {shown.stderr.strip()[-200:]} (is slurmctld "
-                    f"running? the job may go on: squeue -j {job_id} on a node)")
+                    f"{UNANSWERED_LIMIT_S:g} s: {info} (is slurmctld running? the job may "
+                    f"go on: squeue -j {job_id} on a node)")
             time.sleep(POLL_S)
             continue
         unanswered_since = None
-        info = parse_job(shown.stdout) if shown.ok else JobInfo("", last.batch_host,
-                                                                 last.stdout, last.exit_code)
-        if not info.ended and info.status != last.status:
+        if info.state == "":  # forgotten: where its output was is still known
+            info = dataclasses.replace(last, state="", reason="", nodes="")
+        if live and not info.ended and info.status != last.status:
             on_status(info.status)
         host = by_name.get(info.batch_host)
         while host is not None and info.stdout:  # what the node has written since
@@ -95,7 +109,7 @@ def follow(session: Session, inventory: Inventory, job_id: str,
             if len(chunk) < CHUNK_BYTES:
                 break
         last = info
-        if info.ended:
+        if info.ended or not live:
             on_output(decoder.decode(b"", final=True))
             return info
         time.sleep(POLL_S)

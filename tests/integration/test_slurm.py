@@ -182,6 +182,10 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                         "--follow", "fails.py", cwd=str(project), timeout=120)
     assert failed.code == 1 and "failing" in failed.stdout, failed.stdout + failed.stderr
     assert re.search(r"Slurm job \d+ failed \(exit 1:0\)", failed.stderr), failed.stderr
+    # logs slurm-ID shows an ended job's output again, and how it ended.
+    shown = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}")
+    assert shown.code == 0 and shown.stdout == output, shown.stdout + shown.stderr
+    assert f"Slurm job {job} completed" in shown.stderr
 
     # The epilog ends the job's leftover GPU process (escaped from the job's process
     # tree), never one of another's.
@@ -220,7 +224,16 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     held = {p["slurm_job"]: p for p in reaped.json()["nodes"][0]["processes"]}
     assert (held[running]["owner"], held[running]["ended"]) == ("slurm", False), held
     assert (held["99999"]["owner"], held["99999"]["ended"]) == ("leftover", True), held
-    on_node1(cluster, f"scancel {running}")
+    # jobs lists Slurm's queue; stop slurm-ID cancels the job and waits for its end.
+    listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json")
+    queued = {j["id"]: j for j in listed.json()["slurm"]}
+    assert (queued[running]["state"], queued[running]["where"]) == ("RUNNING", "node2"), \
+        queued
+    stopped = gpucluster("stop", "-i", str(cluster.inventory), f"slurm-{running}")
+    assert stopped.code == 0, stopped.stderr
+    assert stopped.stdout.startswith(f"Slurm job {running} cancelled: cancelled"), \
+        stopped.stdout
+    assert on_node1(cluster, f"squeue -h -j {running}").strip() == ""
 
     # A second run changes nothing; a changed setting shows as a diff, changing nothing.
     again = provision(cluster, "--with", "slurm")

@@ -1,0 +1,103 @@
+"""Slurm's jobs in gpucluster's day-two commands: `jobs` lists Slurm's queue under the
+cluster's own jobs, `logs [-f] slurm-ID` shows (or follows) a Slurm job's output, `stop
+slurm-ID` cancels it; `export sbatch --follow` follows the job it submitted."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gpucluster.cli.options import stderr_console, stdout_console
+from gpucluster.errors import EXIT_FAILED, Interrupted
+
+if TYPE_CHECKING:
+    from gpucluster.inventory import Inventory
+    from gpucluster.remote.session import Session
+    from gpucluster.slurm.follow import JobInfo
+    from gpucluster.slurm.queue import QueuedJob
+
+
+def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> None:
+    """The job's output to stdout: until it ends (`live`), else what it has written so
+    far; its state on stderr. Exit 1 once it has ended other than COMPLETED. Ctrl-C
+    stops following, never the job."""
+    from gpucluster.slurm.follow import follow
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    err = stderr_console()
+    try:
+        ended = follow(session, inventory, job_id, show,
+                       lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"),
+                       live=live)
+    except KeyboardInterrupt:
+        raise Interrupted(f"stopped following; Slurm job {job_id} goes on (gpucluster stop "
+                          f"slurm-{job_id} ends it)") from None
+    if not ended.ended:  # not live: it goes on
+        err.print(f"Slurm job {job_id}: {escape(ended.status)} (gpucluster logs -f "
+                  f"slurm-{job_id} follows it)")
+        return
+    if not ended.batch_host:
+        err.print(f"Slurm job {job_id}: Slurm does not know it (it forgets an ended job "
+                  f"after MinJobAge, 300 s by default; its output stays in "
+                  f"slurm-{job_id}.out where it was submitted)")
+        raise typer.Exit(EXIT_FAILED)
+    err.print(f"Slurm job {job_id} {ending(ended)}")
+    if ended.state != "COMPLETED":
+        raise typer.Exit(EXIT_FAILED)
+
+
+def ending(info: JobInfo) -> str:
+    """`completed`, `failed (exit 1:0)`, `cancelled (exit 0:15)`."""
+    if info.state == "COMPLETED":
+        return "completed"
+    if not info.state:
+        return "ended, but Slurm no longer knows how"
+    return f"{info.state.lower()} (exit {info.exit_code})"
+
+
+def cancel(session: Session, inventory: Inventory, job_id: str, json_output: bool) -> None:
+    """scancel, then Slurm's word that the job has ended."""
+    from gpucluster.cli.views import common
+    from gpucluster.slurm.queue import cancel as scancel
+
+    info, already = scancel(session, inventory, job_id)
+    if json_output:
+        common.print_json(stdout_console(), {
+            "slurm_job": job_id, "state": info.state, "exit_code": info.exit_code,
+            "clean": info.ended, "already_ended": already})
+    elif already:
+        print(f"Slurm job {job_id} had already ended: {ending(info)}")
+    elif info.ended:
+        print(f"Slurm job {job_id} cancelled: {ending(info)}")
+    else:
+        print(f"Slurm job {job_id} cancelled, still {info.status}: Slurm is ending it "
+              f"(squeue -j {job_id} on a node)")
+    if not info.ended:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def print_queue(console: Console, jobs: Sequence[QueuedJob]) -> None:
+    from gpucluster.cli.views.common import print_table
+
+    if not jobs:
+        console.print("Slurm's queue is empty")
+        return
+    rows = [(f"slurm-{j.id}", escape(j.name), escape(j.user), j.state.lower(), j.elapsed,
+             str(j.nodes), escape(j.where)) for j in jobs]
+    print_table(console, "Slurm's queue (gpucluster logs -f slurm-ID follows one)",
+                ("job", "name", "user", "state", "time", "nodes", "where / why waiting"),
+                rows)
+
+
+def queue_payload(jobs: Sequence[QueuedJob] | None) -> list[dict[str, Any]] | None:
+    return None if jobs is None else [
+        {"id": j.id, "name": j.name, "user": j.user, "state": j.state, "elapsed": j.elapsed,
+         "nodes": j.nodes, "where": j.where} for j in jobs]

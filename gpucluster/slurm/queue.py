@@ -1,0 +1,117 @@
+"""Slurm's jobs beside gpucluster's own: `jobs` lists Slurm's queue, and `logs` and
+`stop` take a Slurm job as `slurm-ID` (the name of its output file, slurm-ID.out). Each
+is asked on the Slurm controller host, in one short command."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Inventory
+from gpucluster.remote.result import RemoteError
+from gpucluster.remote.session import Session
+from gpucluster.slurm.follow import JobInfo, job_info
+from gpucluster.slurm.submit import submit_host
+from gpucluster.slurm_states import SET_UP_HERE
+
+PREFIX = "slurm-"
+QUERY_TIMEOUT_S = 30.0
+NOT_SET_UP = "not set up"
+SQUEUE = "squeue -h -o '%i|%j|%u|%T|%M|%D|%R'"
+CANCEL_WAIT_S = 60.0  # Slurm ends the job's steps, then runs the epilog on its nodes
+
+
+def slurm_job(reference: str | None) -> str | None:
+    """`slurm-12` -> "12"; None for a reference to one of gpucluster's own jobs (their
+    ids begin with a date, so no prefix or suffix of one starts with `slurm-`)."""
+    if reference is None or not reference.lower().startswith(PREFIX):
+        return None
+    number = reference[len(PREFIX):]
+    if not number.isdigit():
+        raise GpuclusterError(f"{reference}: a Slurm job is slurm-ID, ID its number "
+                              f"(fix: e.g. slurm-12; squeue lists them)")
+    return number
+
+
+def set_up_from_here(inventory: Inventory, state_dir: Path) -> bool:
+    """Worth asking Slurm: the inventory configures it, or provision --with slurm made the
+    cluster's munge key beside it."""
+    return inventory.slurm is not None or (state_dir / "slurm" / "munge.key").exists()
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    name: str
+    user: str
+    state: str  # RUNNING, PENDING...
+    elapsed: str  # as squeue writes it: 1:05, 2-03:00:00
+    nodes: int
+    where: str  # its nodes once running; while pending, why it waits: (Resources)
+
+
+def parse_squeue(text: str) -> list[QueuedJob]:
+    jobs = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 7 and parts[0] and parts[5].isdigit():
+            jobs.append(QueuedJob(parts[0], parts[1], parts[2], parts[3], parts[4],
+                                  int(parts[5]), parts[6]))
+    return jobs
+
+
+def queue(session: Session, inventory: Inventory) -> list[QueuedJob] | None:
+    """Every job Slurm has, from the controller host; None where Slurm is not set up
+    there. A squeue that fails is an error naming the host and squeue's words."""
+    host = submit_host(inventory)
+    command = (f"if {SET_UP_HERE}; then {SQUEUE}; "
+               f"else echo {shlex.quote(NOT_SET_UP)}; fi")
+    try:
+        result = session.connection(host).run(command, QUERY_TIMEOUT_S)
+    except RemoteError as error:
+        raise GpuclusterError(f"{host.name}: Slurm's queue could not be read: "
+                              f"{error.message}") from None
+    if result.ok and result.stdout.strip() == NOT_SET_UP:
+        return None
+    if not result.ok:
+        said = (result.stderr.strip().splitlines() or [result.ending])[-1]
+        raise GpuclusterError(f"{host.name}: squeue failed: {said} (fix: is slurmctld "
+                              f"running? gpucluster provision --with slurm starts it)")
+    return parse_squeue(result.stdout)
+
+
+def cancel(session: Session, inventory: Inventory, job_id: str,
+           wait_s: float = CANCEL_WAIT_S) -> tuple[JobInfo, bool]:
+    """scancel on the controller host, then wait for Slurm to call the job ended (its
+    processes gone, its epilog run): the job as Slurm last showed it, and whether it had
+    ended before (nothing was cancelled)."""
+    host = submit_host(inventory)
+    connection = session.connection(host)
+    before = job_info(connection, job_id)
+    if isinstance(before, JobInfo) and before.state == "":
+        raise GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended job "
+                              f"after MinJobAge, 300 s by default (fix: gpucluster jobs "
+                              f"lists Slurm's queue)")
+    if isinstance(before, JobInfo) and before.ended:
+        return before, True
+    try:
+        done = connection.run(f"scancel {shlex.quote(job_id)}", QUERY_TIMEOUT_S)
+    except RemoteError as error:
+        raise GpuclusterError(f"{host.name}: Slurm job {job_id} was not cancelled: "
+                              f"{error.message}") from None
+    if not done.ok:
+        said = (done.stderr.strip().splitlines() or [done.ending])[-1]
+        raise GpuclusterError(f"{host.name}: scancel {job_id} failed: {said}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        info = job_info(connection, job_id)
+        if isinstance(info, JobInfo) and (info.ended or time.monotonic() >= deadline):
+            return info, False  # ended, or still ending when the wait ran out
+        if time.monotonic() >= deadline:
+            raise GpuclusterError(f"{host.name}: Slurm job {job_id} was cancelled, but "
+                                  f"scontrol did not answer for {wait_s:g} s: {info} "
+                                  f"(squeue -j {job_id} on a node shows where it is)")
+        time.sleep(0.5)

@@ -1,0 +1,123 @@
+"""Slurm's jobs in `jobs`, `logs` and `stop`, on a local host with stand-in squeue,
+scontrol and scancel on PATH: the queue parsed, a Slurm job named slurm-ID, its output
+so far, a cancel waited out, and each failure one line with the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import load
+from gpucluster.remote.session import Session
+from gpucluster.remote.ssh import SshOptions
+from gpucluster.slurm import queue
+from tests.cli import gpucluster
+
+
+@pytest.fixture
+def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
+    return Session(load(inventory), SshOptions(tmp_path / "known_hosts"))
+
+
+def stand_in(tmp_path: Path, name: str, script: str) -> None:
+    path = tmp_path / "bin" / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+def test_a_slurm_job_is_named_slurm_id_and_never_taken_for_ours() -> None:
+    assert queue.slurm_job("slurm-12") == "12" and queue.slurm_job("SLURM-7") == "7"
+    for ours in (None, "last", "20261203-032946-d45d", "d45d", "8728"):
+        assert queue.slurm_job(ours) is None
+    with pytest.raises(GpuclusterError, match=r"^slurm-x: a Slurm job is slurm-ID, ID its "
+                                              r"number \(fix: e.g. slurm-12"):
+        queue.slurm_job("slurm-x")
+
+
+def test_the_queue_is_read_from_squeue_where_slurm_is_set_up(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in(tmp_path, "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
+                                 "echo '13|eval x|root|PENDING|0:00|1|(Resources)'\n")
+    monkeypatch.setattr(queue, "SET_UP_HERE", "false")
+    assert queue.queue(session, session.inventory) is None  # nothing to ask
+    monkeypatch.setattr(queue, "SET_UP_HERE", "true")
+    jobs = queue.queue(session, session.inventory)
+    assert jobs == [queue.QueuedJob("12", "train", "gcuser", "RUNNING", "1:05", 2, "node[1-2]"),
+                    queue.QueuedJob("13", "eval x", "root", "PENDING", "0:00", 1,
+                                    "(Resources)")]
+    stand_in(tmp_path, "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm "
+                                 "controller (connect failure)' >&2; exit 1\n")
+    with pytest.raises(GpuclusterError, match=r"^a: squeue failed: slurm_load_jobs error: "
+                                              r"Unable to contact .* \(fix: is slurmctld "
+                                              r"running\? gpucluster provision --with slurm"):
+        queue.queue(session, session.inventory)
+
+
+def test_set_up_from_here_needs_the_inventory_or_provisions_munge_key(tmp_path: Path) -> None:
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
+    state = tmp_path / ".gpucluster"
+    assert not queue.set_up_from_here(load(inventory), state)
+    (state / "slurm").mkdir(parents=True)
+    (state / "slurm" / "munge.key").write_bytes(b"k")
+    assert queue.set_up_from_here(load(inventory), state)
+
+
+def test_cancel_waits_for_slurm_to_end_the_job(session: Session, tmp_path: Path) -> None:
+    """RUNNING before scancel, COMPLETING at the first look after, then CANCELLED."""
+    calls = tmp_path / "calls"
+    stand_in(tmp_path, "scancel", f"echo \"$@\" > {tmp_path}/cancelled\n")
+    stand_in(tmp_path, "scontrol", f"echo x >> {calls}; n=$(wc -l < {calls})\n"
+                                   f"case $n in 1) state=RUNNING;; 2) state=COMPLETING;; "
+                                   f"*) state=CANCELLED;; esac\n"
+                                   f"echo \"JobId=12 JobState=$state ExitCode=0:15 "
+                                   f"BatchHost=a\"\n")
+    info, already = queue.cancel(session, session.inventory, "12")
+    assert (tmp_path / "cancelled").read_text().strip() == "12"
+    assert (info.state, info.exit_code, info.ended, already) == ("CANCELLED", "0:15", True,
+                                                                 False)
+    # Once ended, nothing is cancelled, and that is said.
+    (tmp_path / "cancelled").unlink()
+    info, already = queue.cancel(session, session.inventory, "12")
+    assert already and info.state == "CANCELLED" and not (tmp_path / "cancelled").exists()
+    # A job Slurm does not know, and a scancel that fails, are one line each.
+    stand_in(tmp_path, "scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' "
+                                   ">&2; exit 1\n")
+    with pytest.raises(GpuclusterError, match=r"^Slurm does not know job 12: .* \(fix: "
+                                              r"gpucluster jobs lists Slurm's queue\)$"):
+        queue.cancel(session, session.inventory, "12")
+    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a'\n")
+    stand_in(tmp_path, "scancel", "echo 'scancel: error: Kill job error on job id 12: "
+                                  "Access/permission denied' >&2; exit 1\n")
+    with pytest.raises(GpuclusterError, match=r"^a: scancel 12 failed: scancel: error: Kill "
+                                              r"job error on job id 12: Access/permission"):
+        queue.cancel(session, session.inventory, "12")
+
+
+def test_logs_without_follow_shows_the_output_so_far_and_returns(
+        session: Session, tmp_path: Path) -> None:
+    from gpucluster.slurm.follow import follow
+
+    out = tmp_path / "slurm-9.out"
+    out.write_text("epoch 1\n")
+    stand_in(tmp_path, "scontrol", f"echo 'JobId=9 JobState=RUNNING BatchHost=a "
+                                   f"StdOut={out} ExitCode=0:0 NodeList=a Reason=None'\n")
+    shown: list[str] = []
+    info = follow(session, session.inventory, "9", shown.append, live=False)
+    assert "".join(shown) == "epoch 1\n" and info.state == "RUNNING" and not info.ended
+
+
+def test_a_slurm_jobs_output_takes_no_search_options(tmp_path: Path) -> None:
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
+    done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--grep", "loss")
+    assert done.code == 2 and done.stderr.strip() == (
+        "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: only "
+        "-f applies (fix: gpucluster logs slurm-4 | grep ...)")
