@@ -13,7 +13,9 @@ from typing import Any
 
 from gpucluster import hostrange
 from gpucluster.bundle.collect import SINFO_HEADING, Collected, doctor_json, scrub
+from gpucluster.bundle.slurm_job import SUMMARY_LINES, SlurmJob
 from gpucluster.doctor.model import Status
+from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
 from gpucluster.slurm_states import is_healthy, parse_sinfo
@@ -35,6 +37,8 @@ def summary(collected: Collected, inventory_path: Path) -> str:
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.started_at))}"
                   + (f", attempt {record.attempt} of run {record.run}" if record.run else "")
                   + ".", "", *_job_state(collected.outcome, collected.first_failure), ""]
+    if collected.slurm_job is not None:
+        lines += _slurm_job(collected.slurm_job)
     lost = {h: b.error for h, b in collected.nodes.items() if b.error}
     lines += ["## Nodes that could not be reached", ""]
     lines += [f"- **{h}**: {why} (its part of the bundle is partial or empty)"
@@ -65,7 +69,34 @@ def summary(collected: Collected, inventory_path: Path) -> str:
     if record is not None:
         lines.append("- `job/job.json`: the job's record (its environment with secret values "
                      "masked); `job/logs/`: the controller's copy of every node's log")
+    if collected.slurm_job is not None:
+        lines.append("- `slurm-job/scontrol.txt`: Slurm's record of the job; "
+                     "`slurm-job/output.log`: the end of its output file (8 MiB at most)")
     return "\n".join(lines) + "\n"
+
+
+def _slurm_job(job: SlurmJob) -> list[str]:
+    """How Slurm says the job went, where, and the end of its output."""
+    info = job.info
+    state = info.state.lower() + (f" (exit {info.exit_code})" if info.exit_code else "")
+    where = f" on {info.nodes}" if info.nodes not in ("", "(null)") else ""
+    lines = [f"## Slurm job {job.id}", "", f"{state}{where}; its output: `{info.stdout}` "
+             f"on {info.batch_host or 'no node yet'}.", ""]
+    output = job.lines()
+    cause = root_cause(output)
+    if cause.get("rank"):
+        lines += [f"torchrun's first failure: rank {cause['rank']} on "
+                  f"{cause.get('host', '?')}, exit code {cause.get('exitcode', '?')}, at "
+                  f"{cause.get('time', '?')}.", ""]
+    error = first_traceback(output)
+    if error:
+        lines += ["Its first error:", "", "```", *error, "```", ""]
+    tail = output[-SUMMARY_LINES:]
+    if tail:
+        lines += [f"The last {len(tail)} lines of its output:", "", "```", *tail, "```", ""]
+    else:
+        lines += [f"No output collected: {job.output_note or 'it wrote none'}.", ""]
+    return lines
 
 
 def _slurm(collected: Collected) -> list[str]:
@@ -156,6 +187,9 @@ def write(collected: Collected, store: JobStore, inventory_path: Path, output: P
                 add(f"nodes/{host}/{name}", data)
             if bundle.error:
                 add(f"nodes/{host}/UNREACHABLE.txt", (bundle.error + "\n").encode())
+        if collected.slurm_job is not None:
+            add("slurm-job/scontrol.txt", scrub(collected.slurm_job.shown.encode()))
+            add("slurm-job/output.log", scrub(collected.slurm_job.output))
         record = collected.record
         if record is not None:
             add("job/job.json", _json(dataclasses.asdict(record)))

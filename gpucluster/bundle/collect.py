@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster import reports
+from gpucluster.bundle.slurm_job import SlurmJob
 from gpucluster.doctor.model import REGISTRY, CheckResult
 from gpucluster.doctor.runner import DoctorReport, run_doctor
 from gpucluster.env_names import MASK
@@ -26,7 +27,7 @@ from gpucluster.launch.failure import failure_of
 from gpucluster.launch.follow import follow
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.remote.connection import Connection
+from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import HostFailure, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm_states import SET_UP_HERE, SINFO
@@ -59,6 +60,7 @@ class Collected:
     record: JobRecord | None
     duration_s: float = 0.0
     first_failure: FirstFailure | None = None
+    slurm_job: SlurmJob | None = None  # bundle slurm-ID: Slurm's record and its output
 
 
 def first_failure(outcome: JobOutcome, store: JobStore) -> FirstFailure | None:
@@ -83,10 +85,8 @@ def scrub(data: bytes) -> bytes:
     return masked.encode("utf-8", errors="surrogateescape")
 
 
-def collect_script(inventory: Inventory, host: Host, record: JobRecord | None,
-                   since: float) -> str:
-    job_dir = (f"{record.jobs_dir}/{shlex.quote(record.id)}/{shlex.quote(host.name)}"
-               if record else "")
+def collect_script(inventory: Inventory, host: Host, job_dir: str, since: float) -> str:
+    """`job_dir`: the job's directory on this node, shell-quoted ("" without a job)."""
     return render("bundle/collect.sh.j2", node=host.name, max_bytes=MAX_FILE_BYTES,
                   max_job_file_kb=MAX_JOB_FILE_KB, since=int(since),
                   since_text=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
@@ -125,12 +125,23 @@ def _collect_on(connection: Connection, script: str) -> NodeBundle:
 
 
 def collect(session: Session, inventory: Inventory, store: JobStore,
-            record: JobRecord | None, on_node: Callable[[NodeBundle], None]) -> Collected:
-    """Doctor, the nodes' files and (with a job) its logs and state, all at once."""
+            record: JobRecord | None, on_node: Callable[[NodeBundle], None],
+            slurm_job: SlurmJob | None = None) -> Collected:
+    """Doctor, the nodes' files and (with a job, ours or Slurm's) its logs and state, all
+    at once; with a job, from its nodes only."""
     started = time.time()
-    since = record.started_at - 600 if record else started - 3600
-    result = Collected({}, None, None, record)
-    hosts = [h for h in inventory.hosts if record is None or h.name in record.hosts]
+    job_started = record.started_at if record else (slurm_job.started_at if slurm_job
+                                                     else None)
+    since = job_started - 600 if job_started else started - 3600
+    result = Collected({}, None, None, record, slurm_job=slurm_job)
+    ran_on = record.hosts if record else (slurm_job.hosts if slurm_job else None)
+    hosts = [h for h in inventory.hosts if ran_on is None or h.name in ran_on]
+    work_dir = shell_path(inventory.cluster.work_dir)
+
+    def job_dir(host: Host) -> str:
+        if record is not None:
+            return f"{record.jobs_dir}/{shlex.quote(record.id)}/{shlex.quote(host.name)}"
+        return f"{work_dir}/{slurm_job.job_dir}" if slurm_job else ""
 
     def run_doctor_part() -> None:
         checks = [spec for name, spec in REGISTRY.items() if name not in SKIPPED_CHECKS]
@@ -153,7 +164,8 @@ def collect(session: Session, inventory: Inventory, store: JobStore,
         on_node(bundle)
 
     session.map(hosts, lambda c: _collect_on(
-        c, collect_script(inventory, inventory.host(c.host), record, since)), on_done=done)
+        c, collect_script(inventory, inventory.host(c.host), job_dir(inventory.host(c.host)),
+                          since)), on_done=done)
     for thread in threads:
         thread.join(NODE_LIMIT_S)
     result.nodes = {h.name: result.nodes.get(h.name, NodeBundle(h.name, error="no answer"))

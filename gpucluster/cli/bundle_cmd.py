@@ -29,7 +29,8 @@ from gpucluster.wording import counted, size
 def bundle(
     job: Annotated[str | None, typer.Argument(
         metavar="[JOB]", help="Also the job's logs, command and debug files: an id, a "
-                              "unique part of it, or 'last' for the newest.")] = None,
+                              "unique part of it, or 'last' for the newest; slurm-ID for "
+                              "a Slurm job (its record and output).")] = None,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", metavar="PATH",
         help="The archive (default: ./gpucluster-bundle-[JOB-]TIME.tar.gz).")] = None,
@@ -50,13 +51,15 @@ def bundle(
     from gpucluster.bundle.archive import write
     from gpucluster.bundle.collect import NodeBundle, collect
     from gpucluster.launch.workdir import BUNDLE_PREFIX
+    from gpucluster.slurm.queue import slurm_job
 
     loaded = load_inventory(inventory, hosts, group)
     store = job_store(loaded)
-    record = store.load(job) if job else None
+    slurm_id = slurm_job(job)
+    record = store.load(job) if job and slurm_id is None else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = output or Path(f"{BUNDLE_PREFIX}{record.id + '-' if record else ''}"
-                            f"{stamp}.tar.gz")
+    named = record.id if record else (f"slurm-{slurm_id}" if slurm_id else "")
+    target = output or Path(f"{BUNDLE_PREFIX}{named + '-' if named else ''}{stamp}.tar.gz")
     if not target.name.endswith(".tar.gz"):
         target = target.with_name(target.name + ".tar.gz")
     err = stderr_console()
@@ -68,7 +71,10 @@ def bundle(
                   f"{size(collected_bytes)} in {node.duration_s:.1f}s, {state}")
 
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        collected = collect(session, loaded, store, record, progress)
+        from gpucluster.bundle import slurm_job as slurm_part
+
+        slurm = slurm_part.read(session, loaded, slurm_id) if slurm_id else None
+        collected = collect(session, loaded, store, record, progress, slurm)
     archive_bytes = write(collected, store, loaded.path, target.absolute())
     stdout_console().print(str(target))
     lost = [h for h, b in collected.nodes.items() if b.error]

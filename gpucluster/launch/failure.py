@@ -18,17 +18,37 @@ def split_rank(line: str) -> tuple[str | None, str]:
     return (match.group(1), match.group(2)) if match else (None, line)
 
 
+def root_cause(lines: list[str]) -> dict[str, str]:
+    """torchrun's "Root Cause (first observed failure)" block: its time, host, rank and
+    exitcode fields, as written ("1 (local_rank: 0)"); empty where there is none."""
+    root = next((i for i, line in enumerate(lines) if "Root Cause" in line), None)
+    fields: dict[str, str] = {}
+    for line in lines[root:] if root is not None else []:
+        name, colon, value = line.strip().partition(":")
+        if colon and name.strip() in ("time", "host", "rank", "exitcode"):
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def first_traceback(lines: list[str], limit: int = 30) -> list[str]:
+    """The first Python traceback, through its exception line (the last lines of a long
+    one): where a script's own error shows, before the launchers' reports of it."""
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith("Traceback (most recent call last):")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i] and not lines[i][0].isspace()), len(lines) - 1)
+    block = lines[start:end + 1]
+    return block if len(block) <= limit else [block[0], "  ...", *block[-(limit - 2):]]
+
+
 def failure_of(node: str, state: NodeState, log: Path) -> FirstFailure:
     """Rank, exit code and time of a node's failure, from torchrun's own report (its
     "Root Cause" block) and the end of the node's log."""
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines() \
         if log.exists() else []
-    root = next((i for i, line in enumerate(lines) if "Root Cause" in line), None)
-    fields: dict[str, str] = {}
-    for line in lines[root:] if root is not None else []:
-        name, colon, value = line.strip().partition(":")
-        if colon and name.strip() in ("time", "rank", "exitcode"):
-            fields.setdefault(name.strip(), value.strip())
+    fields = root_cause(lines)
     rank = re.match(r"\d+", fields.get("rank", ""))
     worker = re.match(r"-?\d+", fields.get("exitcode", ""))
     prefix = f"[{rank.group()}]:" if rank else None

@@ -182,6 +182,20 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                         "--follow", "fails.py", cwd=str(project), timeout=120)
     assert failed.code == 1 and "failing" in failed.stdout, failed.stdout + failed.stderr
     assert re.search(r"Slurm job \d+ failed \(exit 1:0\)", failed.stderr), failed.stderr
+    # bundle slurm-ID: Slurm's record, the output's end, torchrun's root cause, its node.
+    failed_id = re.search(r"submitted batch job (\d+)", failed.stderr)[1]  # type: ignore[index]
+    archive = tmp_path / "failed.tar.gz"
+    bundled = gpucluster("bundle", "-i", str(cluster.inventory), f"slurm-{failed_id}", "-o",
+                         str(archive))
+    assert bundled.code == 0, bundled.stderr
+    with tarfile.open(archive) as tar:
+        files = {m.name.split("/", 1)[1]: m for m in tar.getmembers()}
+        summary_md = tar.extractfile(files["SUMMARY.md"]).read().decode()  # type: ignore[union-attr]
+        ran = tar.extractfile(files["slurm-job/output.log"]).read()  # type: ignore[union-attr]
+    assert f"## Slurm job {failed_id}\n\nfailed (exit 1:0) on node" in summary_md, summary_md
+    assert "torchrun's first failure: rank 0 (local_rank: 0) on node" in summary_md
+    assert b"failing\n" in ran and "slurm-job/scontrol.txt" in files
+    assert len({name.split("/")[1] for name in files if name.startswith("nodes/")}) == 1
     # logs slurm-ID shows an ended job's output again, and how it ended.
     shown = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}")
     assert shown.code == 0 and shown.stdout == output, shown.stdout + shown.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from gpucluster.bundle.archive import summary
@@ -97,3 +98,64 @@ def test_the_summary_names_the_nodes_slurm_does_not_call_healthy() -> None:
     without = summary(Collected({"node1": NodeBundle("node1")}, doctor, None, None, 1.0,
                                 None), Path("inv.yaml"))
     assert "## Slurm" not in without
+
+
+# The end of a failed exported job's output on the sandbox (two ranks, one node each).
+TORCHRUN_REPORT = """Traceback (most recent call last):
+  File "/w/fails.py", line 3, in <module>
+    raise RuntimeError("boom")
+RuntimeError: boom
+Traceback (most recent call last):
+  File "/w/fails.py", line 3, in <module>
+    raise RuntimeError("boom")
+RuntimeError: boom
+E1203 03:49:38.942000 26138 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 26347)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fails.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_03:49:38
+  host      : node2
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 26347)
+  error_file: <N/A>
+============================================================
+srun: error: node2: task 1: Exited with exit code 1
+"""
+
+
+def test_a_slurm_jobs_bundle_says_how_it_ended_with_the_end_of_its_output() -> None:
+    from gpucluster.bundle import slurm_job
+    from gpucluster.slurm.follow import parse_job
+
+    shown = ("JobId=4 JobName=train UserId=gcuser(2000) JobState=FAILED Reason=NonZeroExitCode "
+             "ExitCode=1:0\n   StartTime=2026-12-03T03:40:12 EndTime=2026-12-03T03:41:00\n"
+             "   NodeList=node[1-2] BatchHost=node1\n   StdOut=/srv/w/slurm-4.out\n")
+    started = slurm_job._start_time(shown)
+    assert started is not None and time.localtime(started)[:6] == (2026, 12, 3, 3, 40, 12)
+    assert slurm_job._start_time("JobState=PENDING StartTime=Unknown") is None
+    assert slurm_job._expand("node[1-2],gpu07") == ["node1", "node2", "gpu07"]
+    assert slurm_job._expand("(null)") == []
+    output = ("".join(f"step {i}\n" for i in range(30)) + TORCHRUN_REPORT).encode()
+    job = slurm_job.SlurmJob("4", parse_job(shown), shown, output, "", ["node1", "node2"],
+                             started)
+    doctor = DoctorReport(("node1", "node2"), (), ())
+    text = summary(Collected({}, doctor, None, None, 1.0, slurm_job=job), Path("inv.yaml"))
+    part = text.split("## Slurm job 4")[1].split("\n## ")[0]
+    assert "failed (exit 1:0) on node[1-2]; its output: `/srv/w/slurm-4.out` on node1." \
+        in part
+    assert "torchrun's first failure: rank 1 (local_rank: 0) on node2, exit code 1 " \
+           "(pid: 26347), at 2026-12-03_03:49:38." in part
+    assert "Its first error:\n\n```\nTraceback (most recent call last):\n  File " \
+           "\"/w/fails.py\", line 3, in <module>\n    raise RuntimeError(\"boom\")\n" \
+           "RuntimeError: boom\n```" in part
+    tail = part.split("The last 20 lines of its output:")[1]
+    assert tail.count("\n") == 20 + 4 and "step" not in tail  # 20, within ``` and blanks
+    assert tail.rstrip().endswith("srun: error: node2: task 1: Exited with exit code 1\n```")
+    assert "`slurm-job/output.log`" in text
+    silent = slurm_job.SlurmJob("5", parse_job("JobId=5 JobState=PENDING Reason=Resources"),
+                                "", b"", "it has not started", ["node1"], None)
+    text = summary(Collected({}, doctor, None, None, 1.0, slurm_job=silent), Path("i.yaml"))
+    assert "No output collected: it has not started." in text
