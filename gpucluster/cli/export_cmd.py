@@ -15,6 +15,7 @@ from gpucluster.cli.options import (
     AskPassOption,
     ConnectTimeoutOption,
     ContainerOption,
+    DebugOption,
     ImageOption,
     InventoryOption,
     ModuleOption,
@@ -41,6 +42,7 @@ def sbatch(
         "--workdir", "-C", metavar="DIR",
         help="Directory synced to every node (default: the current one).")] = None,
     module: ModuleOption = False,
+    debug: DebugOption = False,
     nodes: Annotated[int | None, typer.Option(
         "--nodes", "-N", min=1, metavar="N",
         help="Nodes to ask Slurm for (default: every host of the inventory).")] = None,
@@ -87,7 +89,7 @@ def sbatch(
                                    env=parse_env(env or []),
                                    image=job_image,
                                    output_name=name,
-                                   module=module)
+                                   module=module, debug=debug)
         err.print(note)
         if output is not None or not (submit or follow):
             write_output(output, text, 0o755)

@@ -17,6 +17,7 @@ from gpucluster.cli.options import (
     AskPassOption,
     ConnectTimeoutOption,
     ContainerOption,
+    DebugOption,
     GroupOption,
     HostsOption,
     ImageOption,
@@ -76,10 +77,7 @@ def launch(
              "written down or shown (job.json, bundle). Names with TOKEN, KEY, SECRET or "
              "PASSWORD are masked anyway.")
     ] = None,
-    debug: Annotated[bool, typer.Option(
-        "--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and the NCCL "
-                        "flight recorder on every rank, their files in the job dir "
-                        "(gpucluster bundle takes them).")] = False,
+    debug: DebugOption = False,
     image: ImageOption = None,
     container: ContainerOption = False,
     detach: Annotated[bool, typer.Option(

@@ -37,6 +37,10 @@ ConnectTimeoutOption = Annotated[
     typer.Option("--connect-timeout", metavar="SECONDS", min=0.1,
                  help="Give up connecting to a host after this long (inventory default: 10)."),
 ]
+DebugOption = Annotated[bool, typer.Option(
+    "--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and the NCCL flight "
+                    "recorder on every rank, their files in the job dir (gpucluster "
+                    "bundle takes them).")]
 ModuleOption = Annotated[
     bool,
     typer.Option("--module", "-m",

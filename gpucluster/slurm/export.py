@@ -22,7 +22,7 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
                   args: Sequence[str], sync: bool, nodes: int | None = None,
                   nproc_per_node: int | None = None, env: Mapping[str, str] | None = None,
                   image: str | None = None, output_name: str = "job.sbatch",
-                  module: bool = False) -> tuple[str, str]:
+                  module: bool = False, debug: bool = False) -> tuple[str, str]:
     """(the script, what was done about the work dir)."""
     if nodes is not None and nodes > len(inventory.hosts):  # Slurm would hold it for ever
         raise GpuclusterError(f"-N {nodes}: the cluster has {len(inventory.hosts)} nodes, so "
@@ -42,5 +42,5 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
         note = f"not synced (--no-sync): the script expects the work dir at {code_dir} on " \
                f"every node"
     request = SbatchRequest(relative, tuple(args), code_dir, sync, nodes, nproc_per_node,
-                            env, image, output_name, module)
+                            env, image, output_name, module, debug)
     return sbatch_script(inventory, request), note

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster.inventory import Inventory
-from gpucluster.launch.node_scripts import Container, container_command
+from gpucluster.launch.node_scripts import DEBUG_ENV_NAMES, Container, container_command
 from gpucluster.remote.connection import shell_path
 from gpucluster.templating import render
 from gpucluster.torchrun import (
@@ -37,6 +37,7 @@ class SbatchRequest:
     image: str | None = None
     output_name: str = "job.sbatch"
     module: bool = False  # script is a module name: torchrun -m
+    debug: bool = False  # launch --debug's diagnostics, into GPC_JOB_DIR
 
 
 def job_name(script: str) -> str:
@@ -65,9 +66,11 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     env = {**cluster.env, **(request.env or {})}
     container = None
     if request.image:
+        debug_env = DEBUG_ENV_NAMES if request.debug else ()
         container = Container(request.image, "gpucluster-slurm-$SLURM_JOB_ID",
                               head.jobs_use_gpus, sorted({*env, *SOCKET_IFNAME_VARIABLES,
-                                                          "GPUCLUSTER_CHECKPOINT_DIR"}),
+                                                          "GPUCLUSTER_CHECKPOINT_DIR",
+                                                          *debug_env}),
                               name_expands=True)
         command = container_command(container, command, node_images_dir(cluster.work_dir))
     work_dir = shell_path(cluster.work_dir)
@@ -76,7 +79,9 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
         "slurm/sbatch_node.sh.j2", code_dir=request.code_dir, command=command,
         ifname_variables=[n for n in SOCKET_IFNAME_VARIABLES if n not in env],
         jobs_dir=f"{work_dir}/jobs", checkpoints_dir=f"{work_dir}/checkpoints",
-        container=container is not None,
+        container=container is not None, debug=request.debug,
+        # As launch: DETAIL kills DDP on CPU (gloo) under torch 2.13, INFO there.
+        distributed_debug="DETAIL" if head.jobs_use_gpus else "INFO",
         runtimes=("apptainer", "singularity") if sif else ("podman", "docker"))
     gpus = head.gpus if head.jobs_use_gpus else None
     return render("slurm/sbatch.sh.j2", inventory=inventory.path, script=request.script,

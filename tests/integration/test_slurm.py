@@ -177,10 +177,14 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     for rank in range(3):
         assert f"rank {rank}/3" in output, output
     assert "done" in output
-    (project / "fails.py").write_text("import sys\nprint('failing', flush=True)\nsys.exit(3)\n")
+    # --debug: launch's diagnostics on every rank, their directories in the job's dir.
+    (project / "fails.py").write_text(
+        "import os, sys\nprint('failing', os.environ.get('NCCL_DEBUG'), "
+        "os.environ.get('TORCH_DISTRIBUTED_DEBUG'), flush=True)\nsys.exit(3)\n")
     failed = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "-N", "1",
-                        "--follow", "fails.py", cwd=str(project), timeout=120)
-    assert failed.code == 1 and "failing" in failed.stdout, failed.stdout + failed.stderr
+                        "--debug", "--follow", "fails.py", cwd=str(project), timeout=120)
+    assert failed.code == 1 and "failing INFO INFO" in failed.stdout, \
+        failed.stdout + failed.stderr
     assert re.search(r"Slurm job \d+ failed \(exit 1:0\)", failed.stderr), failed.stderr
     # bundle slurm-ID: Slurm's record, the output's end, torchrun's root cause, its node.
     failed_id = re.search(r"submitted batch job (\d+)", failed.stderr)[1]  # type: ignore[index]
@@ -194,7 +198,7 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         ran = tar.extractfile(files["slurm-job/output.log"]).read()  # type: ignore[union-attr]
     assert f"## Slurm job {failed_id}\n\nfailed (exit 1:0) on node" in summary_md, summary_md
     assert "torchrun's first failure: rank 0 (local_rank: 0) on node" in summary_md
-    assert b"failing\n" in ran and "slurm-job/scontrol.txt" in files
+    assert b"failing INFO INFO\n" in ran and "slurm-job/scontrol.txt" in files
     assert len({name.split("/")[1] for name in files if name.startswith("nodes/")}) == 1
     # logs slurm-ID shows an ended job's output again, and how it ended.
     shown = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}")
