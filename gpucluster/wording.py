@@ -15,3 +15,11 @@ def size(count: int) -> str:
         if count >= factor:
             return f"{count / factor:.1f}".removesuffix(".0") + f" {unit}"
     return f"{count} B"
+
+
+def ago(seconds: float) -> str:
+    """An age in its largest whole unit: 7d, 12h, 30m, 45s."""
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds // length:.0f}{unit}"
+    return f"{seconds:.0f}s"

@@ -23,8 +23,9 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.cli.views import common
+from gpucluster.cli.views import slurm_prune as slurm_views
 from gpucluster.errors import EXIT_FAILED
-from gpucluster.wording import counted, size
+from gpucluster.wording import ago, counted, size
 
 if TYPE_CHECKING:
     from gpucluster.launch.prune import JobPrune, PruneReport
@@ -46,27 +47,41 @@ def prune(
 ) -> None:
     """Forget jobs that ended: their logs and state on every node and their record here
     (--checkpoints: their checkpoints too). Lists what it would remove unless --yes; a
-    running job, or one a node cannot vouch for, is never touched."""
+    running job, or one a node cannot vouch for, is never touched. Where Slurm is set up,
+    the files Slurm jobs from export sbatch left on the nodes too, once Slurm no longer
+    has the job and nothing was written there for AGE."""
     from gpucluster.launch import prune as core
+    from gpucluster.slurm import prune as slurm_core
+    from gpucluster.slurm.queue import set_up_from_here
+    from gpucluster.state import state_dir_for
 
     age_s = core.parse_age(older_than)
     loaded = load_inventory(inventory)
     store = job_store(loaded)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         report = core.prune(session, loaded, store, age_s, checkpoints, yes)
+        slurm = slurm_core.prune(session, loaded, age_s, checkpoints, yes) \
+            if set_up_from_here(loaded, state_dir_for(loaded)) else None
     if json_output:
-        common.print_json(stdout_console(), _payload(report, age_s, checkpoints))
+        common.print_json(stdout_console(), {**_payload(report, age_s, checkpoints),
+                                             "slurm": slurm_views.payload(slurm)})
     else:
-        _print(stderr_console(), report, older_than, checkpoints)
-    if any(job.problem for job in report.jobs):
+        _print(stderr_console(), report, older_than, checkpoints,
+               slurm_found=slurm is not None and bool(slurm.jobs or slurm.skipped))
+        if slurm is not None:
+            slurm_views.print_report(stderr_console(), slurm, older_than, checkpoints, yes)
+    if any(job.problem for job in report.jobs) or \
+            (slurm is not None and any(job.problem for job in slurm.jobs)):
         raise typer.Exit(EXIT_FAILED)
 
 
-def _print(err: Console, report: PruneReport, older_than: str, checkpoints: bool) -> None:
+def _print(err: Console, report: PruneReport, older_than: str, checkpoints: bool,
+           slurm_found: bool = False) -> None:
     for job_id, why in report.skipped:
         err.print(f"job {job_id}: kept, {escape(why)}")
     if not report.jobs:
-        err.print(f"no ended job started more than {escape(older_than)} ago")
+        if not slurm_found:  # else the Slurm jobs' lines say what there is
+            err.print(f"no ended job started more than {escape(older_than)} ago")
         return
     now = time.time()
     for job in report.jobs:
@@ -101,16 +116,9 @@ def _job_line(job: JobPrune, now: float, removing: bool) -> str:
     elif removing:
         state = " [green]removed[/]"
     command = record.command()
-    age = _age(now - record.started_at)
+    age = ago(now - record.started_at)
     return (f"job {record.id} ({escape(command[:40])}), started {age} ago: "
             f"{escape('; '.join(parts))}{state}")
-
-
-def _age(seconds: float) -> str:
-    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= length:
-            return f"{seconds // length:.0f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def _payload(report: PruneReport, age_s: float, checkpoints: bool) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.inventory import load
 from tests.cli import gpucluster
 from tests.sandbox import TRAIN, Sandbox, start_sandbox
 
@@ -252,6 +253,17 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     assert stopped.stdout.startswith(f"Slurm job {running} cancelled: cancelled"), \
         stopped.stdout
     assert on_node1(cluster, f"squeue -h -j {running}").strip() == ""
+    # prune takes the files exported jobs left on their nodes once Slurm has ended them.
+    jobs_dir = f"{load(cluster.inventory).cluster.work_dir}/jobs"
+    assert f"slurm-{job}" in on_node1(cluster, f"ls {jobs_dir}").split()
+    pruned = gpucluster("prune", "-i", str(cluster.inventory), "--older-than", "0", "--yes",
+                        "--json")
+    assert pruned.code == 0, pruned.stdout + pruned.stderr
+    gone = {j["job"] for j in pruned.json()["slurm"]["jobs"] if j["removed"]}
+    assert {job, failed_id} <= gone, pruned.stdout
+    for node in cluster.nodes:
+        left = cluster.node_exec(node, f"ls {jobs_dir} 2>/dev/null", check=False).stdout
+        assert "slurm-" not in left, (node, left)
 
     # A second run changes nothing; a changed setting shows as a diff, changing nothing.
     again = provision(cluster, "--with", "slurm")

@@ -1,0 +1,84 @@
+"""prune, for the files Slurm jobs from export sbatch leave on the nodes: on a local
+host with a stand-in squeue, the old ended jobs' dirs are sized and removed, a job Slurm
+still has or a young one is kept, and nothing goes when squeue cannot say."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gpucluster.inventory import load
+from gpucluster.remote.session import Session
+from gpucluster.remote.ssh import SshOptions
+from gpucluster.slurm import prune, queue
+
+DAY = 86400
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A work dir holding the files of Slurm jobs 3 (ended 8 days ago, with a checkpoint),
+    4 (written an hour ago), 5 (old, but Slurm still has it) and a stray slurm-x."""
+    work = tmp_path / "work dir"
+    old = time.time() - 8 * DAY
+    for relative, data in (("jobs/slurm-3/rank0.txt", b"x" * 5000),
+                           ("checkpoints/slurm-3/ckpt.pt", b"w" * 300_000),
+                           ("jobs/slurm-4/rank0.txt", b"y"), ("jobs/slurm-5/rank0.txt", b"z"),
+                           ("jobs/slurm-x/keep.txt", b"k")):
+        path = work / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        if "slurm-4" not in relative:
+            for each in (path, path.parent):
+                os.utime(each, (old, old))
+    recent = time.time() - 3600
+    os.utime(work / "jobs/slurm-4", (recent, recent))
+    (tmp_path / "bin").mkdir()
+    squeue = tmp_path / "bin" / "squeue"
+    squeue.write_text("#!/bin/sh\n[ -e \"$0.down\" ] && { echo 'slurm_load_jobs error: "
+                      "Unable to contact slurm controller' >&2; exit 1; }\n"
+                      "echo '5|train|u|RUNNING|8-00:00:00|1|a'\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(queue, "SET_UP_HERE", "true")
+    return work
+
+
+def session_for(work: Path) -> Session:
+    inventory = work.parent / "c.yaml"
+    inventory.write_text(f"cluster: {{work_dir: '{work}'}}\n"
+                         "hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
+    return Session(load(inventory), SshOptions(work.parent / "known_hosts"))
+
+
+def test_old_ended_jobs_are_listed_then_removed_and_the_others_kept(work: Path) -> None:
+    session = session_for(work)
+    listed = prune.prune(session, session.inventory, 7 * DAY, checkpoints=False, remove=False)
+    assert [j.job_id for j in listed.jobs] == ["3"]  # 4 too young, 5 still Slurm's
+    assert listed.skipped == [("5", "Slurm still has it (running)")]
+    three = listed.jobs[0]
+    assert three.nodes["a"].job_bytes is not None and three.nodes["a"].job_bytes >= 5000
+    assert three.checkpoint_bytes >= 300_000 and three.node_bytes == three.job_bytes
+    assert (work / "jobs/slurm-3").exists()  # only listed
+    removed = prune.prune(session, session.inventory, 7 * DAY, checkpoints=False,
+                          remove=True)
+    assert removed.jobs[0].removed and not (work / "jobs/slurm-3").exists()
+    assert (work / "checkpoints/slurm-3/ckpt.pt").exists()  # kept without --checkpoints
+    assert (work / "jobs/slurm-4").exists() and (work / "jobs/slurm-5").exists()
+    assert (work / "jobs/slurm-x/keep.txt").exists()  # not a Slurm job's name
+    again = prune.prune(session, session.inventory, 7 * DAY, checkpoints=True, remove=True)
+    assert [j.job_id for j in again.jobs] == ["3"] and again.jobs[0].removed
+    assert not (work / "checkpoints/slurm-3").exists()
+
+
+def test_nothing_goes_when_squeue_cannot_say_which_jobs_slurm_has(
+        work: Path, tmp_path: Path) -> None:
+    (tmp_path / "bin" / "squeue.down").touch()
+    session = session_for(work)
+    report = prune.prune(session, session.inventory, 7 * DAY, checkpoints=True, remove=True)
+    assert report.jobs == [] and [job for job, _ in report.skipped] == ["3", "5"]
+    assert "Slurm's queue could not be read: a: squeue failed" in report.skipped[0][1]
+    assert (work / "jobs/slurm-3").exists() and (work / "checkpoints/slurm-3").exists()
