@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster.cli.options import stderr_console, stdout_console
-from gpucluster.errors import EXIT_FAILED, Interrupted
+from gpucluster.errors import EXIT_FAILED, GpuclusterError, Interrupted
 
 if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 
 def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> None:
-    """The job's output to stdout: until it ends (`live`), else what it has written so
-    far; its state on stderr. Exit 1 once it has ended other than COMPLETED. Ctrl-C
-    stops following, never the job."""
+    """The job's output to stdout: until it ends (`live`, then exit 1 unless it
+    COMPLETED), else what it has written so far; its state on stderr. Ctrl-C stops
+    following, never the job."""
     from gpucluster.slurm.follow import follow
 
     def show(text: str) -> None:
@@ -45,12 +45,11 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> N
                   f"slurm-{job_id} follows it)")
         return
     if not ended.batch_host:
-        err.print(f"Slurm job {job_id}: Slurm does not know it (it forgets an ended job "
-                  f"after MinJobAge, 300 s by default; its output stays in "
-                  f"slurm-{job_id}.out where it was submitted)")
-        raise typer.Exit(EXIT_FAILED)
+        raise GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended job "
+                              f"after MinJobAge, 300 s by default (its output stays in "
+                              f"slurm-{job_id}.out where it was submitted)")
     err.print(f"Slurm job {job_id} {ending(ended)}")
-    if ended.state != "COMPLETED":
+    if live and ended.state != "COMPLETED":
         raise typer.Exit(EXIT_FAILED)
 
 

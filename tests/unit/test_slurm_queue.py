@@ -121,3 +121,26 @@ def test_a_slurm_jobs_output_takes_no_search_options(tmp_path: Path) -> None:
     assert done.code == 2 and done.stderr.strip() == (
         "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: only "
         "-f applies (fix: gpucluster logs slurm-4 | grep ...)")
+
+
+def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -> None:
+    """As `logs JOB`: what is there and how it ended, exit 0; a job Slurm does not know
+    is one line, exit 2."""
+    out = tmp_path / "slurm-9.out"
+    out.write_text("epoch 1\nTraceback: boom\n")
+    stand_in(tmp_path, "scontrol", f"[ \"$4\" = 9 ] || {{ echo 'slurm_load_jobs error: "
+                                   f"Invalid job id specified' >&2; exit 1; }}\n"
+                                   f"echo 'JobId=9 JobState=FAILED BatchHost=a "
+                                   f"StdOut={out} ExitCode=1:0 NodeList=a Reason=None'\n")
+    inventory = str(tmp_path / "c.yaml")
+    path = {"PATH": os.environ["PATH"]}  # the stand-ins first
+    shown = gpucluster("logs", "-i", inventory, "slurm-9", env=path)
+    assert (shown.code, shown.stdout) == (0, "epoch 1\nTraceback: boom\n"), shown.stderr
+    assert shown.stderr.strip() == "Slurm job 9 failed (exit 1:0)"
+    followed = gpucluster("logs", "-i", inventory, "-f", "slurm-9", env=path)
+    assert followed.code == 1 and followed.stdout == shown.stdout  # -f: the job's verdict
+    unknown = gpucluster("logs", "-i", inventory, "slurm-10", env=path)
+    assert unknown.code == 2 and unknown.stderr.strip() == (
+        "gpucluster: error: Slurm does not know job 10: it forgets an ended job after "
+        "MinJobAge, 300 s by default (its output stays in slurm-10.out where it was "
+        "submitted)")
