@@ -45,7 +45,8 @@ GraceOption = Annotated[float, typer.Option(
     "--grace", min=0, metavar="SECONDS",
     help="After TERM, how long processes get to exit before KILL.")]
 JobArgument = Annotated[str | None, typer.Argument(
-    metavar="JOB", help="Job id, a unique part of it, or 'last' (the default: the newest job).")]
+    metavar="JOB", help="Job id, a unique part of it, or 'last' (the default: the newest "
+                        "job); slurm-ID for a Slurm job.")]
 
 
 def launch(
