@@ -98,8 +98,8 @@ def sbatch(
                              f"{loaded.cluster.work_dir.rstrip('/')}/{root.resolve().name}")
             print(job.job_id, flush=True)
             err.print(f"submitted batch job {job.job_id} on {job.host}; its output: "
-                      f"{job.output} on the job's first node (squeue: gpucluster run -w "
-                      f"{job.host} squeue)")
+                      f"{job.output} on the job's first node (gpucluster logs -f "
+                      f"slurm-{job.job_id} follows it; gpucluster jobs lists the queue)")
             if follow:
                 slurm_jobs.output(session, loaded, job.job_id, live=True)
         elif output is not None:
