@@ -15,7 +15,13 @@ from gpucluster.errors import GpuclusterError, HostRangeError
 from gpucluster.inventory import Inventory
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
-from gpucluster.slurm.follow import FORGOTTEN, POLL_TIMEOUT_S, JobInfo, parse_job
+from gpucluster.slurm.follow import (
+    FORGOTTEN,
+    POLL_TIMEOUT_S,
+    JobInfo,
+    parse_job,
+    unknown_job,
+)
 from gpucluster.slurm.submit import submit_host
 
 MAX_OUTPUT_BYTES = 8 * 1024 * 1024  # the end of the output: where a failure shows
@@ -54,10 +60,8 @@ def read(session: Session, inventory: Inventory, job_id: str) -> SlurmJob:
     if not shown.ok:
         said = (shown.stderr.strip().splitlines() or [shown.ending])[-1]
         if FORGOTTEN in shown.stderr:
-            raise GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended "
-                                  f"job after MinJobAge, 300 s by default (fix: bundle "
-                                  f"without a job; its output stays in slurm-{job_id}.out "
-                                  f"where it was submitted)")
+            raise unknown_job(job_id, f"fix: bundle without a job; its output stays in "
+                                      f"slurm-{job_id}.out where it was submitted")
         raise GpuclusterError(f"{controller.name}: scontrol show job {job_id} failed: "
                               f"{said} (fix: is slurmctld running?)")
     info = parse_job(shown.stdout)

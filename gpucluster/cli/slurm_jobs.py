@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster.cli.options import stderr_console, stdout_console
-from gpucluster.errors import EXIT_FAILED, GpuclusterError, Interrupted
+from gpucluster.errors import EXIT_FAILED, Interrupted
 
 if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
@@ -26,7 +26,7 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> N
     """The job's output to stdout: until it ends (`live`, then exit 1 unless it
     COMPLETED), else what it has written so far; its state on stderr. Ctrl-C stops
     following, never the job."""
-    from gpucluster.slurm.follow import follow
+    from gpucluster.slurm.follow import follow, unknown_job
 
     def show(text: str) -> None:
         sys.stdout.write(text)
@@ -45,9 +45,8 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> N
                   f"slurm-{job_id} follows it)")
         return
     if not ended.batch_host:
-        raise GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended job "
-                              f"after MinJobAge, 300 s by default (its output stays in "
-                              f"slurm-{job_id}.out where it was submitted)")
+        raise unknown_job(job_id, f"its output stays in slurm-{job_id}.out where it was "
+                                  f"submitted")
     err.print(f"Slurm job {job_id} {ending(ended)}")
     if live and ended.state != "COMPLETED":
         raise typer.Exit(EXIT_FAILED)

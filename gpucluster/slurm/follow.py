@@ -57,6 +57,13 @@ def parse_job(text: str) -> JobInfo:
                    fields.get("Reason", ""), fields.get("NodeList", ""))
 
 
+def unknown_job(job_id: str, then: str) -> GpuclusterError:
+    """The error for a job scontrol does not know; `then`: what to do, or where its
+    output stays."""
+    return GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended job "
+                           f"after MinJobAge, 300 s by default ({then})")
+
+
 def job_info(connection: Connection, job_id: str) -> JobInfo | str:
     """The job as scontrol shows it (state "" once Slurm has forgotten it), or
     scontrol's complaint where it did not answer (slurmctld busy or restarting)."""

@@ -13,7 +13,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
-from gpucluster.slurm.follow import JobInfo, job_info
+from gpucluster.slurm.follow import JobInfo, job_info, unknown_job
 from gpucluster.slurm.submit import submit_host
 from gpucluster.slurm_states import SET_UP_HERE
 
@@ -92,9 +92,7 @@ def cancel(session: Session, inventory: Inventory, job_id: str,
     connection = session.connection(host)
     before = job_info(connection, job_id)
     if isinstance(before, JobInfo) and before.state == "":
-        raise GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended job "
-                              f"after MinJobAge, 300 s by default (fix: gpucluster jobs "
-                              f"lists Slurm's queue)")
+        raise unknown_job(job_id, "fix: gpucluster jobs lists Slurm's queue")
     if isinstance(before, JobInfo) and before.ended:
         return before, True
     try:
