@@ -4,8 +4,6 @@ node that ran its batch step); its nodes and start time choose what the rest col
 
 from __future__ import annotations
 
-import base64
-import binascii
 import shlex
 import time
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from gpucluster.slurm.follow import (
     FORGOTTEN,
     POLL_TIMEOUT_S,
     JobInfo,
+    file_bytes,
     parse_job,
     unknown_job,
 )
@@ -87,17 +86,12 @@ def _output(session: Session, inventory: Inventory, info: JobInfo) -> tuple[byte
     if not info.stdout or host is None:
         return b"", ("it has not started" if not info.batch_host else
                      f"its batch node {info.batch_host} is not in the inventory")
-    command = f"tail -c {MAX_OUTPUT_BYTES} {shlex.quote(info.stdout)} | base64 -w0"
     try:
-        done = session.connection(host).run(command, POLL_TIMEOUT_S)
+        return file_bytes(session, host, info.stdout, str(MAX_OUTPUT_BYTES)), ""
     except RemoteError as error:
         return b"", f"{host.name}: {error.message}"
-    if not done.ok:
-        return b"", f"{host.name}: {info.stdout} could not be read"
-    try:
-        return base64.b64decode(done.stdout), ""
-    except (binascii.Error, ValueError):
-        return b"", f"{host.name}: {info.stdout} arrived damaged"
+    except GpuclusterError as error:
+        return b"", str(error)
 
 
 def _start_time(shown: str) -> float | None:

@@ -5,6 +5,7 @@ how it ended. Polled, each poll one short command with its own time limit."""
 from __future__ import annotations
 
 import base64
+import binascii
 import codecs
 import dataclasses
 import shlex
@@ -125,10 +126,26 @@ def follow(session: Session, inventory: Inventory, job_id: str,
 def _read_from(session: Session, host: Host, path: str, offset: int) -> bytes:
     """The file's bytes from `offset` (at most CHUNK_BYTES); none while it is not there
     yet or the node does not answer (the next poll tries again)."""
-    command = (f"tail -c +{offset + 1} {shlex.quote(path)} 2>/dev/null | "
-               f"head -c {CHUNK_BYTES} | base64 -w0")
     try:
-        done = session.connection(host).run(command, POLL_TIMEOUT_S)
-    except RemoteError:
+        return file_bytes(session, host, path, f"+{offset + 1}", CHUNK_BYTES)
+    except (RemoteError, GpuclusterError):
         return b""
-    return base64.b64decode(done.stdout) if done.ok else b""
+
+
+def file_bytes(session: Session, host: Host, path: str, window: str,
+               limit: int | None = None) -> bytes:
+    """`tail -c WINDOW` of a file on `host` (`+N`: from its byte N; `N`: its last N
+    bytes), `limit` bytes at most, byte for byte: base64 on the wire, since a command's
+    output comes back as text. RemoteError where the node does not answer;
+    GpuclusterError where the file cannot be read."""
+    quoted = shlex.quote(path)
+    head = f" | head -c {limit}" if limit else ""
+    done = session.connection(host).run(
+        f"[ -r {quoted} ] || exit 3; tail -c {window} {quoted}{head} | base64 -w0",
+        POLL_TIMEOUT_S)
+    if not done.ok:
+        raise GpuclusterError(f"{host.name}: {path} cannot be read")
+    try:
+        return base64.b64decode(done.stdout.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise GpuclusterError(f"{host.name}: {path} arrived damaged") from None

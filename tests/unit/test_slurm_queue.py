@@ -144,3 +144,16 @@ def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -
         "gpucluster: error: Slurm does not know job 10: it forgets an ended job after "
         "MinJobAge, 300 s by default (its output stays in slurm-10.out where it was "
         "submitted)")
+
+
+def test_a_file_is_read_byte_for_byte_and_a_missing_one_says_so(
+        session: Session, tmp_path: Path) -> None:
+    from gpucluster.slurm.follow import file_bytes
+
+    host = session.inventory.hosts[0]
+    data = bytes(range(256)) * 4  # not text: every byte value
+    (tmp_path / "out").write_bytes(data)
+    assert file_bytes(session, host, str(tmp_path / "out"), "100") == data[-100:]
+    assert file_bytes(session, host, str(tmp_path / "out"), "+1001", 10) == data[1000:1010]
+    with pytest.raises(GpuclusterError, match=r"^a: .*/gone cannot be read$"):
+        file_bytes(session, host, str(tmp_path / "gone"), "100")
