@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,7 @@ class NodeFiles:
 
     job_bytes: int | None
     checkpoint_bytes: int | None
+    checkpoint_dir: str = ""  # which directory (once_per_directory): shared homes share it
 
 
 @dataclass
@@ -64,7 +65,18 @@ class JobPrune:
 
     @property
     def checkpoint_bytes(self) -> int:
-        return sum(f.checkpoint_bytes or 0 for f in self.nodes.values())
+        return once_per_directory((f.checkpoint_dir, f.checkpoint_bytes)
+                                  for f in self.nodes.values())
+
+
+def once_per_directory(sizes: Iterable[tuple[str, int | None]]) -> int:
+    """Bytes summed over nodes, counting once a directory several nodes see (a home they
+    share): nodes reporting the same identity (its inode and newest file's time, as
+    prune's node scripts print it) see one directory. "" is a directory of its own."""
+    unique: dict[str, int] = {}
+    for index, (identity, count) in enumerate(sizes):
+        unique[identity or f"#{index}"] = count or 0
+    return sum(unique.values())
 
 
 @dataclass
@@ -136,7 +148,7 @@ def _on_nodes(session: Session, inventory: Inventory, jobs: list[JobPrune],
         done = connection.run(script, timeout=PRUNE_TIMEOUT_S)
         found = {fields[0]: tuple(fields[1:]) for fields in
                  (line.split() for line in reports.by_kind(done.stdout).get("pruned", []))
-                 if len(fields) == 4}
+                 if len(fields) == 5}
         if not done.ok or len(found) != len(mine):
             raise GpuclusterError(done.stderr.strip()[-200:] or f"exit {done.exit_code}")
         return found
@@ -144,9 +156,10 @@ def _on_nodes(session: Session, inventory: Inventory, jobs: list[JobPrune],
     answers = session.map(wanted, run)
     by_id = {j.record.id: j for j in jobs}
     for node, found in answers.values.items():
-        for job_id, (job_kib, checkpoint_kib, code) in found.items():
+        for job_id, (job_kib, checkpoint_kib, code, checkpoint_dir) in found.items():
             job = by_id[job_id]
-            job.nodes[node] = NodeFiles(_bytes(job_kib), _bytes(checkpoint_kib))
+            job.nodes[node] = NodeFiles(_bytes(job_kib), _bytes(checkpoint_kib),
+                                        "" if checkpoint_dir == "-" else checkpoint_dir)
             if code != "0":
                 job.problem = f"{node}: removing its files failed (exit {code})"
     for node, failure in answers.failures.items():

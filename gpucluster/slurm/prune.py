@@ -6,12 +6,14 @@ age asked: a listing round, then (with --yes) a removal round, on every node."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from gpucluster import hostrange, reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
+from gpucluster.launch.prune import once_per_directory
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.session import Session
 from gpucluster.slurm.queue import queue
@@ -27,6 +29,8 @@ class SlurmFiles:
 
     job_bytes: int | None = None
     checkpoint_bytes: int | None = None
+    job_dir: str = ""  # which directories (once_per_directory): shared homes share them
+    checkpoint_dir: str = ""
 
 
 @dataclass
@@ -40,11 +44,12 @@ class SlurmJobPrune:
 
     @property
     def job_bytes(self) -> int:
-        return sum(f.job_bytes or 0 for f in self.nodes.values())
+        return once_per_directory((f.job_dir, f.job_bytes) for f in self.nodes.values())
 
     @property
     def checkpoint_bytes(self) -> int:
-        return sum(f.checkpoint_bytes or 0 for f in self.nodes.values())
+        return once_per_directory((f.checkpoint_dir, f.checkpoint_bytes)
+                                  for f in self.nodes.values())
 
     @property
     def node_bytes(self) -> int:
@@ -67,11 +72,13 @@ def prune(session: Session, inventory: Inventory, older_than_s: float, checkpoin
     found: dict[str, dict[str, SlurmFiles]] = {}
     newest: dict[str, float] = {}
     for node, entries in listed.values.items():
-        for job_id, kind, kib, mtime in entries:
+        for job_id, kind, kib, mtime, identity in entries:
             files = found.setdefault(job_id, {}).get(node, SlurmFiles())
             size = int(kib) * 1024 if kib.isdigit() else None
-            found[job_id][node] = (SlurmFiles(size, files.checkpoint_bytes) if kind == "jobs"
-                                   else SlurmFiles(files.job_bytes, size))
+            found[job_id][node] = (
+                dataclasses.replace(files, job_bytes=size, job_dir=identity)
+                if kind == "jobs" else
+                dataclasses.replace(files, checkpoint_bytes=size, checkpoint_dir=identity))
             newest[job_id] = max(newest.get(job_id, 0.0), float(mtime or 0))
     cutoff = (now if now is not None else time.time()) - older_than_s
     old = sorted((job_id for job_id in found if newest[job_id] <= cutoff), key=int)
@@ -97,7 +104,7 @@ def prune(session: Session, inventory: Inventory, older_than_s: float, checkpoin
     return SlurmPruneReport(jobs, skipped)
 
 
-def _listing(connection: Connection, work_dir: str) -> list[tuple[str, str, str, str]]:
+def _listing(connection: Connection, work_dir: str) -> list[tuple[str, str, str, str, str]]:
     script = render("slurm/prune.sh.j2", node=connection.host, remove=[],
                     work_dir=work_dir, checkpoints=False)
     done = connection.run(script, timeout=LIST_TIMEOUT_S)
@@ -106,9 +113,10 @@ def _listing(connection: Connection, work_dir: str) -> list[tuple[str, str, str,
     entries = []
     for line in reports.by_kind(done.stdout).get("slurm-files", []):
         fields = line.split()
-        if len(fields) == 4 and fields[0].isdigit():
-            job_id, kind, kib, mtime = fields
-            entries.append((job_id, kind, kib, mtime if mtime.isdigit() else "0"))
+        if len(fields) == 5 and fields[0].isdigit():
+            job_id, kind, kib, mtime, identity = fields
+            entries.append((job_id, kind, kib, mtime if mtime.isdigit() else "0",
+                            "" if identity == "-" else identity))
     return entries
 
 

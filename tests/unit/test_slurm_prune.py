@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.inventory import load
+from gpucluster.launch.prune import once_per_directory
 from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
 from gpucluster.slurm import prune, queue
@@ -82,3 +83,20 @@ def test_nothing_goes_when_squeue_cannot_say_which_jobs_slurm_has(
     assert report.jobs == [] and [job for job, _ in report.skipped] == ["3", "5"]
     assert "Slurm's queue could not be read: a: squeue failed" in report.skipped[0][1]
     assert (work / "jobs/slurm-3").exists() and (work / "checkpoints/slurm-3").exists()
+
+
+def test_a_work_dir_every_node_sees_is_sized_once(work: Path) -> None:
+    """Two nodes sharing one home (both local here): each lists the job's dirs, and the
+    bytes are those of one copy."""
+    inventory = work.parent / "c.yaml"
+    inventory.write_text(f"cluster: {{work_dir: '{work}'}}\n"
+                         "hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n"
+                         "  - {name: b, address: 127.0.0.2, connection: local}\n")
+    shared = Session(load(inventory), SshOptions(work.parent / "known_hosts"))
+    single = session_for(work)
+    one = prune.prune(single, single.inventory, 7 * DAY, checkpoints=True, remove=False)
+    both = prune.prune(shared, shared.inventory, 7 * DAY, checkpoints=True, remove=False)
+    assert sorted(both.jobs[0].nodes) == ["a", "b"]
+    assert (both.jobs[0].job_bytes, both.jobs[0].checkpoint_bytes) == (
+        one.jobs[0].job_bytes, one.jobs[0].checkpoint_bytes)
+    assert once_per_directory([("", 5), ("", 7), ("9/1.5", 3), ("9/1.5", 3)]) == 15
