@@ -23,7 +23,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.cli.views import common
-from gpucluster.cli.views import slurm_prune as slurm_views
+from gpucluster.cli.views import prune as views
 from gpucluster.errors import EXIT_FAILED
 from gpucluster.wording import ago, counted, size
 
@@ -64,12 +64,12 @@ def prune(
             if set_up_from_here(loaded, state_dir_for(loaded)) else None
     if json_output:
         common.print_json(stdout_console(), {**_payload(report, age_s, checkpoints),
-                                             "slurm": slurm_views.payload(slurm)})
+                                             "slurm": views.payload(slurm)})
     else:
         _print(stderr_console(), report, older_than, checkpoints,
                slurm_found=slurm is not None and bool(slurm.jobs or slurm.skipped))
         if slurm is not None:
-            slurm_views.print_report(stderr_console(), slurm, older_than, checkpoints, yes)
+            views.print_report(stderr_console(), slurm, older_than, checkpoints, yes)
     if any(job.problem for job in report.jobs) or \
             (slurm is not None and any(job.problem for job in slurm.jobs)):
         raise typer.Exit(EXIT_FAILED)
@@ -88,9 +88,8 @@ def _print(err: Console, report: PruneReport, older_than: str, checkpoints: bool
         err.print(_job_line(job, now, report.removing))
     freed = sum(j.node_bytes for j in report.jobs if j.removed or not report.removing)
     here = sum(j.local_bytes for j in report.jobs if j.removed or not report.removing)
-    kept = sum(j.checkpoint_bytes for j in report.jobs if not j.remove_checkpoints)
-    tail = f"; checkpoints kept: {size(kept)} (--checkpoints removes them)" \
-        if kept and not checkpoints else ""
+    tail = views.checkpoints_kept(sum(j.checkpoint_bytes for j in report.jobs
+                                      if not j.remove_checkpoints), checkpoints)
     if report.removing:
         gone = [j for j in report.jobs if j.removed]
         err.print(f"removed {counted(len(gone), 'job')}: {size(freed)} on the nodes, "
@@ -102,23 +101,13 @@ def _print(err: Console, report: PruneReport, older_than: str, checkpoints: bool
 
 def _job_line(job: JobPrune, now: float, removing: bool) -> str:
     record = job.record
-    present = sorted(n for n, f in job.nodes.items() if f.job_bytes is not None)
-    parts = [f"logs {size(job.job_bytes)} on {hostrange.fold(present)}" if present
-             else "no files left on the nodes"]
-    if job.checkpoint_bytes:
-        parts.append(f"checkpoints {size(job.checkpoint_bytes)}"
-                     + ("" if job.remove_checkpoints else " kept"))
+    parts = views.files_on_nodes(job, "logs", "no files left on the nodes")
     if job.unlisted:
         parts.append(f"left on {hostrange.fold(job.unlisted)} (not in the inventory)")
-    state = ""
-    if job.problem:
-        state = f" [bold red]not removed: {escape(job.problem)}[/]"
-    elif removing:
-        state = " [green]removed[/]"
     command = record.command()
     age = ago(now - record.started_at)
     return (f"job {record.id} ({escape(command[:40])}), started {age} ago: "
-            f"{escape('; '.join(parts))}{state}")
+            f"{escape('; '.join(parts))}{views.outcome(job.problem, removing)}")
 
 
 def _payload(report: PruneReport, age_s: float, checkpoints: bool) -> dict[str, Any]:
