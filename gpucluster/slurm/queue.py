@@ -20,7 +20,9 @@ from gpucluster.slurm_states import SET_UP_HERE
 PREFIX = "slurm-"
 QUERY_TIMEOUT_S = 30.0
 NOT_SET_UP = "not set up"
-SQUEUE = "squeue -h -o '%i|%j|%u|%T|%M|%D|%R'"
+# %A, not %i: an array task's own job id (what its SLURM_JOB_ID, our slurm-ID names and its
+# job dir say), where %i would print 12_3.
+SQUEUE = "squeue -h -o '%A|%j|%u|%T|%M|%D|%R'"
 CANCEL_WAIT_S = 60.0  # Slurm ends the job's steps, then runs the epilog on its nodes
 
 
