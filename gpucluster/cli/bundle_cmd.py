@@ -48,6 +48,7 @@ def bundle(
     every node's and rank's logs, NCCL debug files and flight-recorder dumps.
 
     A dead or hanging node gives a partial bundle that says so. Exit 1 then."""
+    from gpucluster.bundle import slurm_job as slurm_part
     from gpucluster.bundle.archive import write
     from gpucluster.bundle.collect import NodeBundle, collect
     from gpucluster.launch.workdir import BUNDLE_PREFIX
@@ -71,8 +72,6 @@ def bundle(
                   f"{size(collected_bytes)} in {node.duration_s:.1f}s, {state}")
 
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        from gpucluster.bundle import slurm_job as slurm_part
-
         slurm = slurm_part.read(session, loaded, slurm_id) if slurm_id else None
         collected = collect(session, loaded, store, record, progress, slurm)
     archive_bytes = write(collected, store, loaded.path, target.absolute())
