@@ -17,6 +17,12 @@ EPILOG = "/etc/slurm/gpucluster-epilog.sh"
 SLURM_CONF = "/etc/slurm/slurm.conf"
 # A shell test: is Slurm set up on this node (ours, or a site's)?
 SET_UP_HERE = f"[ -e {EPILOG} ] || [ -e {SLURM_CONF} ]"
+NOT_SET_UP = "not set up"  # what where_set_up prints on a node without Slurm
+
+
+def where_set_up(command: str) -> str:
+    """Shell: `command` where Slurm is set up on the node, else NOT_SET_UP printed."""
+    return f"if {SET_UP_HERE}; then {command}; else echo '{NOT_SET_UP}'; fi"
 
 
 def parse_sinfo(output: str) -> dict[str, tuple[str, str]]:

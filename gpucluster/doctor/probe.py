@@ -245,7 +245,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
     or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
     it also tests the head's rendezvous port."""
     from gpucluster.doctor.rendezvous import connect_script
-    from gpucluster.slurm_states import ENDED_JOB_STATES, SET_UP_HERE, SINFO
+    from gpucluster.slurm_states import ENDED_JOB_STATES, SINFO, where_set_up
 
     wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(
@@ -256,8 +256,8 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -
         torch_script=TORCH_SCRIPT,
         query_fields=",".join(nvidia_smi.QUERY_FIELDS),
         app_fields=",".join(nvidia_smi.APP_FIELDS),
-        names=" ".join(shlex.quote(h.name) for h in inventory.hosts), sinfo=SINFO,
-        slurm_set_up=SET_UP_HERE, slurm_ended=ENDED_JOB_STATES,
+        names=" ".join(shlex.quote(h.name) for h in inventory.hosts),
+        slurm_sinfo=where_set_up(f"t {SINFO} 2>&1"), slurm_ended=ENDED_JOB_STATES,
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
 
 

@@ -11,10 +11,16 @@ from collections.abc import Mapping, Sequence
 from gpucluster import hostrange, reports
 from gpucluster.launch.model import WARNING
 from gpucluster.reports import Section
-from gpucluster.slurm_states import SET_UP_HERE, SINFO, base_state, is_healthy, parse_sinfo
+from gpucluster.slurm_states import (
+    NOT_SET_UP,
+    SINFO,
+    base_state,
+    is_healthy,
+    parse_sinfo,
+    where_set_up,
+)
 
 SECTION = "slurm-queue"
-NOT_SET_UP = "not set up"
 # A healthy slurmctld answers in milliseconds; a dead one makes sinfo retry for about
 # 10 s, which the start must not wait: past this, Slurm's view is unknown.
 SINFO_LIMIT_S = 2
@@ -25,8 +31,7 @@ def rider() -> str:
     """Shell code for the preflight round trip: one report section, Slurm's node list
     where it is set up on this node, `not set up` elsewhere."""
     return (f"echo {shlex.quote(reports.MARK + ' section ' + SECTION)}\n"
-            f"if {SET_UP_HERE}; then timeout {SINFO_LIMIT_S} {SINFO} 2>&1; "
-            f"else echo {shlex.quote(NOT_SET_UP)}; fi\n"
+            f"{where_set_up(f'timeout {SINFO_LIMIT_S} {SINFO} 2>&1')}\n"
             f"echo; echo {shlex.quote(reports.MARK + ' end 0')}\n")
 
 

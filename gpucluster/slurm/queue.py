@@ -15,11 +15,10 @@ from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm.follow import JobInfo, job_info, unknown_job
 from gpucluster.slurm.submit import submit_host
-from gpucluster.slurm_states import SET_UP_HERE
+from gpucluster.slurm_states import NOT_SET_UP, where_set_up
 
 PREFIX = "slurm-"
 QUERY_TIMEOUT_S = 30.0
-NOT_SET_UP = "not set up"
 # %A, not %i: an array task's own job id (what its SLURM_JOB_ID, our slurm-ID names and its
 # job dir say), where %i would print 12_3.
 SQUEUE = "squeue -h -o '%A|%j|%u|%T|%M|%D|%R'"
@@ -69,10 +68,8 @@ def queue(session: Session, inventory: Inventory) -> list[QueuedJob] | None:
     """Every job Slurm has, from the controller host; None where Slurm is not set up
     there. A squeue that fails is an error naming the host and squeue's words."""
     host = submit_host(inventory)
-    command = (f"if {SET_UP_HERE}; then {SQUEUE}; "
-               f"else echo {shlex.quote(NOT_SET_UP)}; fi")
     try:
-        result = session.connection(host).run(command, QUERY_TIMEOUT_S)
+        result = session.connection(host).run(where_set_up(SQUEUE), QUERY_TIMEOUT_S)
     except RemoteError as error:
         raise GpuclusterError(f"{host.name}: Slurm's queue could not be read: "
                               f"{error.message}") from None

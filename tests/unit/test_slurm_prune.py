@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster import slurm_states
 from gpucluster.inventory import load
 from gpucluster.launch.prune import once_per_directory
 from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
-from gpucluster.slurm import prune, queue
+from gpucluster.slurm import prune
 
 DAY = 86400
 
@@ -44,7 +45,7 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                       "echo '5|train|u|RUNNING|8-00:00:00|1|a'\n")
     squeue.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(queue, "SET_UP_HERE", "true")
+    monkeypatch.setattr(slurm_states, "SET_UP_HERE", "true")
     return work
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster import slurm_states
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import load
 from gpucluster.remote.session import Session
@@ -45,9 +46,9 @@ def test_the_queue_is_read_from_squeue_where_slurm_is_set_up(
         session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stand_in(tmp_path, "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
                                  "echo '13|eval x|root|PENDING|0:00|1|(Resources)'\n")
-    monkeypatch.setattr(queue, "SET_UP_HERE", "false")
+    monkeypatch.setattr(slurm_states, "SET_UP_HERE", "false")
     assert queue.queue(session, session.inventory) is None  # nothing to ask
-    monkeypatch.setattr(queue, "SET_UP_HERE", "true")
+    monkeypatch.setattr(slurm_states, "SET_UP_HERE", "true")
     jobs = queue.queue(session, session.inventory)
     assert jobs == [queue.QueuedJob("12", "train", "gcuser", "RUNNING", "1:05", 2, "node[1-2]"),
                     queue.QueuedJob("13", "eval x", "root", "PENDING", "0:00", 1,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from gpucluster.doctor.model import CheckResult, Context, Status, check
-from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
+from gpucluster.slurm_states import NOT_SET_UP, is_healthy, parse_sinfo, problem_of
 
-NOT_SET_UP = "not set up"  # what the probe's slurm section says on a node without Slurm
 RESUME = ("once its cause is fixed: sudo scontrol update nodename={name} state=resume "
           "(on a node of the cluster)")
 RESTART = ("gpucluster provision --with slurm restarts its slurmd (a node down for long "
