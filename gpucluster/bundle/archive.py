@@ -18,7 +18,7 @@ from gpucluster.doctor.model import Status
 from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.slurm_states import is_healthy, parse_sinfo
+from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
 from gpucluster.wording import counted
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
@@ -111,8 +111,8 @@ def _slurm(collected: Collected) -> list[str]:
         if not states:
             said = listing.splitlines()[0] if listing else "nothing"
             return ["", "## Slurm", "", f"sinfo failed: {said}"]
-        sick = [f"- **{node}**: {state}" + (f" ({reason})" if reason not in ("", "none")
-                                             else "")
+        # doctor's wording, so a trailing `*` reads as a slurmd not responding.
+        sick = [f"- **{node}**: {problem_of(state, reason)}"
                 for node, (state, reason) in states.items() if not is_healthy(state)]
         return ["", "## Slurm", "", *(sick or [
             f"Every node sinfo lists is healthy ({counted(len(states), 'node')})."])]

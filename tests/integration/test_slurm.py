@@ -65,6 +65,17 @@ def on_node1(cluster: Sandbox, command: str, timeout: int = 30) -> str:
     return done.stdout
 
 
+def wait_until_every_node_idle(cluster: Sandbox) -> None:
+    """Every node idle and answering Slurm's pings (a trailing `*` is a node not
+    responding: Slurm 22.05 marks a resumed node so until its next ping comes back)."""
+    wanted = [[n, "idle", "gpu:h100:8"] for n in ("node1", "node2", "node3")]
+    deadline = time.monotonic() + 20
+    while (states := sorted(line.split() for line in on_node1(
+            cluster, "sinfo -h -N -o '%N %T %G'").splitlines())) != wanted:
+        assert time.monotonic() < deadline, states
+        time.sleep(0.5)
+
+
 def running_daemons(cluster: Sandbox, node: str) -> list[str]:
     """The node's own Slurm and munge daemons (its network namespace's processes)."""
     pids = subprocess.run(["ip", "netns", "pids", f"{cluster.name}-{node}"],
@@ -91,12 +102,7 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
 
     # Every node idle (once provision's own srun has completed), the GPUs counted from
     # their device files; srun answered by all.
-    wanted = [[n, "idle", "gpu:h100:8"] for n in ("node1", "node2", "node3")]
-    deadline = time.monotonic() + 20
-    while (states := sorted(line.split() for line in on_node1(
-            cluster, "sinfo -h -N -o '%N %T %G'").splitlines())) != wanted:
-        assert time.monotonic() < deadline, states
-        time.sleep(0.5)
+    wait_until_every_node_idle(cluster)
     assert sorted(on_node1(cluster, "srun -N3 hostname -s").split()) == cluster.nodes
     # doctor names a node Slurm will not use, with Slurm's reason.
     on_node1(cluster, "scontrol update nodename=node3 state=drain reason='bad GPU 3'")
@@ -110,6 +116,7 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                               "hello.py", timeout=120)
     finally:
         on_node1(cluster, "scontrol update nodename=node3 state=resume")
+    wait_until_every_node_idle(cluster)
     found = {r["host"]: r for r in checked.json()["results"]}
     assert [found[n]["status"] for n in cluster.nodes] == ["OK", "OK", "WARN"], found
     assert found["node3"]["message"] == "Slurm has it drained: bad GPU 3"

@@ -85,7 +85,9 @@ def test_the_summary_names_the_nodes_slurm_does_not_call_healthy() -> None:
     text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": sinfo})}, doctor,
                              None, None, 1.0, None), Path("inv.yaml"))
     slurm = text.split("## Slurm")[1].split("##")[0]
-    assert "- **node2**: drained (bad GPU 3)\n- **node3**: down* (Not responding)" in slurm
+    assert ("- **node2**: Slurm has it drained: bad GPU 3\n"
+            "- **node3**: Slurm has it down* (its slurmd is not responding): Not responding"
+            ) in slurm
     assert "node1" not in slurm
     healthy = sinfo.replace(b"drained", b"idle").replace(b"down*", b"mixed")
     text = summary(Collected({"node1": NodeBundle("node1", {"slurm.txt": healthy})}, doctor,
