@@ -57,12 +57,11 @@ def read(session: Session, inventory: Inventory, job_id: str) -> SlurmJob:
         raise GpuclusterError(f"{controller.name}: Slurm job {job_id} could not be read: "
                               f"{error.message}") from None
     if not shown.ok:
-        said = (shown.stderr.strip().splitlines() or [shown.ending])[-1]
         if FORGOTTEN in shown.stderr:
             raise unknown_job(job_id, f"fix: bundle without a job; its output stays in "
                                       f"slurm-{job_id}.out where it was submitted")
         raise GpuclusterError(f"{controller.name}: scontrol show job {job_id} failed: "
-                              f"{said} (fix: is slurmctld running?)")
+                              f"{shown.last_word} (fix: is slurmctld running?)")
     info = parse_job(shown.stdout)
     names = {h.name for h in inventory.hosts}
     ran_on = [n for n in _expand(info.nodes) if n in names]

@@ -225,8 +225,7 @@ def _root_refusal(session: Session, inventory: Inventory, needing: list[str]) ->
     if not needing or not users:
         return None
     answers = session.map(users, lambda c: c.run("sudo -n true", timeout=30))
-    refused = {name: (answer.stderr.strip().splitlines() or [f"exit {answer.exit_code}"])[-1]
-               for name, answer in answers.values.items() if not answer.ok}
+    refused = {name: answer.last_word for name, answer in answers.values.items() if not answer.ok}
     if not refused:
         return None  # unreachable nodes are the steps' to report
     user = inventory.host(sorted(refused)[0]).user

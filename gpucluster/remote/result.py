@@ -41,6 +41,12 @@ class CommandResult:
             return f"exit {self.exit_code}"
         return f"killed by SIG{self.signal}" if self.signal else "killed by a signal"
 
+    @property
+    def last_word(self) -> str:
+        """What it said last, for a one-line error: the last line of its stderr (the
+        earlier ones lead up to it), else how it ended."""
+        return (self.stderr.strip().splitlines() or [self.ending])[-1]
+
 
 class FailureKind(enum.Enum):
     """Why a host gave no result. The value is what reports and --json show."""

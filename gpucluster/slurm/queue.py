@@ -76,8 +76,7 @@ def queue(session: Session, inventory: Inventory) -> list[QueuedJob] | None:
     if result.ok and result.stdout.strip() == NOT_SET_UP:
         return None
     if not result.ok:
-        said = (result.stderr.strip().splitlines() or [result.ending])[-1]
-        raise GpuclusterError(f"{host.name}: squeue failed: {said} (fix: is slurmctld "
+        raise GpuclusterError(f"{host.name}: squeue failed: {result.last_word} (fix: is slurmctld "
                               f"running? gpucluster provision --with slurm starts it)")
     return parse_squeue(result.stdout)
 
@@ -100,8 +99,7 @@ def cancel(session: Session, inventory: Inventory, job_id: str,
         raise GpuclusterError(f"{host.name}: Slurm job {job_id} was not cancelled: "
                               f"{error.message}") from None
     if not done.ok:
-        said = (done.stderr.strip().splitlines() or [done.ending])[-1]
-        raise GpuclusterError(f"{host.name}: scancel {job_id} failed: {said}")
+        raise GpuclusterError(f"{host.name}: scancel {job_id} failed: {done.last_word}")
     deadline = time.monotonic() + wait_s
     while True:
         info = job_info(connection, job_id)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
-from gpucluster.remote.result import RemoteError
+from gpucluster.remote.result import CommandResult, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm.config import controller_name
 
@@ -37,12 +37,10 @@ def submit_command(code_dir: str) -> str:
             f"command -v sbatch >/dev/null || exit {NO_SBATCH}; sbatch --parsable")
 
 
-def refusal(stderr: str) -> str:
-    """sbatch's last word (its earlier lines lead up to it), and the fix where Slurm
-    itself is not answering."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    said = lines[-1] if lines else "no reason given"
-    if any(sign in stderr for sign in SLURM_DOWN):
+def refusal(result: CommandResult) -> str:
+    """sbatch's last word, and the fix where Slurm itself is not answering."""
+    said = result.last_word
+    if any(sign in result.stderr for sign in SLURM_DOWN):
         said += " (fix: is Slurm set up and running? gpucluster provision --with slurm)"
     return said
 
@@ -66,5 +64,5 @@ def submit(session: Session, inventory: Inventory, script: str, code_dir: str,
                               f"gpucluster provision --with slurm)")
     job_id = result.stdout.strip().split(";", 1)[0]
     if not result.ok or not job_id.isdigit():
-        raise GpuclusterError(f"{host.name}: sbatch refused the job: {refusal(result.stderr)}")
+        raise GpuclusterError(f"{host.name}: sbatch refused the job: {refusal(result)}")
     return Submitted(job_id, host.name, f"{shown_dir}/slurm-{job_id}.out")

@@ -224,3 +224,12 @@ def test_a_command_a_signal_ended_carries_the_signals_name() -> None:
     assert realtime.ending == "killed by SIG35"
     exited = LocalConnection("here").run("exit 3", timeout=10)
     assert (exited.signal, exited.killed, exited.ending) == (None, False, "exit 3")
+
+
+def test_a_commands_last_word_is_its_last_line_of_stderr_else_how_it_ended() -> None:
+    said = LocalConnection("here").run("echo why >&2; echo 'the reason' >&2; echo >&2; "
+                                       "exit 1", timeout=10)
+    assert said.last_word == "the reason"
+    assert LocalConnection("here").run("echo out; exit 4", timeout=10).last_word == "exit 4"
+    assert LocalConnection("here").run("kill -KILL $$", timeout=10).last_word == \
+        "killed by SIGKILL"

@@ -12,6 +12,7 @@ import pytest
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import load
+from gpucluster.remote.result import CommandResult
 from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
 from gpucluster.slurm.submit import refusal, submit
@@ -59,8 +60,9 @@ def test_a_missing_work_dir_or_a_refusal_is_one_line_with_the_fix(
 
 
 def test_a_slurm_that_is_not_running_gets_the_fix() -> None:
-    said = refusal("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error\n"
-                   "sbatch: fatal: Could not establish a configuration source\n")
+    said = refusal(CommandResult(
+        "a", "sbatch", 1, "", "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error\n"
+        "sbatch: fatal: Could not establish a configuration source\n", 0.1))
     assert said == ("sbatch: fatal: Could not establish a configuration source (fix: is "
                     "Slurm set up and running? gpucluster provision --with slurm)")
 
