@@ -244,7 +244,8 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     finding = next(r for r in checked.json()["results"] if r["check"] == "gpu-processes")
     assert f"GPUs held by Slurm job {running} (1 process)" in finding["message"], finding
     assert "leftovers of Slurm job 99999 (Slurm has ended it)" in finding["message"]
-    assert f"scancel {running}" in finding["remedy"] and "reap --yes" in finding["remedy"]
+    assert f"gpucluster stop slurm-{running}" in finding["remedy"] and \
+        "reap --yes" in finding["remedy"]
     reaped = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node2", "--yes",
                         "--foreign", "--grace", "2", "--json")
     held = {p["slurm_job"]: p for p in reaped.json()["nodes"][0]["processes"]}

@@ -323,10 +323,10 @@ def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None
     assert sample is not None
     shown = Console(width=240, record=True, file=io.StringIO())
     shown.print(render(Snapshot(0.0, 1.0, (view("node1", sample),)), shown))
-    assert "Slurm job 12 pid 77 (bob)" in shown.export_text()
+    assert "slurm-12 pid 77 (bob)" in shown.export_text()
     compact = Console(width=240, record=True, file=io.StringIO())
     compact.print(render(Snapshot(0.0, 1.0, (view("node1", sample),)), compact, compact=True))
-    assert "ranks 2-3, slurm 12" in compact.export_text() and "foreign" not in \
+    assert "ranks 2-3, slurm-12" in compact.export_text() and "foreign" not in \
         compact.export_text()
     gpu = to_json(Snapshot(0.0, 1.0, (view("node1", sample),)))["nodes"][0]["gpus"][1]
     assert gpu["processes"][1]["slurm_job"] == "12" and not gpu["processes"][1]["foreign"]

@@ -60,7 +60,8 @@ def _who(processes: list[GpuProcess]) -> str:
         if p.job:
             shown.append(f"{p.job} rank {p.rank if p.rank is not None else '?'}")
         elif p.slurm_job:
-            shown.append(f"Slurm job {p.slurm_job} pid {p.pid} ({p.user})")
+            # slurm-12: the name logs, stop and bundle take
+            shown.append(f"slurm-{p.slurm_job} pid {p.pid} ({p.user})")
         else:
             shown.append(f"foreign pid {p.pid} ({p.user})")
     return ", ".join(shown) + (f" +{len(processes) - 3}" if len(processes) > 3 else "")
@@ -129,7 +130,7 @@ def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
     names = {job: job.rsplit("-", 1)[-1] if short else job for job in ranks}
     parts = [f"{names[job]} ranks {spans(sorted(held))}" if held else names[job]
              for job, held in ranks.items()]
-    parts += [f"slurm {job}" for job in slurm]
+    parts += [f"slurm-{job}" for job in slurm]
     return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
 
 

@@ -192,8 +192,8 @@ def _slurm_holder(job: str, state: str, held: list[nvidia_smi.GpuProcess],
                 "end them: gpucluster reap --yes (gpucluster reap lists them)")
     unsure = " (squeue could not say whether it still runs)" if state == "unknown" else ""
     return (f"GPUs held by Slurm job {job} ({counted(len(held), 'process', 'processes')})"
-            f"{unsure}", f"let Slurm job {job} finish, or end it: scancel {job}; or launch "
-                         f"on other nodes (-w)")
+            f"{unsure}", f"let Slurm job {job} finish, or end it: gpucluster stop slurm-{job} "
+                         f"(or scancel {job} on a node); or launch on other nodes (-w)")
 
 
 def _app_jobs(text: str) -> dict[int, tuple[str, str]]:
