@@ -4,6 +4,7 @@ is asked on the Slurm controller host, in one short command."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from gpucluster.slurm.submit import submit_host
 from gpucluster.slurm_states import NOT_SET_UP, where_set_up
 
 PREFIX = "slurm-"
+JOB_NUMBER = re.compile(r"[1-9][0-9]*")
 QUERY_TIMEOUT_S = 30.0
 # %A, not %i: an array task's own job id (what its SLURM_JOB_ID, our slurm-ID names and its
 # job dir say), where %i would print 12_3.
@@ -31,9 +33,11 @@ def slurm_job(reference: str | None) -> str | None:
     if reference is None or not reference.lower().startswith(PREFIX):
         return None
     number = reference[len(PREFIX):]
-    if not number.isdigit():
+    # From 1, in ASCII digits: `scontrol show job 0` lists every job, and "007" or "١٢"
+    # name none.
+    if not JOB_NUMBER.fullmatch(number):
         raise GpuclusterError(f"{reference}: a Slurm job is slurm-ID, ID its number "
-                              f"(fix: e.g. slurm-12; squeue lists them)")
+                              f"(fix: e.g. slurm-12; gpucluster jobs lists them)")
     return number
 
 

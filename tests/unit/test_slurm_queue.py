@@ -40,6 +40,10 @@ def test_a_slurm_job_is_named_slurm_id_and_never_taken_for_ours() -> None:
     with pytest.raises(GpuclusterError, match=r"^slurm-x: a Slurm job is slurm-ID, ID its "
                                               r"number \(fix: e.g. slurm-12"):
         queue.slurm_job("slurm-x")
+    # Job 0 would be every job to scontrol; Slurm's ids start at 1, in ASCII digits.
+    for not_a_job in ("slurm-0", "slurm-012", "slurm-\u0661\u0662", "slurm-", "slurm-12_3"):
+        with pytest.raises(GpuclusterError, match="gpucluster jobs lists them"):
+            queue.slurm_job(not_a_job)
 
 
 def test_the_queue_is_read_from_squeue_where_slurm_is_set_up(
