@@ -176,6 +176,8 @@ def jobs(
 ) -> None:
     """List jobs started from beside this inventory, with their state on each node; where
     Slurm is set up (provision --with slurm), Slurm's queue after them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from gpucluster.cli import slurm_jobs
     from gpucluster.launch.control import states
     from gpucluster.launch.supervisor import supervisor_of
@@ -190,11 +192,14 @@ def jobs(
     queued: list[QueuedJob] | None = None
     slurm_failed = ""
     if records or ask_slurm:
-        with open_session(loaded, accept_new_host_keys, ask_pass,
-                          connect_timeout) as session:
+        # squeue runs while the nodes are asked about our jobs. The session closes first,
+        # so Ctrl-C ends a running squeue rather than waiting for it.
+        with ThreadPoolExecutor(1) as beside, open_session(
+                loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+            asked = beside.submit(queue, session, loaded) if ask_slurm else None
             table = states(session, loaded, records) if records else {}
             try:
-                queued = queue(session, loaded) if ask_slurm else None
+                queued = asked.result() if asked else None
             except GpuclusterError as error:
                 slurm_failed = str(error)
     supervisors = {r.id: supervisor_of(store, r.id) for r in records}
