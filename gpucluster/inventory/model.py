@@ -83,6 +83,9 @@ class SlurmSettings:
     install: bool = False  # may provision install missing Slurm and munge packages?
     cgroups: bool = True  # cgroup plugins (ConstrainDevices); off where nodes share a host
     srun_ports: str = "61000-61999"  # outside the kernel's ephemeral range
+    # SlurmdTimeout: a node silent this long is down, and its jobs are requeued. Slurm's
+    # 300 s default leaves a job hung for 5-7 minutes on a dead node.
+    node_timeout: int = 60
 
 
 @dataclass(frozen=True)

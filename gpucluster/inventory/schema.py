@@ -175,6 +175,12 @@ def _port_range(value: Any) -> str:
     return f"{int(low)}-{int(high)}"
 
 
+def _slurmd_timeout(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 10 <= value <= 3600:
+        raise ValueError("use whole seconds from 10 to 3600, e.g. 60")
+    return value
+
+
 SLURM_KEYS: dict[str, tuple[str, Converter]] = {
     "enabled": ("boolean", _flag),
     "controller": ("string", _text),
@@ -182,5 +188,6 @@ SLURM_KEYS: dict[str, tuple[str, Converter]] = {
     "install": ("boolean", _flag),
     "cgroups": ("boolean", _flag),
     "srun_ports": ("port range", _port_range),
+    "node_timeout": ("node timeout", _slurmd_timeout),
 }
 TOP_KEYS = ("cluster", "defaults", "groups", "hosts", "smoke", "slurm")

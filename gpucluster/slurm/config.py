@@ -47,7 +47,7 @@ def slurm_conf(cluster: str, settings: SlurmSettings, controller: NodeFacts,
                nodes: Sequence[NodeFacts]) -> str:
     return render("slurm/slurm.conf.j2", cluster=cluster, controller=controller,
                   nodes=nodes, partition=settings.partition, srun_ports=settings.srun_ports,
-                  cgroups=settings.cgroups, epilog=EPILOG,
+                  cgroups=settings.cgroups, epilog=EPILOG, node_timeout=settings.node_timeout,
                   ports={"slurmctld": SLURMCTLD_PORT, "slurmd": SLURMD_PORT})
 
 

@@ -117,6 +117,8 @@ hosts:
     ("smoke:\n  min_busbw: 5\nhosts: [a]\n", "did you mean 'min_busbw_gbps'?"),
     ("slurm:\n  controller: b\nhosts: [a]\n", ":2: slurm.controller 'b' is not a host"),
     ("slurm:\n  srun_ports: 100-50\nhosts: [a]\n", ":2: slurm.srun_ports has a bad port range"),
+    ("slurm:\n  node_timeout: 5\nhosts: [a]\n", ":2: slurm.node_timeout has a bad node timeout "
+     "value 5 (fix: use whole seconds from 10 to 3600"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(

@@ -82,6 +82,10 @@ def test_slurm_conf_describes_every_node_from_its_own_facts() -> None:
            "ThreadsPerCore=2 RealMemory=2063937 State" in text  # no Gres without GPUs
     assert "ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup,task/affinity" in text
     assert "PartitionName=main Nodes=ALL" in text
+    # A dead node is down in a minute (Slurm's own default is 5), its jobs requeued.
+    assert "\nSlurmdTimeout=60\n" in text
+    assert "\nSlurmdTimeout=20\n" in config.slurm_conf(
+        "train", SlurmSettings(node_timeout=20), nodes[0], nodes)
     sandbox = config.slurm_conf("train", SlurmSettings(cgroups=False), nodes[0], nodes)
     assert "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none" in sandbox
 
