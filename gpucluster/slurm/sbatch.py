@@ -70,7 +70,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
         container = Container(request.image, "gpucluster-slurm-$SLURM_JOB_ID",
                               head.jobs_use_gpus, sorted({*env, *SOCKET_IFNAME_VARIABLES,
                                                           "GPUCLUSTER_CHECKPOINT_DIR",
-                                                          *debug_env}),
+                                                          "GPUCLUSTER_ATTEMPT", *debug_env}),
                               name_expands=True)
         command = container_command(container, command, node_images_dir(cluster.work_dir))
     work_dir = shell_path(cluster.work_dir)

@@ -212,6 +212,30 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     shown = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}")
     assert shown.code == 0 and shown.stdout == output, shown.stdout + shown.stderr
     assert f"Slurm job {job} completed" in shown.stderr
+    # Slurm requeues a job (as it does when one of its nodes fails): the output of both
+    # starts is kept, and the second resumes from the checkpoints as attempt 2.
+    submitted = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "train.py",
+                           "--submit", "--", "--epochs", "20", "--steps", "5",
+                           "--step-delay", "0.1", cwd=str(project), timeout=120)
+    assert submitted.code == 0, submitted.stderr
+    requeued = submitted.stdout.strip()
+    output_file = re.search(r"its output: (\S+) on", submitted.stderr)[1]  # type: ignore[index]
+    deadline = time.monotonic() + 90
+    while "epoch 3 " not in on_node1(cluster, f"cat {output_file} 2>/dev/null; true"):
+        assert time.monotonic() < deadline, on_node1(cluster, f"squeue; cat {output_file}")
+        time.sleep(0.5)
+    # Slurm holds a requeued job back for 120 s (cred_expire): started at once here.
+    on_node1(cluster, f"scontrol requeue {requeued} && until squeue -h -j {requeued} -o %T "
+                      f"| grep -qx PENDING; do sleep 0.5; done && scontrol update "
+                      f"jobid={requeued} StartTime=now", timeout=60)
+    followed = gpucluster("logs", "-f", "-i", str(cluster.inventory), f"slurm-{requeued}",
+                          timeout=180)
+    assert followed.code == 0, followed.stdout + followed.stderr
+    first, marker, second = followed.stdout.partition(
+        f"gpucluster: Slurm job {requeued} requeued: start 2, on node[1-3], ")
+    assert marker and "epoch 3 " in first and "rank 0/3" in first, followed.stdout
+    assert re.search(r"resumed from epoch \d+ \(attempt 2\)", second), second
+    assert "epoch 0 " not in second and "done" in second, second
 
     # The epilog ends the job's leftover GPU process (escaped from the job's process
     # tree), never one of another's.
