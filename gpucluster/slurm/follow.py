@@ -40,6 +40,7 @@ class JobInfo:
     exit_code: str  # CODE:SIGNAL
     reason: str = ""  # why it waits (Resources, Priority...), else None
     nodes: str = ""  # Slurm's NodeList, once it runs
+    restarts: int = 0  # how often Slurm has requeued it (a node failed, scontrol requeue)
 
     @property
     def status(self) -> str:
@@ -47,15 +48,18 @@ class JobInfo:
         waiting = f" ({self.reason})" if self.reason not in ("", "None") else ""
         where = f" on {self.nodes}" if self.nodes not in ("", "(null)") and \
             self.state != "PENDING" else ""
-        return f"{self.state.lower()}{where}{waiting}"
+        again = f", start {self.restarts + 1} after a requeue" if self.restarts else ""
+        return f"{self.state.lower()}{where}{waiting}{again}"
 
 
 def parse_job(text: str) -> JobInfo:
     """`scontrol show job -o ID`: one line of KEY=VALUE words."""
     fields = dict(word.partition("=")[::2] for word in text.split() if "=" in word)
+    restarts = fields.get("Restarts", "0")
     return JobInfo(fields.get("JobState", ""), fields.get("BatchHost", ""),
                    fields.get("StdOut", ""), fields.get("ExitCode", ""),
-                   fields.get("Reason", ""), fields.get("NodeList", ""))
+                   fields.get("Reason", ""), fields.get("NodeList", ""),
+                   int(restarts) if restarts.isdigit() else 0)
 
 
 def unknown_job(job_id: str, then: str) -> GpuclusterError:

@@ -231,6 +231,8 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     followed = gpucluster("logs", "-f", "-i", str(cluster.inventory), f"slurm-{requeued}",
                           timeout=180)
     assert followed.code == 0, followed.stdout + followed.stderr
+    assert f"Slurm job {requeued}: running on node[1-3], start 2 after a requeue" in \
+        followed.stderr, followed.stderr
     first, marker, second = followed.stdout.partition(
         f"gpucluster: Slurm job {requeued} requeued: start 2, on node[1-3], ")
     assert marker and "epoch 3 " in first and "rank 0/3" in first, followed.stdout

@@ -148,6 +148,9 @@ def test_a_waiting_job_says_why() -> None:
     assert pending.status == "pending (Resources)"
     assert parse_job("JobId=8 JobState=RUNNING Reason=None NodeList=n[1-2]").status == \
         "running on n[1-2]"
+    # Requeued (a node failed): Slurm holds it back, then starts it again.
+    assert parse_job("JobId=8 JobState=PENDING Reason=BeginTime Restarts=1 NodeList=(null)"
+                     ).status == "pending (BeginTime), start 2 after a requeue"
 
 
 def test_more_nodes_than_the_cluster_has_is_refused_before_anything(tmp_path: Path) -> None:
