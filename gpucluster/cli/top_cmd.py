@@ -113,8 +113,13 @@ def exporter(
     exporter's metric names and labels (NVIDIA's Grafana dashboard works unchanged), plus
     gpucluster_* metrics for jobs and ranks, NIC rates and node staleness. Nothing is
     installed on the nodes. Runs until Ctrl-C."""
+    from contextlib import nullcontext
+
     from gpucluster.observe.exporter import serve
+    from gpucluster.observe.slurm_queue import QueuePoller
     from gpucluster.observe.streams import ClusterStreams
+    from gpucluster.slurm.queue import set_up_from_here
+    from gpucluster.state import state_dir_for
 
     address, _, port = listen.rpartition(":")
     if not port.isdigit() or not address:
@@ -122,11 +127,14 @@ def exporter(
                               f"127.0.0.1:9400")
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
+    ask_slurm = set_up_from_here(loaded, state_dir_for(loaded))
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
-            ClusterStreams(session, loaded, selected, interval) as streams:
+            ClusterStreams(session, loaded, selected, interval) as streams, \
+            (QueuePoller(session, loaded) if ask_slurm else nullcontext()) as slurm:
+        served = counted(len(selected), "node") + (" and Slurm's queue" if slurm else "")
         try:
             serve(streams, address.strip("[]"), int(port),
                   lambda url: stderr_console().print(
-                      f"serving {url} for {counted(len(selected), 'node')}; Ctrl-C ends"))
+                      f"serving {url} for {served}; Ctrl-C ends"), slurm)
         except KeyboardInterrupt:
             return

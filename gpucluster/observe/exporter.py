@@ -5,6 +5,8 @@ gpucluster_* metrics for jobs and ranks, NIC rates and staleness."""
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -12,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpucluster.observe.model import Gpu, NodeSample
+from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.snapshot import NodeView, take
 from gpucluster.observe.streams import ClusterStreams
 
@@ -36,8 +39,8 @@ class ClusterCollector(Collector):
     """Reads the streams' latest frames at each scrape: nothing is sampled for it. The
     gpucluster job is the label `job_id`: Prometheus keeps `job` for its scrape job."""
 
-    def __init__(self, streams: ClusterStreams) -> None:
-        self.streams = streams
+    def __init__(self, streams: ClusterStreams, slurm: QueuePoller | None = None) -> None:
+        self.streams, self.slurm = streams, slurm
 
     def collect(self) -> Iterator[Metric]:
         snapshot = take(self.streams)
@@ -53,6 +56,8 @@ class ClusterCollector(Collector):
             yield family
         yield from _node_families(snapshot.nodes)
         yield from _job_families(fresh)
+        if self.slurm is not None:
+            yield from _slurm_families(self.slurm.latest, time.monotonic())
 
 
 def _gpu_labels(node: NodeView, gpu: Gpu) -> list[str]:
@@ -117,11 +122,36 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
     yield from (job, slurm, memory)
 
 
+def _slurm_families(reading: QueueReading | None, now: float) -> Iterator[Metric]:
+    """Slurm's queue, where Slurm is set up from here: whether squeue answers, the jobs
+    by state (PENDING and RUNNING always there, 0 when none), and each job's size."""
+    fresh = reading is not None and reading.fresh(now)
+    up = GaugeMetricFamily("gpucluster_slurm_up", "1 when squeue on the Slurm controller "
+                           "host answered within the last polls, else 0.")
+    up.add_metric([], 1.0 if fresh else 0.0)
+    yield up
+    if not fresh or reading is None:
+        return  # no queue figures rather than stale ones
+    by_state = Counter({"PENDING": 0, "RUNNING": 0})
+    by_state.update(job.state for job in reading.jobs)
+    jobs = GaugeMetricFamily("gpucluster_slurm_jobs", "Jobs in Slurm's queue, by state.",
+                             labels=["state"])
+    for state, count in sorted(by_state.items()):
+        jobs.add_metric([state], float(count))
+    nodes = GaugeMetricFamily(
+        "gpucluster_slurm_job_nodes", "Nodes each job in Slurm's queue has (running) or "
+        "asks for (pending); its id is the slurm_job_id of gpucluster_gpu_slurm_job_info.",
+        labels=["slurm_job_id", "name", "user", "state"])
+    for job in reading.jobs:
+        nodes.add_metric([job.id, job.name, job.user, job.state], float(job.nodes))
+    yield from (jobs, nodes)
+
+
 def serve(streams: ClusterStreams, address: str, port: int,
-          on_ready: Callable[[str], None]) -> None:
-    """Serve /metrics until Ctrl-C."""
+          on_ready: Callable[[str], None], slurm: QueuePoller | None = None) -> None:
+    """Serve /metrics until Ctrl-C; with `slurm`, Slurm's queue too."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(streams))
+    registry.register(ClusterCollector(streams, slurm))
     server, _ = start_http_server(port, addr=address, registry=registry)
     host = f"[{address}]" if ":" in address else address
     on_ready(f"http://{host}:{port}/metrics")

@@ -10,9 +10,13 @@ import contextlib
 import hashlib
 import json
 import re
+import signal
+import socket
 import subprocess
+import sys
 import tarfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +78,29 @@ def wait_until_every_node_idle(cluster: Sandbox) -> None:
             cluster, "sinfo -h -N -o '%N %T %G'").splitlines())) != wanted:
         assert time.monotonic() < deadline, states
         time.sleep(0.5)
+
+
+def exported_metrics(cluster: Sandbox, until: tuple[str, ...]) -> str:
+    """What `gpucluster exporter` serves once all of `until` is in it (the nodes' frames
+    and Slurm's queue come in threads of their own, after the first scrapes may)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "exporter", "-i", str(cluster.inventory),
+         "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, text = time.monotonic() + 60, ""
+        while not all(part in text for part in until):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.5)
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
+        return text
+    finally:
+        exporter.send_signal(signal.SIGINT)
+        assert exporter.wait(timeout=20) == 0
 
 
 def running_daemons(cluster: Sandbox, node: str) -> list[str]:
@@ -277,6 +304,16 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     held = {p["slurm_job"]: p for p in reaped.json()["nodes"][0]["processes"]}
     assert (held[running]["owner"], held[running]["ended"]) == ("slurm", False), held
     assert (held["99999"]["owner"], held["99999"]["ended"]) == ("leftover", True), held
+    # The exporter serves Slurm's queue, the job joining its GPU's series by id.
+    metrics = exported_metrics(cluster, until=(
+        f'slurm_job_id="{running}",state="RUNNING"', 'slurm_job_info{Hostname="node2"'))
+    assert "gpucluster_slurm_up 1.0" in metrics, metrics
+    assert 'gpucluster_slurm_jobs{state="RUNNING"} 1.0' in metrics, metrics
+    assert 'gpucluster_slurm_jobs{state="PENDING"} 0.0' in metrics, metrics
+    assert f'gpucluster_slurm_job_nodes{{name="wrap",slurm_job_id="{running}",' \
+           f'state="RUNNING",user="root"}} 1.0' in metrics, metrics
+    assert re.search(rf'gpucluster_gpu_slurm_job_info{{Hostname="node2",UUID="[^"]+",'
+                     rf'gpu="\d+",slurm_job_id="{running}"}} 1.0', metrics), metrics
     # jobs lists Slurm's queue; stop slurm-ID cancels the job and waits for its end.
     listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json")
     queued = {j["id"]: j for j in listed.json()["slurm"]}

@@ -162,3 +162,57 @@ def test_a_file_is_read_byte_for_byte_and_a_missing_one_says_so(
     assert file_bytes(session, host, str(tmp_path / "out"), "+1001", 10) == data[1000:1010]
     with pytest.raises(GpuclusterError, match=r"^a: .*/gone cannot be read$"):
         file_bytes(session, host, str(tmp_path / "gone"), "100")
+
+
+class _NoNodes:
+    def __init__(self) -> None:
+        self.interval_s, self.nodes = 1.0, {}
+
+
+def test_the_exporter_serves_slurms_queue_and_drops_it_when_squeue_stops_answering(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import time
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpucluster.observe.exporter import ClusterCollector
+    from gpucluster.observe.slurm_queue import FRESH_S, QueuePoller
+
+    stand_in(tmp_path, "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
+                                 "echo '13|eval|root|PENDING|0:00|1|(Resources)'\n"
+                                 "echo '14|eval|root|PENDING|0:00|3|(Priority)'\n")
+    monkeypatch.setattr(slurm_states, "SET_UP_HERE", "true")
+    poller = QueuePoller(session, session.inventory)
+
+    def scrape() -> str:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ClusterCollector(_NoNodes(), poller))  # type: ignore[arg-type]
+        return generate_latest(registry).decode()
+
+    assert "gpucluster_slurm_up 0.0" in scrape()  # no answer yet
+    assert "gpucluster_slurm_jobs" not in scrape()
+    poller.latest = answered = poller.read()
+    text = scrape()
+    assert "gpucluster_slurm_up 1.0" in text
+    assert 'gpucluster_slurm_jobs{state="PENDING"} 2.0' in text
+    assert 'gpucluster_slurm_jobs{state="RUNNING"} 1.0' in text
+    assert ('gpucluster_slurm_job_nodes{name="train",slurm_job_id="12",state="RUNNING",'
+            'user="gcuser"} 2.0') in text
+    # An answer too old, or squeue failing: no queue figures rather than stale ones.
+    poller.latest = dataclasses.replace(answered, at=answered.at - FRESH_S - 1)
+    assert "gpucluster_slurm_up 0.0" in scrape() and "gpucluster_slurm_jobs{" not in scrape()
+    stand_in(tmp_path, "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm "
+                                 "controller (connect failure)' >&2; exit 1\n")
+    poller.latest = poller.read()
+    assert "Unable to contact slurm controller" in poller.latest.error
+    assert "gpucluster_slurm_up 0.0" in scrape()
+    # Its thread reads the queue until closed; an empty queue still has both states.
+    stand_in(tmp_path, "squeue", "true\n")
+    with QueuePoller(session, session.inventory, every_s=0.05) as polling:
+        deadline = time.monotonic() + 10
+        while polling.latest is None or polling.latest.error:
+            assert time.monotonic() < deadline, polling.latest
+            time.sleep(0.05)
+        poller = polling
+        assert 'gpucluster_slurm_jobs{state="RUNNING"} 0.0' in scrape()
