@@ -26,6 +26,7 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.wording import counted
 
 if TYPE_CHECKING:
+    from gpucluster.observe.slurm_queue import QueuePoller
     from gpucluster.observe.streams import ClusterStreams
 
 IntervalOption = Annotated[float, typer.Option(
@@ -54,17 +55,22 @@ def top(
     stale with its age. A terminal too small for a line per GPU gets a line per node.
     --json prints one JSON snapshot per interval (one per line), or one with --once."""
     from gpucluster.cli.views.top import render
+    from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.snapshot import take, to_json
     from gpucluster.observe.streams import ClusterStreams
+    from gpucluster.slurm.queue import QUERY_TIMEOUT_S
 
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
     out = stdout_console()
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
-            ClusterStreams(session, loaded, selected, interval) as streams:
+            ClusterStreams(session, loaded, selected, interval) as streams, \
+            polled_where_set_up(session, loaded) as slurm:
         streams.wait_first(max(h.connect_timeout or 10.0 for h in selected) + 20.0)
         if once:
-            snapshot = take(streams)
+            if slurm is not None:
+                slurm.wait_first(QUERY_TIMEOUT_S)
+            snapshot = take(streams, slurm)
             if json_output:
                 out.file.write(json.dumps(to_json(snapshot), indent=2) + "\n")
             else:
@@ -75,26 +81,28 @@ def top(
         try:
             if json_output:
                 while True:
-                    out.file.write(json.dumps(to_json(take(streams))) + "\n")
+                    out.file.write(json.dumps(to_json(take(streams, slurm))) + "\n")
                     out.file.flush()
                     time.sleep(interval)
-            _live(streams, interval, compact)
+            _live(streams, slurm, interval, compact)
         except KeyboardInterrupt:
             return
 
 
-def _live(streams: ClusterStreams, interval: float, compact: bool) -> None:
+def _live(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,
+          compact: bool) -> None:
     from rich.live import Live
 
     from gpucluster.cli.views.top import render
     from gpucluster.observe.snapshot import take
 
     screen = stdout_console()  # its size is read again at every frame: a resize counts
-    with Live(render(take(streams), screen, compact, fit=True), console=screen,
+    with Live(render(take(streams, slurm), screen, compact, fit=True), console=screen,
               auto_refresh=False, screen=False, transient=False) as live:
         while True:
             time.sleep(interval)
-            live.update(render(take(streams), screen, compact, fit=True), refresh=True)
+            live.update(render(take(streams, slurm), screen, compact, fit=True),
+                        refresh=True)
 
 
 def exporter(
@@ -113,13 +121,9 @@ def exporter(
     exporter's metric names and labels (NVIDIA's Grafana dashboard works unchanged), plus
     gpucluster_* metrics for jobs and ranks, NIC rates and node staleness. Nothing is
     installed on the nodes. Runs until Ctrl-C."""
-    from contextlib import nullcontext
-
     from gpucluster.observe.exporter import serve
-    from gpucluster.observe.slurm_queue import QueuePoller
+    from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.streams import ClusterStreams
-    from gpucluster.slurm.queue import set_up_from_here
-    from gpucluster.state import state_dir_for
 
     address, _, port = listen.rpartition(":")
     if not port.isdigit() or not address:
@@ -127,10 +131,9 @@ def exporter(
                               f"127.0.0.1:9400")
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
-    ask_slurm = set_up_from_here(loaded, state_dir_for(loaded))
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
             ClusterStreams(session, loaded, selected, interval) as streams, \
-            (QueuePoller(session, loaded) if ask_slurm else nullcontext()) as slurm:
+            polled_where_set_up(session, loaded) as slurm:
         served = counted(len(selected), "node") + (" and Slurm's queue" if slurm else "")
         try:
             serve(streams, address.strip("[]"), int(port),

@@ -5,8 +5,6 @@ gpucluster_* metrics for jobs and ranks, NIC rates and staleness."""
 from __future__ import annotations
 
 import threading
-import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -43,7 +41,7 @@ class ClusterCollector(Collector):
         self.streams, self.slurm = streams, slurm
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = take(self.streams)
+        snapshot = take(self.streams, self.slurm)
         fresh = [n for n in snapshot.nodes if n.sample is not None and not n.stale]
         for name, help_text, value_of in DCGM_GAUGES:
             family = GaugeMetricFamily(name, help_text, labels=GPU_LABELS)
@@ -56,8 +54,8 @@ class ClusterCollector(Collector):
             yield family
         yield from _node_families(snapshot.nodes)
         yield from _job_families(fresh)
-        if self.slurm is not None:
-            yield from _slurm_families(self.slurm.latest, time.monotonic())
+        if snapshot.slurm is not None:
+            yield from _slurm_families(snapshot.slurm)
 
 
 def _gpu_labels(node: NodeView, gpu: Gpu) -> list[str]:
@@ -122,21 +120,18 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
     yield from (job, slurm, memory)
 
 
-def _slurm_families(reading: QueueReading | None, now: float) -> Iterator[Metric]:
+def _slurm_families(reading: QueueReading) -> Iterator[Metric]:
     """Slurm's queue, where Slurm is set up from here: whether squeue answers, the jobs
     by state (PENDING and RUNNING always there, 0 when none), and each job's size."""
-    fresh = reading is not None and reading.fresh(now)
     up = GaugeMetricFamily("gpucluster_slurm_up", "1 when squeue on the Slurm controller "
                            "host answered within the last polls, else 0.")
-    up.add_metric([], 1.0 if fresh else 0.0)
+    up.add_metric([], 0.0 if reading.error else 1.0)
     yield up
-    if not fresh or reading is None:
+    if reading.error:
         return  # no queue figures rather than stale ones
-    by_state = Counter({"PENDING": 0, "RUNNING": 0})
-    by_state.update(job.state for job in reading.jobs)
     jobs = GaugeMetricFamily("gpucluster_slurm_jobs", "Jobs in Slurm's queue, by state.",
                              labels=["state"])
-    for state, count in sorted(by_state.items()):
+    for state, count in reading.by_state().items():
         jobs.add_metric([state], float(count))
     nodes = GaugeMetricFamily(
         "gpucluster_slurm_job_nodes", "Nodes each job in Slurm's queue has (running) or "

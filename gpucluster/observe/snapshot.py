@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucluster.observe.model import Gpu, GpuProcess, NodeSample
+from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.streams import ClusterStreams, stale_after
 
 SCHEMA = 1
@@ -48,6 +49,7 @@ class Snapshot:
     taken_at: float
     interval_s: float
     nodes: tuple[NodeView, ...]
+    slurm: QueueReading | None = None  # Slurm's queue, where Slurm is set up from here
 
     @property
     def summary(self) -> Summary:
@@ -75,14 +77,16 @@ def _idle_in_jobs(nodes: list[NodeView]) -> list[tuple[str, int, str]]:
     return idle
 
 
-def take(streams: ClusterStreams) -> Snapshot:
+def take(streams: ClusterStreams, slurm: QueuePoller | None = None) -> Snapshot:
     views = []
     for host, stream in streams.nodes.items():
         sample, age, error, ecc_base = stream.view()
         stale = sample is None or age is None or age > stale_after(streams.interval_s)
         views.append(NodeView(host, sample, age, stale, error if stale or not sample
                               or not sample.gpus else "", ecc_base))
-    return Snapshot(time.time(), streams.interval_s, tuple(views))
+    reading = slurm.reading() if slurm is not None else None
+    return Snapshot(time.time(), streams.interval_s, tuple(views),
+                    reading if reading is not None and reading.set_up else None)
 
 
 def _process_json(process: GpuProcess) -> dict[str, Any]:
@@ -131,4 +135,13 @@ def to_json(snapshot: Snapshot) -> dict[str, Any]:
             "idle_gpus_in_jobs": [{"host": h, "gpu": g, "job": j}
                                   for h, g, j in summary.idle_in_jobs],
         },
+        "slurm": _slurm_json(snapshot.slurm),
     }
+
+
+def _slurm_json(reading: QueueReading | None) -> dict[str, Any] | None:
+    """null where Slurm is not set up from here."""
+    if reading is None:
+        return None
+    return {"up": not reading.error, "error": reading.error or None,
+            "jobs": None if reading.error else reading.by_state()}

@@ -42,9 +42,10 @@ def slurm_job(reference: str | None) -> str | None:
 
 
 def set_up_from_here(inventory: Inventory, state_dir: Path) -> bool:
-    """Worth asking Slurm: the inventory configures it, or provision --with slurm made the
-    cluster's munge key beside it."""
-    return inventory.slurm is not None or (state_dir / "slurm" / "munge.key").exists()
+    """Worth asking Slurm: the inventory enables it, or provision --with slurm made the
+    cluster's munge key beside it (a sandbox's `enabled: false` section alone is not)."""
+    return (inventory.slurm is not None and inventory.slurm.enabled) or \
+        (state_dir / "slurm" / "munge.key").exists()
 
 
 @dataclass(frozen=True)

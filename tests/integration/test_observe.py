@@ -88,7 +88,8 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
     snapshot = top_once(cluster)
     # The schema, pinned: a change here is a new schema number.
     assert snapshot["schema"] == 1
-    assert set(snapshot) == {"schema", "time", "interval_s", "nodes", "summary"}
+    assert set(snapshot) == {"schema", "time", "interval_s", "nodes", "summary", "slurm"}
+    assert snapshot["slurm"] is None  # no Slurm set up from beside this inventory
     node = snapshot["nodes"][0]
     assert set(node) == {"host", "stale", "age_s", "error", "interface", "rx_bytes_per_s",
                          "tx_bytes_per_s", "infiniband", "load1", "cpus", "gpus"}

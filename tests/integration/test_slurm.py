@@ -314,6 +314,11 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
            f'state="RUNNING",user="root"}} 1.0' in metrics, metrics
     assert re.search(rf'gpucluster_gpu_slurm_job_info{{Hostname="node2",UUID="[^"]+",'
                      rf'gpu="\d+",slurm_job_id="{running}"}} 1.0', metrics), metrics
+    # top sums the queue up beside the GPUs.
+    topped = gpucluster("top", "-i", str(cluster.inventory), "--once", "--json")
+    assert topped.code == 0, topped.stderr
+    assert topped.json()["slurm"] == {"up": True, "error": None,
+                                      "jobs": {"PENDING": 0, "RUNNING": 1}}, topped.stdout
     # jobs lists Slurm's queue; stop slurm-ID cancels the job and waits for its end.
     listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json")
     queued = {j["id"]: j for j in listed.json()["slurm"]}

@@ -70,6 +70,8 @@ def test_set_up_from_here_needs_the_inventory_or_provisions_munge_key(tmp_path: 
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
     state = tmp_path / ".gpucluster"
     assert not queue.set_up_from_here(load(inventory), state)
+    inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\nslurm:\n  enabled: false\n")
+    assert not queue.set_up_from_here(load(inventory), state)  # a sandbox's, until provision
     (state / "slurm").mkdir(parents=True)
     (state / "slurm" / "munge.key").write_bytes(b"k")
     assert queue.set_up_from_here(load(inventory), state)
@@ -216,3 +218,29 @@ def test_the_exporter_serves_slurms_queue_and_drops_it_when_squeue_stops_answeri
             time.sleep(0.05)
         poller = polling
         assert 'gpucluster_slurm_jobs{state="RUNNING"} 0.0' in scrape()
+    # The controller host has no Slurm after all: no Slurm series at all.
+    monkeypatch.setattr(slurm_states, "SET_UP_HERE", "false")
+    poller.latest = poller.read()
+    assert "gpucluster_slurm" not in scrape()
+
+
+def test_top_sums_up_slurms_queue_or_says_why_it_cannot() -> None:
+    from gpucluster.cli.views.top import summary_line
+    from gpucluster.observe.slurm_queue import QueueReading
+    from gpucluster.observe.snapshot import Snapshot, to_json
+
+    jobs = (queue.QueuedJob("12", "train", "gcuser", "RUNNING", "1:05", 2, "node[1-2]"),
+            queue.QueuedJob("13", "eval", "root", "PENDING", "0:00", 1, "(Resources)"),
+            queue.QueuedJob("14", "eval", "root", "PENDING", "0:00", 3, "(Priority)"),
+            queue.QueuedJob("9", "old", "root", "COMPLETING", "3:00", 1, "node3"))
+    answered = Snapshot(0.0, 1.0, (), QueueReading(jobs, "", 0.0))
+    assert "Slurm: 1 running, 1 completing, 2 pending" in summary_line(answered).plain
+    assert to_json(answered)["slurm"] == {
+        "up": True, "error": None, "jobs": {"COMPLETING": 1, "PENDING": 2, "RUNNING": 1}}
+    silent = Snapshot(0.0, 1.0, (), QueueReading((), "node1: squeue failed: x", 0.0))
+    assert "Slurm: node1: squeue failed: x" in summary_line(silent).plain
+    assert to_json(silent)["slurm"] == {"up": False, "error": "node1: squeue failed: x",
+                                        "jobs": None}
+    # Where Slurm is not set up from here: not a word about it, and null.
+    assert "Slurm" not in summary_line(Snapshot(0.0, 1.0, ())).plain
+    assert to_json(Snapshot(0.0, 1.0, ()))["slurm"] is None

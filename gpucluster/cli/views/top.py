@@ -11,6 +11,7 @@ from rich.text import Text
 from gpucluster import hostrange
 from gpucluster.hostrange import spans
 from gpucluster.observe.model import GpuProcess, NodeSample
+from gpucluster.observe.slurm_queue import QueueReading
 from gpucluster.observe.snapshot import NodeView, Snapshot
 
 _HOT_C = 85  # a GPU temperature worth a colour
@@ -41,6 +42,8 @@ def summary_line(snapshot: Snapshot) -> Text:
         idle = ", ".join(f"{h} GPU {g} ({j})" for h, g, j in summary.idle_in_jobs[:4])
         more = len(summary.idle_in_jobs) - 4
         parts.append(f"idle GPUs of running jobs: {idle}" + (f" +{more}" if more > 0 else ""))
+    if snapshot.slurm is not None:
+        parts.append(_slurm_part(snapshot.slurm))
     stale = [n.host for n in snapshot.nodes if n.stale]
     if stale:
         parts.append(f"stale: {', '.join(stale)}")
@@ -50,6 +53,14 @@ def summary_line(snapshot: Snapshot) -> Text:
         parts.append(f"Xid ?: {hostrange.fold(blind)} cannot read the kernel log (fix: "
                      f"passwordless sudo, or sysctl kernel.dmesg_restrict=0)")
     return Text(" | ".join(parts), style="bold")
+
+
+def _slurm_part(reading: QueueReading) -> str:
+    """`Slurm: 2 running, 1 pending` (then any other state), or why the queue is unknown."""
+    if reading.error:
+        return f"Slurm: {reading.error}"
+    return "Slurm: " + ", ".join(f"{count} {state.lower()}" for state, count in sorted(
+        reading.by_state().items(), key=lambda item: (item[0] != "RUNNING", item[0])))
 
 
 def _who(processes: list[GpuProcess]) -> str:
