@@ -16,12 +16,18 @@ from gpucluster.inventory import Inventory
 def state_dir_for(inventory: Inventory) -> Path:
     """`.gpucluster/` beside the inventory: the cluster key, command logs and jobs (0700)."""
     state_dir = inventory.path.resolve().parent / ".gpucluster"
-    state_dir.mkdir(mode=0o700, exist_ok=True)
-    state_dir.chmod(0o700)
-    ignore = state_dir / ".gitignore"
-    if not ignore.exists():  # it holds the cluster's private key: never commit it
-        ignore.write_text("# written by gpucluster: this directory holds the cluster's "
-                          "private key and job logs\n*\n")
+    try:
+        state_dir.mkdir(mode=0o700, exist_ok=True)
+        state_dir.chmod(0o700)
+        ignore = state_dir / ".gitignore"
+        if not ignore.exists():  # it holds the cluster's private key: never commit it
+            ignore.write_text("# written by gpucluster: this directory holds the "
+                              "cluster's private key and job logs\n*\n")
+    except OSError as error:
+        raise GpuclusterError(
+            f"{state_dir}: cannot keep gpucluster's state there: {error.strerror} (fix: "
+            f"it lives beside the inventory: make {state_dir.parent} writable, or copy "
+            f"{inventory.path.name} to a directory you can write)") from None
     return state_dir
 
 

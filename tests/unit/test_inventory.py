@@ -310,6 +310,20 @@ def test_the_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
     assert (state / ".gitignore").read_text().splitlines()[-1] == "*"
 
 
+def test_a_state_dir_that_cannot_be_made_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    from tests.cli import gpucluster
+
+    (tmp_path / "inventory.yaml").write_text(
+        "hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
+    (tmp_path / ".gpucluster").write_text("")  # a file where the directory would be
+    listed = gpucluster("jobs", "-i", str(tmp_path / "inventory.yaml"))
+    assert listed.code == 2 and "Traceback" not in listed.stderr, listed.stderr
+    assert listed.stderr.strip() == (
+        f"gpucluster: error: {tmp_path}/.gpucluster: cannot keep gpucluster's state there: "
+        f"File exists (fix: it lives beside the inventory: make {tmp_path} writable, or "
+        f"copy inventory.yaml to a directory you can write)")
+
+
 @pytest.mark.parametrize("entry", [
     "{name: tunnel, address: 127.0.0.1, port: 2222}",
     "{name: asuser, address: localhost, user: admin}",
