@@ -1,5 +1,6 @@
-"""Slurm's queue for the exporter: squeue on the controller host every few seconds, in a
-thread of its own, so that a scrape reads the latest answer and never waits on Slurm."""
+"""Slurm's queue for the exporter and top: squeue on the controller host every few
+seconds, in a thread of its own, so that a scrape or a frame reads the latest answer and
+never waits on Slurm."""
 
 from __future__ import annotations
 
