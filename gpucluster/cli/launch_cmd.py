@@ -182,12 +182,11 @@ def jobs(
     from gpucluster.launch.control import states
     from gpucluster.launch.supervisor import supervisor_of
     from gpucluster.slurm.queue import QueuedJob, queue, set_up_from_here
-    from gpucluster.state import state_dir_for
 
     loaded = load_inventory(inventory)
     store = job_store(loaded)
     records = [store.load(i) for i in store.ids()[-limit:]]
-    ask_slurm = set_up_from_here(loaded, state_dir_for(loaded))
+    ask_slurm = set_up_from_here(loaded)
     table: dict[str, dict[str, NodeState]] = {}
     queued: list[QueuedJob] | None = None
     slurm_failed = ""

@@ -53,7 +53,6 @@ def prune(
     from gpucluster.launch import prune as core
     from gpucluster.slurm import prune as slurm_core
     from gpucluster.slurm.queue import set_up_from_here
-    from gpucluster.state import state_dir_for
 
     age_s = core.parse_age(older_than)
     loaded = load_inventory(inventory)
@@ -61,7 +60,7 @@ def prune(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         report = core.prune(session, loaded, store, age_s, checkpoints, yes)
         slurm = slurm_core.prune(session, loaded, age_s, checkpoints, yes) \
-            if set_up_from_here(loaded, state_dir_for(loaded)) else None
+            if set_up_from_here(loaded) else None
     if json_output:
         common.print_json(stdout_console(), {**_payload(report, age_s, checkpoints),
                                              "slurm": views.payload(slurm)})

@@ -15,7 +15,6 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.remote.session import Session
 from gpucluster.slurm.queue import QUERY_TIMEOUT_S, QueuedJob, queue, set_up_from_here
-from gpucluster.state import state_dir_for
 
 POLL_S = 5.0
 # An answer older than this is not reported as Slurm's queue now.
@@ -93,6 +92,6 @@ def polled_where_set_up(session: Session, inventory: Inventory
                         ) -> AbstractContextManager[QueuePoller | None]:
     """A poller of Slurm's queue where Slurm is set up from here (the inventory's `slurm:`,
     or provision's munge key beside it), else None: top and the exporter ask nothing."""
-    if set_up_from_here(inventory, state_dir_for(inventory)):
+    if set_up_from_here(inventory):
         return QueuePoller(session, inventory)
     return nullcontext()

@@ -8,7 +8,6 @@ import re
 import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
@@ -17,6 +16,7 @@ from gpucluster.remote.session import Session
 from gpucluster.slurm.follow import JobInfo, job_info, unknown_job
 from gpucluster.slurm.submit import submit_host
 from gpucluster.slurm_states import NOT_SET_UP, where_set_up
+from gpucluster.state import state_dir_for
 
 PREFIX = "slurm-"
 JOB_NUMBER = re.compile(r"[1-9][0-9]*")
@@ -41,11 +41,11 @@ def slurm_job(reference: str | None) -> str | None:
     return number
 
 
-def set_up_from_here(inventory: Inventory, state_dir: Path) -> bool:
+def set_up_from_here(inventory: Inventory) -> bool:
     """Worth asking Slurm: the inventory enables it, or provision --with slurm made the
     cluster's munge key beside it (a sandbox's `enabled: false` section alone is not)."""
     return (inventory.slurm is not None and inventory.slurm.enabled) or \
-        (state_dir / "slurm" / "munge.key").exists()
+        (state_dir_for(inventory) / "slurm" / "munge.key").exists()
 
 
 @dataclass(frozen=True)

@@ -69,12 +69,12 @@ def test_set_up_from_here_needs_the_inventory_or_provisions_munge_key(tmp_path: 
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
     state = tmp_path / ".gpucluster"
-    assert not queue.set_up_from_here(load(inventory), state)
+    assert not queue.set_up_from_here(load(inventory))
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\nslurm:\n  enabled: false\n")
-    assert not queue.set_up_from_here(load(inventory), state)  # a sandbox's, until provision
+    assert not queue.set_up_from_here(load(inventory))  # a sandbox's, until provision
     (state / "slurm").mkdir(parents=True)
     (state / "slurm" / "munge.key").write_bytes(b"k")
-    assert queue.set_up_from_here(load(inventory), state)
+    assert queue.set_up_from_here(load(inventory))
 
 
 def test_cancel_waits_for_slurm_to_end_the_job(session: Session, tmp_path: Path) -> None:
