@@ -121,23 +121,29 @@ def exporter(
     exporter's metric names and labels (NVIDIA's Grafana dashboard works unchanged), plus
     gpucluster_* metrics for jobs and ranks, NIC rates and node staleness. Nothing is
     installed on the nodes. Runs until Ctrl-C."""
-    from gpucluster.observe.exporter import serve
+    import threading
+
+    from gpucluster.observe.exporter import ClusterCollector, endpoint, listening
     from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.streams import ClusterStreams
 
     address, _, port = listen.rpartition(":")
-    if not port.isdigit() or not address:
-        raise GpuclusterError(f"--listen {listen!r}: expected ADDRESS:PORT, e.g. "
-                              f"127.0.0.1:9400")
+    address = address.removeprefix("[").removesuffix("]")
+    if not address or not port.isascii() or not port.isdigit() or \
+            not 1 <= int(port) <= 65535:
+        raise GpuclusterError(f"--listen {listen!r}: expected ADDRESS:PORT, the port from 1 "
+                              f"to 65535, e.g. 127.0.0.1:9400")
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+    with listening(address, int(port)) as registry, \
+            open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
             ClusterStreams(session, loaded, selected, interval) as streams, \
             polled_where_set_up(session, loaded) as slurm:
+        registry.register(ClusterCollector(streams, slurm))
         served = counted(len(selected), "node") + (" and Slurm's queue" if slurm else "")
+        stderr_console().print(f"serving http://{endpoint(address, int(port))}/metrics for "
+                               f"{served}; Ctrl-C ends")
         try:
-            serve(streams, address.strip("[]"), int(port),
-                  lambda url: stderr_console().print(
-                      f"serving {url} for {served}; Ctrl-C ends"), slurm)
+            threading.Event().wait()
         except KeyboardInterrupt:
             return

@@ -4,13 +4,16 @@ gpucluster_* metrics for jobs and ranks, NIC rates and staleness."""
 
 from __future__ import annotations
 
-import threading
+import errno
+import socket
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.observe.model import Gpu, NodeSample
 from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.snapshot import NodeView, take
@@ -142,15 +145,38 @@ def _slurm_families(reading: QueueReading) -> Iterator[Metric]:
     yield from (jobs, nodes)
 
 
-def serve(streams: ClusterStreams, address: str, port: int,
-          on_ready: Callable[[str], None], slurm: QueuePoller | None = None) -> None:
-    """Serve /metrics until Ctrl-C; with `slurm`, Slurm's queue too."""
+@contextmanager
+def listening(address: str, port: int) -> Iterator[CollectorRegistry]:
+    """/metrics served on ADDRESS:PORT from an empty registry, for the caller to fill
+    once the nodes are connected: bound first, so that a port in use is said at once
+    rather than after every node's connection."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(streams, slurm))
-    server, _ = start_http_server(port, addr=address, registry=registry)
-    host = f"[{address}]" if ":" in address else address
-    on_ready(f"http://{host}:{port}/metrics")
     try:
-        threading.Event().wait()
+        server, _ = start_http_server(port, addr=address, registry=registry)
+    except OSError as error:
+        raise GpuclusterError(f"--listen {endpoint(address, port)}: cannot serve there: "
+                              f"{_why_not(error, port)}") from None
+    try:
+        yield registry
     finally:
         server.shutdown()
+        server.server_close()
+
+
+def endpoint(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _why_not(error: OSError, port: int) -> str:
+    if isinstance(error, socket.gaierror):
+        return ("not an address of this machine, nor a name it resolves (fix: one of its "
+                "addresses, 127.0.0.1 for this machine only, or 0.0.0.0 for every network)")
+    if error.errno == errno.EADDRINUSE:
+        return (f"another program listens on port {port} (fix: another port, e.g. "
+                f"--listen 127.0.0.1:{port + 1}; `ss -ltnp` names the program)")
+    if error.errno == errno.EADDRNOTAVAIL:
+        return ("not an address of this machine (fix: one of its addresses, `ip -br addr` "
+                "lists them, or 127.0.0.1)")
+    if error.errno == errno.EACCES:
+        return f"port {port} needs root (fix: a port from 1024 up, e.g. 9400)"
+    return error.strerror or str(error)

@@ -140,6 +140,35 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
             'interface="eth0"} 1000.0') in text
 
 
+def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None:
+    import urllib.request
+
+    import pytest
+
+    from gpucluster.errors import GpuclusterError
+    from gpucluster.observe.exporter import listening
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(GpuclusterError, match=rf"^--listen 127.0.0.1:{port}: cannot "
+                                                  rf"serve there: another program listens "
+                                                  rf"on port {port} \(fix: another port"), \
+                listening("127.0.0.1", port):
+            pass
+    with pytest.raises(GpuclusterError, match=r"nor a name it resolves \(fix: "), \
+            listening("no-such-host.invalid", port):
+        pass
+    # Served from an empty registry until the caller registers its collector.
+    with listening("127.0.0.1", port) as registry:
+        registry.register(ClusterCollector(_Streams()))  # type: ignore[arg-type]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            assert 'gpucluster_node_up{Hostname="node1"} 1.0' in page.read().decode()
+    with pytest.raises(ConnectionRefusedError):  # closed: nothing listens there any more
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
 def _fake_nvidia_smi(directory: Path, count: int, first: str = "") -> Path:
     """An `nvidia-smi` in `directory` replaying `count` H200s (shell `first` runs before
     it); the state file, whose path names its processes."""
