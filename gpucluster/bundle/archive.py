@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import re
+import shlex
 import tarfile
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from gpucluster import hostrange
 from gpucluster.bundle.collect import SINFO_HEADING, Collected, doctor_json, scrub
 from gpucluster.bundle.slurm_job import SUMMARY_LINES, SlurmJob
 from gpucluster.doctor.model import Status
+from gpucluster.errors import GpuclusterError
 from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
@@ -165,12 +168,42 @@ def _no_gpu_errors(collected: Collected) -> str:
            f"there are unknown."
 
 
+def target(output: Path | None, default_name: str) -> Path:
+    """Where the archive goes: `output` (a directory: the default name inside it),
+    ending in .tar.gz. Checked before anything is collected: a bundle is most wanted
+    when nodes are slow, and its minutes should not end in a path that cannot be written."""
+    path = output / default_name if output is not None and output.is_dir() \
+        else output or Path(default_name)
+    if not path.name.endswith(".tar.gz"):
+        path = path.with_name(path.name + ".tar.gz")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise GpuclusterError(f"-o {output}: {folder} is not a directory (fix: mkdir -p "
+                              f"{shlex.quote(str(folder))}, or another -o)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise GpuclusterError(f"-o {output or path}: {folder} is not writable by you (fix: "
+                              f"-o a path in a directory you can write)")
+    return path
+
+
 def write(collected: Collected, store: JobStore, inventory_path: Path, output: Path) -> int:
-    """The archive at `output` (written beside and renamed); its size in bytes."""
-    top = output.name.removesuffix(".tar.gz")
+    """The archive at `output` (written beside and renamed); its size in bytes. One that
+    cannot be finished (the disk full) is removed, not left half-written."""
     partial = output.with_name(output.name + ".partial")
-    partial.unlink(missing_ok=True)
-    partial.touch(mode=0o600)  # logs and rules: the user's eyes only
+    try:
+        partial.unlink(missing_ok=True)
+        partial.touch(mode=0o600)  # logs and rules: the user's eyes only
+        _write_tar(collected, store, inventory_path, partial, output.name.removesuffix(".tar.gz"))
+        partial.replace(output)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise GpuclusterError(f"{output}: the bundle could not be written: "
+                              f"{error.strerror or error} (nothing was left there)") from None
+    return output.stat().st_size
+
+
+def _write_tar(collected: Collected, store: JobStore, inventory_path: Path, partial: Path,
+               top: str) -> None:
     with tarfile.open(partial, "w:gz") as archive:
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(f"{top}/{name}")
@@ -195,8 +228,6 @@ def write(collected: Collected, store: JobStore, inventory_path: Path, output: P
             add("job/job.json", _json(dataclasses.asdict(record)))
             for path in sorted(store.directory(record.id).glob("*.log*")):
                 add(f"job/logs/{path.name}", scrub(path.read_bytes()))
-    partial.replace(output)
-    return output.stat().st_size
 
 
 def _json(value: Any) -> bytes:

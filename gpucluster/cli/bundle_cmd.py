@@ -33,7 +33,8 @@ def bundle(
                               "a Slurm job (its record and output).")] = None,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", metavar="PATH",
-        help="The archive (default: ./gpucluster-bundle-[JOB-]TIME.tar.gz).")] = None,
+        help="The archive, or a directory for it (default: "
+             "./gpucluster-bundle-[JOB-]TIME.tar.gz).")] = None,
     inventory: InventoryOption = None,
     hosts: HostsOption = None,
     group: GroupOption = None,
@@ -49,6 +50,7 @@ def bundle(
 
     A dead or hanging node gives a partial bundle that says so. Exit 1 then."""
     from gpucluster.bundle import slurm_job as slurm_part
+    from gpucluster.bundle.archive import target as archive_target
     from gpucluster.bundle.archive import write
     from gpucluster.bundle.collect import NodeBundle, collect
     from gpucluster.launch.workdir import BUNDLE_PREFIX
@@ -60,9 +62,8 @@ def bundle(
     record = store.load(job) if job and slurm_id is None else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     named = record.id if record else (f"slurm-{slurm_id}" if slurm_id else "")
-    target = output or Path(f"{BUNDLE_PREFIX}{named + '-' if named else ''}{stamp}.tar.gz")
-    if not target.name.endswith(".tar.gz"):
-        target = target.with_name(target.name + ".tar.gz")
+    target = archive_target(output, f"{BUNDLE_PREFIX}{named + '-' if named else ''}{stamp}"
+                                    f".tar.gz")
     err = stderr_console()
 
     def progress(node: NodeBundle) -> None:

@@ -161,3 +161,35 @@ def test_a_slurm_jobs_bundle_says_how_it_ended_with_the_end_of_its_output() -> N
                                 "", b"", "it has not started", ["node1"], None)
     text = summary(Collected({}, doctor, None, None, 1.0, slurm_job=silent), Path("i.yaml"))
     assert "No output collected: it has not started." in text
+
+
+def test_the_archives_path_is_checked_before_collecting_and_never_left_half_written(
+        tmp_path: Path) -> None:
+    import tarfile
+
+    import pytest
+
+    from gpucluster.bundle.archive import target, write
+    from gpucluster.errors import GpuclusterError
+    from gpucluster.launch.jobs import JobStore
+
+    assert target(None, "b-1.tar.gz") == Path("b-1.tar.gz")
+    assert target(tmp_path, "b-1.tar.gz") == tmp_path / "b-1.tar.gz"  # a directory: inside
+    assert target(tmp_path / "mine", "b-1.tar.gz") == tmp_path / "mine.tar.gz"
+    with pytest.raises(GpuclusterError, match=r"^-o .*/gone/x.tar.gz: .*/gone is not a "
+                                              r"directory \(fix: mkdir -p .*/gone, or"):
+        target(tmp_path / "gone" / "x.tar.gz", "b-1.tar.gz")
+
+    collected = Collected({"node1": NodeBundle("node1", {"dmesg.txt": b"Xid 79\n"})}, None,
+                          None, None, 1.0, None)
+    store = JobStore(tmp_path / ".gpucluster")
+    written = tmp_path / "ok.tar.gz"
+    assert write(collected, store, Path("inv.yaml"), written) == written.stat().st_size
+    with tarfile.open(written) as archive:
+        assert "ok/nodes/node1/dmesg.txt" in archive.getnames()
+    # A rename that fails (a directory in the way) leaves neither archive nor partial.
+    (tmp_path / "in-the-way.tar.gz" / "x").mkdir(parents=True)
+    with pytest.raises(GpuclusterError, match=r"in-the-way.tar.gz: the bundle could not be "
+                                              r"written: .*\(nothing was left there\)$"):
+        write(collected, store, Path("inv.yaml"), tmp_path / "in-the-way.tar.gz")
+    assert not (tmp_path / "in-the-way.tar.gz.partial").exists()
