@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import re
-import shlex
 import tarfile
 import time
 from pathlib import Path
@@ -17,11 +15,11 @@ from gpucluster import hostrange
 from gpucluster.bundle.collect import SINFO_HEADING, Collected, doctor_json, scrub
 from gpucluster.bundle.slurm_job import SUMMARY_LINES, SlurmJob
 from gpucluster.doctor.model import Status
-from gpucluster.errors import GpuclusterError
 from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
 from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
+from gpucluster.whole_file import check_writable, written_whole
 from gpucluster.wording import counted
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
@@ -176,29 +174,15 @@ def target(output: Path | None, default_name: str) -> Path:
         else output or Path(default_name)
     if not path.name.endswith(".tar.gz"):
         path = path.with_name(path.name + ".tar.gz")
-    folder = path.absolute().parent
-    if not folder.is_dir():
-        raise GpuclusterError(f"-o {output}: {folder} is not a directory (fix: mkdir -p "
-                              f"{shlex.quote(str(folder))}, or another -o)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise GpuclusterError(f"-o {output or path}: {folder} is not writable by you (fix: "
-                              f"-o a path in a directory you can write)")
+    check_writable(path)
     return path
 
 
 def write(collected: Collected, store: JobStore, inventory_path: Path, output: Path) -> int:
-    """The archive at `output` (written beside and renamed); its size in bytes. One that
-    cannot be finished (the disk full) is removed, not left half-written."""
-    partial = output.with_name(output.name + ".partial")
-    try:
-        partial.unlink(missing_ok=True)
-        partial.touch(mode=0o600)  # logs and rules: the user's eyes only
+    """The archive at `output`, written whole, mode 0600 (logs and rules: the user's eyes
+    only); its size in bytes."""
+    with written_whole(output, 0o600) as partial:
         _write_tar(collected, store, inventory_path, partial, output.name.removesuffix(".tar.gz"))
-        partial.replace(output)
-    except OSError as error:
-        partial.unlink(missing_ok=True)
-        raise GpuclusterError(f"{output}: the bundle could not be written: "
-                              f"{error.strerror or error} (nothing was left there)") from None
     return output.stat().st_size
 
 

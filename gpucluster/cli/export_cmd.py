@@ -76,12 +76,15 @@ def sbatch(
     from gpucluster.launch.start import code_dir_for
     from gpucluster.slurm.export import export_sbatch
     from gpucluster.slurm.submit import submit as submit_job
+    from gpucluster.whole_file import check_writable
 
     loaded = load_inventory(inventory)
     job_image = chosen_image(loaded, image, container)
     root = (workdir or Path.cwd()).absolute()
     err = stderr_console()
     name = output.name if output else "job.sbatch"
+    if output is not None:
+        check_writable(output)  # before the work dir is synced to every node
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         text, note = export_sbatch(session, loaded, root, script, tuple(script_args or ()),
                                    sync=not no_sync, nodes=nodes,

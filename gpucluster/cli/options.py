@@ -13,6 +13,7 @@ from rich.console import Console
 from gpucluster import inventory as inventory_module
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
+from gpucluster.whole_file import written_whole
 
 if TYPE_CHECKING:
     from gpucluster.remote.session import Session
@@ -120,15 +121,12 @@ def open_session(inventory: Inventory, accept_new_host_keys: bool, ask_pass: boo
 
 
 def write_output(output: Path | None, text: str, mode: int = 0o644) -> None:
-    """`text` to stdout, or to `output` whole: written beside it, then renamed over it,
-    so an interrupted write never leaves half a file where a tool would read it."""
+    """`text` to stdout, or to `output` whole (never half a file where a tool reads it)."""
     if output is None:
         sys.stdout.write(text)
         return
-    partial = output.with_name(output.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.chmod(mode)
-    partial.replace(output)
+    with written_whole(output, mode) as partial:
+        partial.write_text(text, encoding="utf-8")
 
 
 def chosen_image(inventory: Inventory, image: str | None, container: bool) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 
@@ -172,12 +173,13 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     from gpucluster.bundle.archive import target, write
     from gpucluster.errors import GpuclusterError
     from gpucluster.launch.jobs import JobStore
+    from gpucluster.whole_file import written_whole
 
     assert target(None, "b-1.tar.gz") == Path("b-1.tar.gz")
     assert target(tmp_path, "b-1.tar.gz") == tmp_path / "b-1.tar.gz"  # a directory: inside
     assert target(tmp_path / "mine", "b-1.tar.gz") == tmp_path / "mine.tar.gz"
-    with pytest.raises(GpuclusterError, match=r"^-o .*/gone/x.tar.gz: .*/gone is not a "
-                                              r"directory \(fix: mkdir -p .*/gone, or"):
+    with pytest.raises(GpuclusterError, match=r"^/.*/gone/x.tar.gz: /.*/gone is not a "
+                                              r"directory \(fix: mkdir -p /.*/gone, or"):
         target(tmp_path / "gone" / "x.tar.gz", "b-1.tar.gz")
 
     collected = Collected({"node1": NodeBundle("node1", {"dmesg.txt": b"Xid 79\n"})}, None,
@@ -187,9 +189,16 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     assert write(collected, store, Path("inv.yaml"), written) == written.stat().st_size
     with tarfile.open(written) as archive:
         assert "ok/nodes/node1/dmesg.txt" in archive.getnames()
-    # A rename that fails (a directory in the way) leaves neither archive nor partial.
-    (tmp_path / "in-the-way.tar.gz" / "x").mkdir(parents=True)
-    with pytest.raises(GpuclusterError, match=r"in-the-way.tar.gz: the bundle could not be "
-                                              r"written: .*\(nothing was left there\)$"):
-        write(collected, store, Path("inv.yaml"), tmp_path / "in-the-way.tar.gz")
-    assert not (tmp_path / "in-the-way.tar.gz.partial").exists()
+    assert written.stat().st_mode & 0o777 == 0o600
+    # A write that fails half way (the disk full) leaves neither the file nor the partial
+    # one, and a directory where the file would go is said before anything is written.
+    with pytest.raises(GpuclusterError, match=r"cut.tar.gz: cannot be written: No space "
+                                              r"left on device \(nothing was left there\)$"), \
+            written_whole(tmp_path / "cut.tar.gz", 0o600) as partial:
+        partial.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert sorted(p.name for p in tmp_path.glob("cut*")) == []
+    (tmp_path / "jobs").mkdir()
+    with pytest.raises(GpuclusterError, match=r"/jobs: is a directory \(fix: name a file"), \
+            written_whole(tmp_path / "jobs", 0o644):
+        pass
