@@ -31,8 +31,8 @@ def smoke(
         help="Processes per node (default: the inventory's GPU count; 1 on CPU nodes).")
     ] = None,
     sizes: Annotated[str, typer.Option(
-        help="Message sizes in bytes, comma-separated; auto: 1 MiB-1 GiB on GPUs, "
-             "64 KiB-4 MiB on CPUs.")] = "auto",
+        help="Message sizes, comma-separated: bytes, or with K, M, G (KiB, MiB, GiB), "
+             "e.g. 1M,64M,1G; auto: 1 MiB-1 GiB on GPUs, 64 KiB-4 MiB on CPUs.")] = "auto",
     iterations: Annotated[int, typer.Option(min=1, help="Timed iterations per size.")] = 5,
     min_busbw: Annotated[float | None, typer.Option(
         "--min-busbw", metavar="GBIT/S",
@@ -46,8 +46,9 @@ def smoke(
     """All-reduce across every node through torchrun: busbw per size, correctness, and
     the slow node named; exit 1 when it fails."""
     from gpucluster.cli.views.smoke import print_smoke, smoke_payload
-    from gpucluster.smoke.runner import run_smoke
+    from gpucluster.smoke.runner import parse_sizes, run_smoke
 
+    sizes = parse_sizes(sizes)
     loaded = load_inventory(inventory, hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         threshold = min_busbw if min_busbw is not None else loaded.smoke.min_busbw_gbps

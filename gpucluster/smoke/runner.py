@@ -4,6 +4,7 @@ and judge it: correctness, bus bandwidth against a threshold, and the slow node.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import statistics
 import uuid
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster import hostrange
+from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult
@@ -47,6 +49,28 @@ class SmokeReport:
     @property
     def passed(self) -> bool:
         return not self.problems
+
+
+_SIZE = re.compile(r"([0-9]+)\s*([KMG]?)(?:i?B)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+MAX_SIZE = 64 << 30  # past any GPU's memory: a typo, not a size
+
+
+def parse_sizes(text: str) -> str:
+    """`--sizes` as the job takes it, byte counts: `auto`, or sizes like 1M,64MiB,1G (K,
+    M, G are powers of 1024), checked here rather than failing torchrun on every node."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    counts = []
+    for part in text.split(","):
+        matched = _SIZE.fullmatch(part.strip())
+        count = int(matched[1]) * _UNITS[matched[2].upper()] if matched else 0
+        if not 4 <= count <= MAX_SIZE:
+            raise GpuclusterError(f"--sizes {text!r}: {part.strip()!r} is not a message size "
+                                  f"from 4 bytes to 64G (fix: e.g. --sizes 1M,64M,1G; K, M "
+                                  f"and G are KiB, MiB and GiB; or auto)")
+        counts.append(str(count))
+    return ",".join(counts)
 
 
 def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int,

@@ -61,3 +61,17 @@ def test_command_quotes_inventory_values_and_sets_interfaces(tmp_path: Path) -> 
     pinned = inventory_module.load(path)
     assert "GLOO_SOCKET_IFNAME=\"$iface\"" not in command_for(pinned, pinned.host("a"), "r",
                                                                1, "auto", 5)
+
+
+def test_sizes_take_units_and_a_bad_one_is_refused_before_any_node_runs() -> None:
+    import pytest
+
+    from gpucluster.errors import GpuclusterError
+    from gpucluster.smoke.runner import parse_sizes
+
+    assert parse_sizes("auto") == parse_sizes(" AUTO ") == "auto"
+    assert parse_sizes("4,64K, 1M,2MiB,1g") == "4,65536,1048576,2097152,1073741824"
+    for bad in ("abc", "1M,", "0", "3", "65G", "1.5M", "-4", "1T"):
+        with pytest.raises(GpuclusterError, match=r"^--sizes .*: .* is not a message size "
+                                                  r"from 4 bytes to 64G \(fix: e.g. "):
+            parse_sizes(bad)
