@@ -96,10 +96,10 @@ def logs(
     if keep.ranks is not None and world and min(keep.ranks) >= world:
         raise GpuclusterError(f"--rank {rank}: job {record.id} had ranks 0-{world - 1} "
                               f"(fix: --rank within them)")
-    nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
-    if nodes is not None and (unknown := [n for n in nodes if n not in record.hosts]):
-        raise GpuclusterError(f"job {record.id} did not run on {', '.join(unknown)} "
+    if keep.nodes and (unknown := sorted(keep.nodes - set(record.hosts))):
+        raise GpuclusterError(f"job {record.id} did not run on {hostrange.fold(unknown)} "
                               f"(fix: --hosts with one of {hostrange.fold(record.hosts)})")
+    nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
     searching = any(x is not None for x in (grep, since, until, rank)) or json_output
     if searching and follow_live:
         raise GpuclusterError("-f shows the lines as they come, unfiltered: not with --grep, "

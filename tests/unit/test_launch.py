@@ -813,3 +813,20 @@ def test_jobs_names_a_node_the_inventory_no_longer_lists() -> None:
     print_jobs(console, [record], {record.id: {n: NodeState(n, "stopped", None)
                                                for n in ("n1", "n2")}}, {})
     assert "stopped: n[1-2], not in the inventory: n3" in console.export_text()
+
+
+def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: 'n[1-9]', address: '10.0.0.[1-9]'}\n")
+    job_id = new_job_id(1_800_000_000)
+    JobStore(tmp_path / ".gpucluster").save(JobRecord(
+        job_id, "train.py", [], ["n1", "n2"], "/srv/p", "/srv/jobs", 0.0, {"n1": 1, "n2": 1}))
+    result = subprocess.run([sys.executable, "-m", "gpucluster", "logs", "-i", str(inventory),
+                             "last", "-w", "n[2-5]"], capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (2, (  # was a ValueError traceback
+        f"gpucluster: error: job {job_id} did not run on n[3-5] (fix: --hosts with one of "
+        f"n[1-2])\n"))
