@@ -63,4 +63,9 @@ class SandboxError(GpuclusterError):
 
 
 class HostRangeError(GpuclusterError):
-    """A host range pattern such as `gpu[01-16]` is malformed."""
+    """A host range pattern such as `gpu[01-16]` is malformed: what is wrong, and the fix
+    apart, for an inventory's problem list to show each in its place."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"{reason} (fix: {fix})")
+        self.reason, self.fix = reason, fix

@@ -14,8 +14,7 @@ from gpucluster.errors import HostRangeError
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 _MAX_EXPANSION = 100_000  # a typo like node[1-999999999] must not eat the memory
-_TOO_MANY = (f"host range {{pattern!r}} expands to too many names (fix: at most "
-             f"{_MAX_EXPANSION:,} hosts; is a digit extra?)")
+_TOO_MANY = f"at most {_MAX_EXPANSION:,} hosts; is a digit extra?"
 K = TypeVar("K", bound=Hashable)
 
 
@@ -25,28 +24,28 @@ def _expand_set(body: str, pattern: str) -> list[str]:
     for raw_part in body.split(","):
         part = raw_part.strip()
         if not part:
-            raise HostRangeError(f"empty element in host range {pattern!r} (fix: remove the "
-                                 f"extra comma)")
+            raise HostRangeError(f"empty element in host range {pattern!r}",
+                                 "remove the extra comma")
         if "-" in part:
             low, _, high = part.partition("-")
             if not (low.isdigit() and high.isdigit()):
                 raise HostRangeError(
-                    f"bad range {part!r} in {pattern!r} (fix: digits, like [01-16])"
+                    f"bad range {part!r} in {pattern!r}", "digits, like [01-16]"
                 )
             if int(low) > int(high):
-                raise HostRangeError(f"range {part!r} in {pattern!r} goes backwards (fix: "
-                                     f"[{high}-{low}])")
+                raise HostRangeError(f"range {part!r} in {pattern!r} goes backwards",
+                                     f"[{high}-{low}]")
             if len(values) + int(high) - int(low) >= _MAX_EXPANSION:
-                raise HostRangeError(_TOO_MANY.format(pattern=pattern))
+                raise HostRangeError(f"host range {pattern!r} expands to too many names", _TOO_MANY)
             width = len(low) if low.startswith("0") else 0
             values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
         elif part.isdigit():
             values.append(part)
         else:
-            raise HostRangeError(f"bad element {part!r} in {pattern!r} (fix: digits, like "
-                                 f"[1,3,5-8])")
+            raise HostRangeError(f"bad element {part!r} in {pattern!r}",
+                                 "digits, like [1,3,5-8]")
         if len(values) > _MAX_EXPANSION:
-            raise HostRangeError(_TOO_MANY.format(pattern=pattern))
+            raise HostRangeError(f"host range {pattern!r} expands to too many names", _TOO_MANY)
     return values
 
 
@@ -56,15 +55,15 @@ def expand(pattern: str) -> list[str]:
         return [pattern]
     match = _BRACKET.search(pattern)
     if match is None:
-        raise HostRangeError(f"unbalanced brackets in host range {pattern!r} (fix: close "
-                             f"each [ with ], e.g. node[1-4])")
+        raise HostRangeError(f"unbalanced brackets in host range {pattern!r}",
+                             "close each [ with ], e.g. node[1-4]")
     head, tail = pattern[: match.start()], pattern[match.end() :]
     if "[" in head or "]" in head:
-        raise HostRangeError(f"unbalanced brackets in host range {pattern!r} (fix: close "
-                             f"each [ with ], e.g. node[1-4])")
+        raise HostRangeError(f"unbalanced brackets in host range {pattern!r}",
+                             "close each [ with ], e.g. node[1-4]")
     values, rests = _expand_set(match.group(1), pattern), expand(tail)
     if len(values) * len(rests) > _MAX_EXPANSION:  # counted before anything is built
-        raise HostRangeError(_TOO_MANY.format(pattern=pattern))
+        raise HostRangeError(f"host range {pattern!r} expands to too many names", _TOO_MANY)
     return [head + value + rest for value in values for rest in rests]
 
 

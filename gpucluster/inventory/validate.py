@@ -234,8 +234,7 @@ class Validator:
         try:
             return hostrange.expand(pattern)
         except HostRangeError as error:
-            self.problem(line, f"bad host range in {what}: {error}",
-                         "write ranges like gpu[01-16] or node[1-4,7]")
+            self.problem(line, f"bad host range in {what}: {error.reason}", error.fix)
             return []
 
     def _duplicates(self, hosts: list[Host]) -> None:

@@ -28,6 +28,17 @@ def test_bad_patterns_raise_our_error(pattern: str) -> None:
         hostrange.expand(pattern)
 
 
+@pytest.mark.parametrize(("pattern", "fix"), [
+    ("node[3-1]", "[1-3]"), ("gpu[04-01]", "[01-04]"), ("n[1,,2]", "remove the extra comma"),
+    ("n[1-2", "close each [ with ], e.g. node[1-4]"), ("n[a-b]", "digits, like [01-16]"),
+    ("n[1-999999]", "at most 100,000 hosts; is a digit extra?")])
+def test_each_bad_pattern_names_its_fix_apart(pattern: str, fix: str) -> None:
+    with pytest.raises(HostRangeError) as raised:
+        hostrange.expand(pattern)
+    assert raised.value.fix == fix
+    assert str(raised.value) == f"{raised.value.reason} (fix: {fix})"
+
+
 def test_expand_list_keeps_order_and_drops_repeats() -> None:
     assert hostrange.expand_list("gpu[01-02],login1,gpu01") == ["gpu01", "gpu02", "login1"]
 
