@@ -84,9 +84,27 @@ def top(
                     out.file.write(json.dumps(to_json(take(streams, slurm))) + "\n")
                     out.file.flush()
                     time.sleep(interval)
+            if not out.is_terminal:
+                _batch(streams, slurm, interval, compact)
             _live(streams, slurm, interval, compact)
         except KeyboardInterrupt:
             return
+
+
+def _batch(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,
+           compact: bool) -> None:
+    """Output to a file or a pipe (`top > gpus.log`, `top | tee`): a live view would only
+    show its last frame at the end, so each frame is printed whole, under its time, as
+    `top -b` does."""
+    from gpucluster.cli.views.top import render
+    from gpucluster.observe.snapshot import take
+
+    out = stdout_console()
+    while True:
+        out.print(time.strftime("%Y-%m-%d %H:%M:%S"), highlight=False)
+        out.print(render(take(streams, slurm), out, compact))
+        out.file.flush()
+        time.sleep(interval)
 
 
 def _live(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,

@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -197,6 +198,34 @@ def test_the_live_view_renders_every_node_and_rank_on_a_terminal(cluster: Sandbo
     for rank in range(6):
         assert f"{job} rank {rank}" in frame, frame
     assert re.search(r"^\s+7\s+\d+%\s+[\d.]+/\d+G\s+\d+C\s+\d+W\s+0/\d", frame, re.M), frame
+
+
+def test_top_into_a_pipe_prints_each_frame_whole_under_its_time(cluster: Sandbox,
+                                                                job: str) -> None:
+    """`top > gpus.log`: a live view off a terminal showed nothing until it ended."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "top", "-i", str(cluster.inventory), "--compact",
+         "--interval", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    stamps: list[str] = []
+    lines: list[str] = []
+    watchdog = threading.Timer(60, process.kill)  # no third frame in a minute: fail
+    watchdog.start()
+    try:
+        while len(stamps) < 3:
+            line = process.stdout.readline()
+            assert line, "top ended: " + "".join(lines)
+            lines.append(line)
+            if re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\n", line):
+                stamps.append(line)
+    finally:
+        watchdog.cancel()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+    frames = "".join(lines).split(stamps[1])[1]  # the second frame, whole
+    for node in cluster.nodes:
+        assert re.search(rf"^{node}\s+\S+\s+\d+%", frames, re.M), frames
+    assert "GPUs busy" in frames
 
 
 def _free_port() -> int:
