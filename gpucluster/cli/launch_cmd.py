@@ -89,20 +89,21 @@ def launch(
         "--recover", help="On a lost node, a hang or a worker error: re-check the nodes, "
                           "quarantine the sick ones and relaunch on the healthy ones.")
     ] = False,
-    min_nodes: Annotated[int, typer.Option(
+    min_nodes: Annotated[int | None, typer.Option(
         "--min-nodes", min=1, metavar="N",
-        help="With --recover: relaunch only while this many nodes are healthy.")] = 1,
-    max_recoveries: Annotated[int, typer.Option(
-        "--max-recoveries", min=0, metavar="K", help="With --recover: at most K relaunches.")
-    ] = 3,
-    hang_timeout: Annotated[float, typer.Option(
+        help="With --recover: relaunch only while this many nodes are healthy (default 1).")
+    ] = None,
+    max_recoveries: Annotated[int | None, typer.Option(
+        "--max-recoveries", min=0, metavar="K",
+        help="With --recover: at most K relaunches (default 3).")] = None,
+    hang_timeout: Annotated[float | None, typer.Option(
         "--hang-timeout", min=1, metavar="SECONDS",
-        help="With --recover: no progress (heartbeat file or output) this long is a hang.")
-    ] = 300.0,
-    node_timeout: Annotated[float, typer.Option(
+        help="With --recover: no progress (heartbeat file or output) this long is a hang "
+             "(default 300).")] = None,
+    node_timeout: Annotated[float | None, typer.Option(
         "--node-timeout", min=1, metavar="SECONDS",
         help="With --recover: a node silent this long (not even its heartbeat, sent every "
-             "2 s) is lost.")] = 10.0,
+             "2 s) is lost (default 10).")] = None,
     json_output: Annotated[bool, typer.Option(
         "--json", help="The outcome as JSON on stdout (schema 1); the job's lines go to "
                        "stderr.")] = False,
@@ -126,14 +127,15 @@ def launch(
                             module=module)
     err = stderr_console()
     store = job_store(loaded)
-    if recover:
-        from gpucluster.cli import recovery_flow
-        from gpucluster.launch.recover import RecoveryPolicy
+    from gpucluster.cli import recovery_flow
 
+    policy = recovery_flow.policy(loaded, recover, grace, min_nodes=min_nodes,
+                                  max_recoveries=max_recoveries, hang_timeout_s=hang_timeout,
+                                  node_timeout_s=node_timeout)
+    if policy is not None:
         if detach:
             recovery_flow.supervise(store, err, json_output)
             return
-        policy = RecoveryPolicy(min_nodes, max_recoveries, hang_timeout, node_timeout, grace)
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             recovery_flow.run(session, loaded, store, request, policy, err, json_output)
         return

@@ -3,22 +3,54 @@ detached (the same, run by a supervisor process)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gpucluster import hostrange
 from gpucluster.cli.options import stdout_console
 from gpucluster.cli.views import common
 from gpucluster.cli.views import launch as view
-from gpucluster.errors import EXIT_FAILED
+from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import LaunchRequest
 from gpucluster.launch.recover import RecoveryPolicy
 from gpucluster.remote.session import Session
 from gpucluster.state import new_log
+from gpucluster.wording import counted
+
+
+def policy(inventory: Inventory, recover: bool, grace_s: float, min_nodes: int | None,
+           max_recoveries: int | None, hang_timeout_s: float | None,
+           node_timeout_s: float | None) -> RecoveryPolicy | None:
+    """--recover's policy from its options (None: not on the command line), or None
+    without --recover. Refused, since each would be silently ignored: those options
+    without --recover, and a --min-nodes the first attempt cannot have."""
+    given = {"--min-nodes": min_nodes, "--max-recoveries": max_recoveries,
+             "--hang-timeout": hang_timeout_s, "--node-timeout": node_timeout_s}
+    named = [option for option, value in given.items() if value is not None]
+    if not recover:
+        if named:
+            raise GpuclusterError(f"{', '.join(named)}: only with --recover (fix: add "
+                                  f"--recover, or drop {'them' if len(named) > 1 else 'it'})")
+        return None
+    first = [h.name for h in inventory.hosts if not h.spare]
+    default = RecoveryPolicy(grace_s=grace_s)
+    wanted = default.min_nodes if min_nodes is None else min_nodes
+    if wanted > len(first):
+        raise GpuclusterError(f"--min-nodes {wanted}: the first attempt has "
+                              f"{counted(len(first), 'node')}, {hostrange.fold(first)} "
+                              f"(spares join only in place of a lost node) (fix: --min-nodes "
+                              f"{len(first)} or fewer, or select more hosts)")
+    return dataclasses.replace(
+        default, min_nodes=wanted,
+        max_recoveries=default.max_recoveries if max_recoveries is None else max_recoveries,
+        hang_timeout_s=default.hang_timeout_s if hang_timeout_s is None else hang_timeout_s,
+        node_timeout_s=default.node_timeout_s if node_timeout_s is None else node_timeout_s)
 
 
 def supervise(store: JobStore, err: Console, json_output: bool) -> None:

@@ -831,3 +831,23 @@ def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(
     assert (result.returncode, result.stderr) == (2, (  # was a ValueError traceback
         f"gpucluster: error: job {job_id} did not run on n[3-5] (fix: --hosts with one of "
         f"n[1-2])\n"))
+
+
+def test_recovery_options_are_refused_where_they_would_be_ignored(tmp_path: Path) -> None:
+    from gpucluster.cli.recovery_flow import policy
+    from gpucluster.launch.recover import RecoveryPolicy
+
+    path = tmp_path / "c.yaml"
+    path.write_text("hosts:\n  - {name: 'n[1-3]', address: '10.0.0.[1-3]'}\n"
+                    "  - {name: s1, address: 10.0.0.9, spare: true}\n")
+    loaded = inventory_module.load(path)
+    assert policy(loaded, False, 5.0, None, None, None, None) is None
+    with pytest.raises(GpuclusterError, match=r"^--min-nodes, --hang-timeout: only with "
+                                              r"--recover \(fix: add --recover, or drop them\)"):
+        policy(loaded, False, 5.0, 2, None, 60.0, None)
+    # The first attempt has the three non-spares: a fourth node could only be a spare.
+    with pytest.raises(GpuclusterError, match=r"^--min-nodes 4: the first attempt has 3 "
+                                              r"nodes, n\[1-3\] .* \(fix: --min-nodes 3 or"):
+        policy(loaded, True, 5.0, 4, None, None, None)
+    assert policy(loaded, True, 5.0, None, None, None, None) == RecoveryPolicy(grace_s=5.0)
+    assert policy(loaded, True, 5.0, 3, 0, 60.0, 20.0) == RecoveryPolicy(3, 0, 60.0, 20.0, 5.0)
