@@ -851,3 +851,20 @@ def test_recovery_options_are_refused_where_they_would_be_ignored(tmp_path: Path
         policy(loaded, True, 5.0, 4, None, None, None)
     assert policy(loaded, True, 5.0, None, None, None, None) == RecoveryPolicy(grace_s=5.0)
     assert policy(loaded, True, 5.0, 3, 0, 60.0, 20.0) == RecoveryPolicy(3, 0, 60.0, 20.0, 5.0)
+
+
+def test_prune_counts_checkpoints_by_their_files_not_empty_directories(tmp_path: Path) -> None:
+    from gpucluster.templating import render
+
+    jobs = tmp_path / "jobs"
+    for job in ("a", "b", "c"):
+        (jobs / job / "n1").mkdir(parents=True)
+    (tmp_path / "ckpt-a").mkdir()  # the script never wrote a checkpoint
+    (tmp_path / "ckpt-b" / "epoch-3").mkdir(parents=True)
+    (tmp_path / "ckpt-b" / "epoch-3" / "model.pt").write_bytes(os.urandom(64 * 1024))
+    script = render("launch/prune.sh.j2", node="n1", remove=False, jobs=[
+        {"id": job, "jobs_dir": str(jobs), "checkpoints": str(tmp_path / f"ckpt-{job}"),
+         "remove_checkpoints": False} for job in ("a", "b", "c")])
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    sizes = {f[2]: f[4] for f in (line.split() for line in done.stdout.splitlines())}
+    assert sizes["a"] == "0" and int(sizes["b"]) >= 64 and sizes["c"] == "-", done.stdout
