@@ -22,7 +22,7 @@ from gpucluster.cli.options import (
 )
 from gpucluster.cli.views import common
 from gpucluster.cli.views import run as run_view
-from gpucluster.errors import EXIT_FAILED
+from gpucluster.errors import EXIT_FAILED, GpuclusterError
 
 
 def run(
@@ -46,6 +46,9 @@ def run(
     """Run COMMAND on every host (or a selection); identical outputs are folded.
 
     The inventory's `cluster.env` is exported first, as it is for jobs."""
+    if not command.strip():
+        raise GpuclusterError("COMMAND is empty: nothing would run (fix: quote the whole "
+                              "command, e.g. gpucluster run 'nvidia-smi -L')")
     loaded = load_inventory(inventory)
     if fanout is not None:
         from dataclasses import replace

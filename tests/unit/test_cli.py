@@ -56,6 +56,8 @@ def test_run_on_localhost_needs_no_ssh(tmp_path: Path) -> None:
     result = gpucluster("run", "-i", str(path), "--json", "echo hi")
     assert result.code == 0
     assert result.json()["hosts"][0]["stdout"] == "hi\n"
+    empty = gpucluster("run", "-i", str(path), " ")  # ran a login shell's nothing, exit 0
+    assert empty.code == 2 and "COMMAND is empty: nothing would run (fix: " in empty.stderr
 
 
 def test_sandbox_without_root_says_what_is_needed() -> None:
