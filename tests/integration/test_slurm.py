@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster import hostrange
 from gpucluster.inventory import load
 from tests.cli import gpucluster
 from tests.sandbox import TRAIN, Sandbox, start_sandbox
@@ -33,7 +34,7 @@ NAME, SUBNET = "gpcslurm", "198.19.13.0/24"
 FIREWALL = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntrack --ctstate "
             "ESTABLISHED,RELATED -j ACCEPT; iptables -A INPUT -p tcp --dport 22 -j ACCEPT; "
             "iptables -P INPUT DROP")
-STEPS = "hosts,firewall,slurm"
+STEPS = "hosts,firewall,ssh-mesh,slurm"  # the mesh: a requeued start fetches checkpoints
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
@@ -239,11 +240,13 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     shown = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}")
     assert shown.code == 0 and shown.stdout == output, shown.stdout + shown.stderr
     assert f"Slurm job {job} completed" in shown.stderr
-    # Slurm requeues a job (as it does when one of its nodes fails): the output of both
-    # starts is kept, and the second resumes from the checkpoints as attempt 2.
+    # Slurm requeues a job (as it does when one of its nodes fails), here onto a node
+    # the first start did not have: the output of both starts is kept, the new node
+    # fetches the checkpoints from one that has them, and the second start resumes from
+    # them as attempt 2.
     submitted = gpucluster("export", "sbatch", "-i", str(cluster.inventory), "train.py",
-                           "--submit", "--", "--epochs", "20", "--steps", "5",
-                           "--step-delay", "0.1", cwd=str(project), timeout=120)
+                           "--nodes", "2", "--submit", "--", "--epochs", "20", "--steps",
+                           "5", "--step-delay", "0.1", cwd=str(project), timeout=120)
     assert submitted.code == 0, submitted.stderr
     requeued = submitted.stdout.strip()
     output_file = re.search(r"its output: (\S+) on", submitted.stderr)[1]  # type: ignore[index]
@@ -251,18 +254,28 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     while "epoch 3 " not in on_node1(cluster, f"cat {output_file} 2>/dev/null; true"):
         assert time.monotonic() < deadline, on_node1(cluster, f"squeue; cat {output_file}")
         time.sleep(0.5)
-    # Slurm holds a requeued job back for 120 s (cred_expire): started at once here.
+    first_nodes = hostrange.expand_list(on_node1(cluster, f"squeue -h -j {requeued} -o %N"
+                                                 ).strip())
+    assert len(first_nodes) == 2, first_nodes
+    kept, lost = first_nodes
+    new_nodes = [n for n in cluster.nodes if n != lost]
+    joined = next(n for n in new_nodes if n not in first_nodes)
+    # Slurm holds a requeued job back for 120 s (cred_expire): started at once here, and
+    # kept off one of its nodes, as if that one had been lost.
     on_node1(cluster, f"scontrol requeue {requeued} && until squeue -h -j {requeued} -o %T "
                       f"| grep -qx PENDING; do sleep 0.5; done && scontrol update "
-                      f"jobid={requeued} StartTime=now", timeout=60)
+                      f"jobid={requeued} StartTime=now ExcNodeList={lost}", timeout=60)
     followed = gpucluster("logs", "-f", "-i", str(cluster.inventory), f"slurm-{requeued}",
                           timeout=180)
     assert followed.code == 0, followed.stdout + followed.stderr
-    assert f"Slurm job {requeued}: running on node[1-3], start 2 after a requeue" in \
+    now_on = hostrange.fold(new_nodes)
+    assert f"Slurm job {requeued}: running on {now_on}, start 2 after a requeue" in \
         followed.stderr, followed.stderr
     first, marker, second = followed.stdout.partition(
-        f"gpucluster: Slurm job {requeued} requeued: start 2, on node[1-3], ")
-    assert marker and "epoch 3 " in first and "rank 0/3" in first, followed.stdout
+        f"gpucluster: Slurm job {requeued} requeued: start 2, on {now_on}, ")
+    assert marker and "epoch 3 " in first and "rank 0/2" in first, followed.stdout
+    assert f"gpucluster: {joined}: fetched Slurm job {requeued}'s checkpoints from {kept}" \
+        in second, second
     assert re.search(r"resumed from epoch \d+ \(attempt 2\)", second), second
     assert "epoch 0 " not in second and "done" in second, second
 
