@@ -101,3 +101,17 @@ def test_a_work_dir_every_node_sees_is_sized_once(work: Path) -> None:
     assert (both.jobs[0].job_bytes, both.jobs[0].checkpoint_bytes) == (
         one.jobs[0].job_bytes, one.jobs[0].checkpoint_bytes)
     assert once_per_directory([("", 5), ("", 7), ("9/1.5", 3), ("9/1.5", 3)]) == 15
+
+
+def test_a_checkpoint_dir_without_a_file_counts_nothing(work: Path) -> None:
+    old = time.time() - 8 * DAY
+    for relative in ("jobs/slurm-7", "checkpoints/slurm-7/epoch-dirs-only"):
+        (work / relative).mkdir(parents=True)
+    (work / "jobs/slurm-7/rank0.txt").write_bytes(b"r")
+    for path in (work / "jobs/slurm-7/rank0.txt", work / "jobs/slurm-7",
+                 work / "checkpoints/slurm-7/epoch-dirs-only", work / "checkpoints/slurm-7"):
+        os.utime(path, (old, old))
+    session = session_for(work)
+    listed = prune.prune(session, session.inventory, 7 * DAY, checkpoints=False, remove=False)
+    seven = next(j for j in listed.jobs if j.job_id == "7")
+    assert seven.checkpoint_bytes == 0 and seven.job_bytes > 0  # not the dirs' own blocks
