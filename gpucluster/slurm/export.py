@@ -12,7 +12,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
-from gpucluster.launch.request import check_request
+from gpucluster.launch.request import check_nproc, check_request
 from gpucluster.launch.start import code_dir_for, sync_summary
 from gpucluster.remote.session import Session
 from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
@@ -28,6 +28,7 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
         raise GpuclusterError(f"-N {nodes}: the cluster has {len(inventory.hosts)} nodes, so "
                               f"Slurm could never run the job (fix: -N {len(inventory.hosts)}"
                               f" or fewer)")
+    check_nproc(inventory, nproc_per_node)  # else the ranks past the GPUs Slurm gave fail
     files, relative = check_request(LaunchRequest(script, tuple(args), root, module=module))
     code_dir = code_dir_for(inventory, root)
     if sync:

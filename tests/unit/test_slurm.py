@@ -218,3 +218,17 @@ def test_with_install_a_node_without_slurmd_plans_the_install_and_the_rest(
     assert summaries[0].startswith("install: DEBIAN_FRONTEND=noninteractive apt-get "
                                    "install -y slurm-client slurmctld slurmd")
     assert "write /etc/slurm/slurm.conf" in summaries and "start slurmd" in summaries
+
+
+def test_export_refuses_more_processes_per_node_than_gpus_before_any_sync(
+        tmp_path: Path) -> None:
+    from tests.cli import gpucluster
+
+    path = tmp_path / "c.yaml"  # unreachable hosts: nothing may be asked of them
+    path.write_text("hosts:\n  - {name: 'gpu[1-2]', address: '192.0.2.[1-2]', gpus: 8}\n")
+    (tmp_path / "train.py").write_text("print('x')\n")
+    done = gpucluster("export", "sbatch", "-i", str(path), "--nproc-per-node", "16",
+                      "train.py", cwd=str(tmp_path), timeout=60)
+    assert done.code == 2, done.stderr
+    assert "--nproc-per-node 16: gpu[1-2] have 8 GPUs (the inventory's gpus) (fix: " \
+           "--nproc-per-node 8 or fewer" in done.stderr
