@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from gpucluster import __version__, interrupts, ssh_config
 from gpucluster.cli import (
@@ -31,7 +32,24 @@ from gpucluster.errors import GpuclusterError
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer a pipe ended
 
+
+class OutputClosed(Exception):
+    """The reader of our output went away (`gpucluster run hostname | head -1`)."""
+
+
+class _Commands(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:  # click.Context, vendored by typer
+        """Click ends a command whose output's reader went away with exit 1, which reads
+        as "a host failed" or "a check failed": passed to main() instead, as an error
+        click does not catch, so that every command ends alike, with 141."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise OutputClosed from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="gpucluster",
     help="Turn a handful of GPU servers into a working multi-node PyTorch cluster.",
     no_args_is_help=True,
@@ -106,7 +124,7 @@ def main() -> None:
         for line in str(error).splitlines():
             print(f"gpucluster: error: {line}", file=sys.stderr)
         sys.exit(error.exit_code)
-    except BrokenPipeError:  # `gpucluster ... | head`: the reader has what it wanted
+    except (BrokenPipeError, OutputClosed):  # `... | head`: the reader has what it wanted
         for stream in (sys.stdout, sys.stderr):
             discard_writes(stream)
         sys.exit(EXIT_CLOSED_PIPE)

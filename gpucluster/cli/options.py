@@ -71,12 +71,20 @@ FanoutOption = Annotated[
 ]
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """`gpucluster doctor | head`: rich's own answer is exit 1, which reads as "a check
+        failed"; raised instead, so that main() ends every command alike, with 141."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def stdout_console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return _Console(highlight=False, soft_wrap=True)
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return _Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def load_inventory(path: str | None, hosts: str | None = None,

@@ -173,3 +173,19 @@ def test_doctor_and_smoke_on_a_selection(tmp_path: Path) -> None:
         "inventory's hosts are " in unknown.stderr
     group = gpucluster("smoke", "-i", str(path), "-g", "nope")
     assert group.code == 2 and "no group 'nope'" in group.stderr
+
+
+def test_a_reader_that_goes_away_ends_a_rich_table_with_141_not_1(tmp_path: Path) -> None:
+    """rich ended a table written into a closed pipe with exit 1, which reads as "a check
+    failed" (`doctor | head`); launch and logs -f already gave 141, as a shell reports a
+    writer SIGPIPE ended. (click's own exit 1 for a plain write, `run ... | head`, is
+    mended the same way; this machine's pipes do not fail a large write reliably.)"""
+    import subprocess
+    import sys
+
+    many = tmp_path / "many.yaml"  # a table longer than a pipe holds
+    many.write_text("hosts:\n  - {name: 'n[1-3000]', address: 'n[1-3000].example'}\n")
+    done = subprocess.run(["bash", "-c", f"{sys.executable} -m gpucluster inventory show -i "
+                           f"{many} | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout == "141\n" and "Traceback" not in done.stderr, done.stderr
