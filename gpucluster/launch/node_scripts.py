@@ -13,6 +13,9 @@ from gpucluster.templating import render
 from gpucluster.torchrun import JOB_VARIABLE, is_image_file
 
 HEARTBEAT_S = 2
+# A run's checkpoints copied node to node (to a spare, to a requeued Slurm job's new node):
+# large, but bounded.
+CHECKPOINT_COPY_S = 3600.0
 SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
 # Set for every job so that output streams live and each line names its global rank.
 JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",

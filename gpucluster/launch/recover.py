@@ -30,7 +30,7 @@ from gpucluster.launch.model import (
     LaunchRequest,
     OutputCallback,
 )
-from gpucluster.launch.node_scripts import HEARTBEAT_S
+from gpucluster.launch.node_scripts import CHECKPOINT_COPY_S, HEARTBEAT_S
 from gpucluster.remote.session import Session
 from gpucluster.wording import counted
 
@@ -42,7 +42,6 @@ HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "gpu-processes"
 # to start on fewer nodes.
 START_HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid")
 BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
-COPY_TIMEOUT_S = 3600.0  # a checkpoint may be large
 # Five missed heartbeats: quicker than a plain launch's SILENT_NODE_S, since a node
 # wrongly taken for lost costs a relaunch here, not the job.
 RECOVER_SILENT_NODE_S = 5 * HEARTBEAT_S
@@ -327,7 +326,7 @@ def _copy_checkpoints(session: Session, inventory: Inventory, checkpoint_dir: st
         unpack = f"mkdir -p {checkpoint_dir} && tar -C {checkpoint_dir} -xf -"
         command = (f"cd {checkpoint_dir} && tar -cf - . | ssh -o BatchMode=yes "
                    f"{shlex.quote(target.name)} {shlex.quote(unpack)}")
-        done = session.connection(source).run(command, timeout=COPY_TIMEOUT_S)
+        done = session.connection(source).run(command, timeout=CHECKPOINT_COPY_S)
         if done.ok:
             say(f"copied the run's checkpoints from {source.name} to {target.name}")
         else:

@@ -10,7 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster.inventory import Inventory
-from gpucluster.launch.node_scripts import DEBUG_ENV_NAMES, Container, container_command
+from gpucluster.launch.node_scripts import (
+    CHECKPOINT_COPY_S,
+    DEBUG_ENV_NAMES,
+    Container,
+    container_command,
+)
 from gpucluster.remote.connection import shell_path
 from gpucluster.templating import render
 from gpucluster.torchrun import (
@@ -23,8 +28,6 @@ from gpucluster.torchrun import (
 
 HEAD_ADDRESS = "$GPC_HEAD_ADDR"  # set by the batch script from Slurm's NodeAddr
 NODE_ADDRESS = "$addr"  # set by each node's task from its own NodeAddr
-# A requeued start's fetch of the checkpoints from one peer: large, but bounded.
-CHECKPOINT_FETCH_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
         "slurm/sbatch_node.sh.j2", code_dir=request.code_dir, command=command,
         ifname_variables=[n for n in SOCKET_IFNAME_VARIABLES if n not in env],
         jobs_dir=f"{work_dir}/jobs", checkpoints_dir=f"{work_dir}/checkpoints",
-        peers=[h.name for h in inventory.hosts], fetch_timeout=int(CHECKPOINT_FETCH_S),
+        peers=[h.name for h in inventory.hosts], fetch_timeout=int(CHECKPOINT_COPY_S),
         container=container is not None, debug=request.debug,
         # As launch: DETAIL kills DDP on CPU (gloo) under torch 2.13, INFO there.
         distributed_debug="DETAIL" if head.jobs_use_gpus else "INFO",
