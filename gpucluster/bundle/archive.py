@@ -123,9 +123,7 @@ def _slurm(collected: Collected) -> list[str]:
 def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list[str]:
     if outcome is None:
         return ["Its state could not be read."]
-    by_state = hostrange.hosts_by(
-        (s.state + (f" {s.exit_code}" if s.exit_code is not None else ""), node)
-        for node, s in outcome.states.items())
+    by_state = hostrange.hosts_by((s.label, node) for node, s in outcome.states.items())
     states = ", ".join(f"{state} on {hostrange.fold(hosts)}"
                        for state, hosts in by_state.items())
     if failure is None:

@@ -68,6 +68,17 @@ class NodeState:
             self.state in ("exited", "leftover") and self.exit_code != 0)
 
     @property
+    def label(self) -> str:
+        """running, stopped, lost...; exited with its code (a stopped torchrun's own exit
+        code says nothing: it is how TERM ended it)."""
+        if self.state == "exited":
+            return f"exited {self.exit_code}"
+        if self.state == "leftover":  # torchrun gone, its workers not
+            ended = "ended" if self.exit_code is None else f"exited {self.exit_code}"
+            return f"{ended} leaving processes"
+        return self.state
+
+    @property
     def leftover_cause(self) -> str:
         """A `leftover` node's failure in words: how torchrun ended, and what it left."""
         code = self.exit_code

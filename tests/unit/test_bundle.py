@@ -29,7 +29,8 @@ def test_the_summary_names_the_first_failure_the_lost_node_and_differing_fields(
     failure = FirstFailure("node2", exited, 3, 1, (), 1, "2026-11-30_13:00:00",
                            ("Traceback (most recent call last):",
                             "RuntimeError: staged failure on node2"))
-    outcome = JobOutcome(record, {"node2": exited, "node1": NodeState("node1", "stopped")},
+    # A stopped torchrun exits 1 itself (TERM): "stopped 1" read as a second failure.
+    outcome = JobOutcome(record, {"node2": exited, "node1": NodeState("node1", "stopped", 1)},
                          failure)
     doctor = DoctorReport(("node1", "node2"), ("driver",), (
         CheckResult("driver", "node2", Status.FAIL, "driver 535 differs from 550"),

@@ -51,16 +51,6 @@ def line_printer(stream: TextIO) -> OutputCallback:
     return write
 
 
-def state_label(state: NodeState) -> str:
-    """running, stopped, lost...; exited with its code."""
-    if state.state == "exited":
-        return f"exited {state.exit_code}"
-    if state.state == "leftover":  # torchrun gone, its workers not
-        ended = "ended" if state.exit_code is None else f"exited {state.exit_code}"
-        return f"{ended} leaving processes"
-    return state.state
-
-
 def failure_cause(failure: FirstFailure) -> str:
     worker = failure.worker_exit
     if failure.killing_signal:
@@ -92,7 +82,7 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
                   f"({store.node_log(record.id, failure.node)}):")
         for line in failure.tail:
             err.print(f"  {escape(line)}", style="dim")
-    by_state = hostrange.hosts_by((state_label(state), node)
+    by_state = hostrange.hosts_by((state.label, node)
                                   for node, state in outcome.states.items())
     states = ", ".join(f"{label} on {hostrange.fold(nodes)}"
                        for label, nodes in by_state.items())
@@ -149,7 +139,7 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
         states = {node: table[record.id].get(node) for node in record.hosts}
         # No state: the node is not in this inventory, so nobody asked it
         by_state = hostrange.hosts_by(("not in the inventory" if state is None
-                                       else state_label(state), node)
+                                       else state.label, node)
                                       for node, state in states.items())
         summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
                             for label, nodes in by_state.items())
