@@ -24,6 +24,7 @@ from gpucluster.cli.options import (
 from gpucluster.errors import GpuclusterError
 
 if TYPE_CHECKING:
+    from gpucluster.inventory import Inventory
     from gpucluster.launch.jobs import JobRecord, JobStore
     from gpucluster.launch.logsearch import LogFilter, LogLine
 
@@ -100,6 +101,7 @@ def logs(
         raise GpuclusterError(f"job {record.id} did not run on {hostrange.fold(unknown)} "
                               f"(fix: --hosts with one of {hostrange.fold(record.hosts)})")
     nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
+    _check_still_listed(loaded, store, record, nodes or record.hosts)
     searching = any(x is not None for x in (grep, since, until, rank)) or json_output
     if searching and follow_live:
         raise GpuclusterError("-f shows the lines as they come, unfiltered: not with --grep, "
@@ -118,6 +120,24 @@ def logs(
     _print(found, json_output)
     if not found:
         print(_nothing_matched(store, record, keep), file=sys.stderr)
+
+
+def _check_still_listed(inventory: Inventory, store: JobStore, record: JobRecord,
+                        nodes: list[str]) -> None:
+    """A node the inventory no longer lists (the cluster shrank) cannot be asked: say
+    which, and how to read the others and that node's copy here."""
+    listed = {h.name for h in inventory.hosts}
+    gone = [n for n in nodes if n not in listed]
+    if not gone:
+        return
+    others = [n for n in nodes if n in listed]
+    copies = [str(store.node_log(record.id, n)) for n in gone
+              if store.node_log(record.id, n).exists()]
+    raise GpuclusterError(
+        f"job {record.id} ran on {hostrange.fold(gone)}, which {inventory.path} no longer "
+        f"lists (fix: the inventory the job was started with"
+        + (f", or -w {hostrange.fold(others)} for the others" if others else "")
+        + (f"; the copy kept here: {', '.join(copies)}" if copies else "") + ")")
 
 
 def _nothing_matched(store: JobStore, record: JobRecord, keep: LogFilter) -> str:

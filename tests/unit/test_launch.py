@@ -868,3 +868,23 @@ def test_prune_counts_checkpoints_by_their_files_not_empty_directories(tmp_path:
     done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
     sizes = {f[2]: f[4] for f in (line.split() for line in done.stdout.splitlines())}
     assert sizes["a"] == "0" and int(sizes["b"]) >= 64 and sizes["c"] == "-", done.stdout
+
+
+def test_logs_of_a_job_on_a_node_no_longer_listed_names_the_others_and_the_copy(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    inventory = tmp_path / "c.yaml"  # the cluster shrank: n3 is gone
+    inventory.write_text("hosts:\n  - {name: 'n[1-2]', address: '10.0.0.[1-2]'}\n")
+    job_id = new_job_id(1_800_000_000)
+    store = JobStore(tmp_path / ".gpucluster")
+    store.save(JobRecord(job_id, "train.py", [], ["n1", "n2", "n3"], "/srv/p", "/srv/jobs",
+                         0.0, {"n1": 1, "n2": 1, "n3": 1}))
+    store.node_log(job_id, "n3").write_text("[0]:epoch 1\n")
+    result = subprocess.run([sys.executable, "-m", "gpucluster", "logs", "-i", str(inventory),
+                             "last"], check=False, capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (2, (
+        f"gpucluster: error: job {job_id} ran on n3, which {inventory} no longer lists "
+        f"(fix: the inventory the job was started with, or -w n[1-2] for the others; the "
+        f"copy kept here: {store.node_log(job_id, 'n3')})\n"))
