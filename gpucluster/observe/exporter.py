@@ -46,14 +46,16 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snapshot = take(self.streams, self.slurm)
         fresh = [n for n in snapshot.nodes if n.sample is not None and not n.stale]
+        series = [(node, node.sample, gpu, _gpu_labels(node, gpu), _hpc_jobs(node.sample, gpu))
+                  for node in fresh if node.sample is not None for gpu in node.sample.gpus]
         for name, help_text, value_of in DCGM_GAUGES:
-            family = GaugeMetricFamily(name, help_text, labels=GPU_LABELS)
-            for node in fresh:
-                assert node.sample is not None
-                for gpu in node.sample.gpus:
-                    value = value_of(node, node.sample, gpu)
-                    if value is not None:
-                        family.add_metric(_gpu_labels(node, gpu), float(value))
+            family = Metric(name, help_text, "gauge")
+            for node, sample, gpu, labels, jobs in series:
+                value = value_of(node, sample, gpu)
+                if value is None:
+                    continue
+                for job in jobs:  # one series per job holding the GPU, as DCGM exporter's
+                    family.add_sample(name, {**labels, **job}, float(value))
             yield family
         yield from _node_families(snapshot.nodes)
         yield from _job_families(fresh)
@@ -61,8 +63,16 @@ class ClusterCollector(Collector):
             yield from _slurm_families(snapshot.slurm)
 
 
-def _gpu_labels(node: NodeView, gpu: Gpu) -> list[str]:
-    return [str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name, node.host, gpu.bus_id]
+def _gpu_labels(node: NodeView, gpu: Gpu) -> dict[str, str]:
+    return dict(zip(GPU_LABELS, (str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name,
+                                 node.host, gpu.bus_id), strict=True))
+
+
+def _hpc_jobs(sample: NodeSample, gpu: Gpu) -> list[dict[str, str]]:
+    """The `hpc_job` label DCGM exporter's HPC job mapping adds: one per job holding the
+    GPU (the gpucluster job, else the Slurm job's ID), none on a GPU no job holds."""
+    held = dict.fromkeys(p.job or p.slurm_job for p in sample.processes_on(gpu))
+    return [{"hpc_job": job} for job in held if job] or [{}]
 
 
 def _node_families(nodes: tuple[NodeView, ...]) -> Iterator[Metric]:

@@ -265,6 +265,15 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
         assert sorted((s["metric"]["Hostname"], int(s["metric"]["gpu"])) for s in series) == \
             [(node, gpu) for node in cluster.nodes for gpu in range(GPUS)]
         assert {s["metric"]["modelName"] for s in series} == {"NVIDIA H100 80GB HBM3"}
+        # The job's GPUs (LOCAL_RANK k holds GPU k) carry it as hpc_job; the others do not.
+        assert sorted((s["metric"]["Hostname"], int(s["metric"]["gpu"]))
+                      for s in series if s["metric"].get("hpc_job") == job) == \
+            [(node, gpu) for node in cluster.nodes for gpu in range(2)]
+        assert all(s["metric"].get("hpc_job") in (job, None) for s in series)
+        joined = _query(prometheus_port, f'DCGM_FI_DEV_GPU_UTIL{{hpc_job="{job}"}} * '
+                        f'on(Hostname, gpu) group_left(rank) '
+                        f'gpucluster_gpu_job_info{{job_id="{job}"}}')  # as monitoring.md
+        assert sorted(int(s["metric"]["rank"]) for s in joined) == list(range(6))
         ranks = _query(prometheus_port, f'gpucluster_gpu_job_info{{job_id="{job}"}}')
         assert sorted(int(s["metric"]["rank"]) for s in ranks) == list(range(6))
         up = _query(prometheus_port, "gpucluster_node_up")

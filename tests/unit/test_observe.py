@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -126,7 +127,8 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
     registry.register(ClusterCollector(_Streams()))  # type: ignore[arg-type]
     text = generate_latest(registry).decode()
     assert ('DCGM_FI_DEV_GPU_UTIL{Hostname="node1",UUID="GPU-0",device="nvidia0",gpu="0",'
-            'modelName="NVIDIA H100",pci_bus_id="00000000:18:00.0"} 90.0') in text
+            f'hpc_job="{JOB}",modelName="NVIDIA H100",pci_bus_id="00000000:18:00.0"}} 90.0'
+            ) in text
     assert 'DCGM_FI_DEV_FB_FREE{Hostname="node1",UUID="GPU-1"' in text
     assert 'DCGM_FI_DEV_XID_ERRORS{Hostname="node1",UUID="GPU-0"' in text and \
         'pci_bus_id="00000000:18:00.0"} 48.0' in text
@@ -138,6 +140,23 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
     assert 'pid="99",rank="",user="alice"} 50.0' in text  # foreign, with its memory
     assert ('gpucluster_node_network_receive_bytes_per_second{Hostname="node1",'
             'interface="eth0"} 1000.0') in text
+
+
+def test_dcgm_series_carry_hpc_job_as_dcgm_exporters_job_mapping_does() -> None:
+    """One series per job holding the GPU (a Slurm job by its ID), none on an idle GPU."""
+    raw = json.loads(frame(util=(90, 3, 0)))
+    raw["processes"][2].update(slurm_job="12")  # alice's process: Slurm job 12's
+    streams = _Streams()
+    streams.nodes = {"node1": _Stream(parse_frame(json.dumps(raw)), 0.3)}
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(streams))  # type: ignore[arg-type]
+    util = [line for line in generate_latest(registry).decode().splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    jobs = [(re.search(r'gpu="(\d)"', line)[1],  # type: ignore[index]
+             (re.findall(r'hpc_job="([^"]*)"', line) or [None])[0], line.rsplit(" ", 1)[1])
+            for line in util]
+    assert sorted(jobs, key=str) == [("0", JOB, "90.0"), ("1", "12", "3.0"),
+                                     ("1", JOB, "3.0"), ("2", None, "0.0")]
 
 
 def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None:
