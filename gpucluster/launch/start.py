@@ -72,11 +72,14 @@ def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
     return {**inventory.cluster.env, **extra}
 
 
-def sync_summary(results: Mapping[str, workdir.SyncResult]) -> str:
-    """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded."""
+def sync_summary(results: Mapping[str, workdir.SyncResult], planned: bool = False) -> str:
+    """"synced: 1 sent (2.1 KiB), 0 deleted, 2 unchanged on node[1-3]", folded; planned,
+    "1 to send (2.1 KiB), 0 to delete, ...": launch's changes go with the start, and a
+    node can still refuse them (a full disk), so it says what will go, not what went."""
+    sent, deleted = ("to send", "to delete") if planned else ("sent", "deleted")
     groups = hostrange.hosts_by((result, node) for node, result in results.items())
-    return "synced: " + "; ".join(
-        f"{r.sent} sent ({size(r.bytes_sent)}), {r.deleted} deleted, "
+    return ("" if planned else "synced: ") + "; ".join(
+        f"{r.sent} {sent} ({size(r.bytes_sent)}), {r.deleted} {deleted}, "
         f"{r.unchanged} unchanged on {hostrange.fold(nodes)}" for r, nodes in groups.items())
 
 
@@ -166,8 +169,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     plans = {node: _Sync(request.workdir, files, code_dir, plan, needed)
              for node, (plan, needed) in planned.values.items()}
     phase(f"syncing {request.workdir} ({counted(len(files), 'file')}) to "
-          f"{counted(len(inventory.hosts), 'node')}: "
-          + sync_summary({n: workdir.result_of(s.plan) for n, s in plans.items()}))
+          f"{counted(len(inventory.hosts), 'node')} with the start: "
+          + sync_summary({n: workdir.result_of(s.plan) for n, s in plans.items()}, planned=True))
     note = large_files_note({n: s.plan for n, s in plans.items()})
     if note is not None:
         phase(note)

@@ -286,6 +286,8 @@ def test_a_full_disk_on_one_node_is_named_with_the_systems_words(cluster: Sandbo
     assert f"node3: cannot unpack the work dir into {code_dir} (tar: " in message, message
     assert "No space left on device)" in message, message  # tar's reason, not its summary
     assert "Exiting with failure status" not in message
+    # What went with the start was said as planned, never as synced on every node.
+    assert "with the start: " in message and "synced" not in message, message
     assert job_processes(cluster) == {}
 
 
@@ -580,13 +582,14 @@ def test_sync_sends_only_what_changed_and_keeps_job_output(cluster: Sandbox,
     files = set(re.findall(r"^\[node3/2\] file (\S+)$", stdout, re.MULTILINE))
     assert files == {"list.py", "data/a.txt", "gone.txt", "train.py", ".gpuclusterignore",
                      ".gpucluster-sync"}  # the list of what was sent, kept on the node
-    assert re.search(r"synced: 5 sent .*, 0 deleted, 0 unchanged on node\[1-3\]", stderr)
+    assert re.search(r"with the start: 5 to send .*, 0 to delete, 0 unchanged on "
+                     r"node\[1-3\]", stderr)
 
     (project / "gone.txt").unlink()
     time.sleep(1.1)  # a new mtime second
     (project / "data" / "a.txt").write_text("changed")
     stdout, stderr = launch()
-    assert re.search(r"synced: 1 sent .*, 1 deleted, 3 unchanged on node\[1-3\]", stderr), \
+    assert re.search(r"1 to send .*, 1 to delete, 3 unchanged on node\[1-3\]", stderr), \
         stderr
     files = set(re.findall(r"^\[node2/1\] file (\S+)$", stdout, re.MULTILINE))
     assert "gone.txt" not in files and "written-by-job.txt" in files  # the job's own file stays
@@ -598,7 +601,7 @@ def test_sync_sends_only_what_changed_and_keeps_job_output(cluster: Sandbox,
     # Ignoring what was sent before (a dataset the nodes hold now) keeps their copy.
     (project / ".gpuclusterignore").write_text("*.ckpt\ndata/\n")
     stdout, stderr = launch()
-    assert re.search(r"synced: 1 sent .*, 0 deleted, 2 unchanged on node\[1-3\]", stderr), \
+    assert re.search(r"1 to send .*, 0 to delete, 2 unchanged on node\[1-3\]", stderr), \
         stderr
     assert cluster.node_exec("node3", f"cat {code_dir}/data/a.txt").stdout == "changed"
     (project / ".gpuclusterignore").write_text("# not for the nodes\n*.ckpt\n")

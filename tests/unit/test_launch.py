@@ -308,6 +308,8 @@ def test_sync_summary_folds_identical_nodes() -> None:
     text = sync_summary({"n1": same, "n2": same, "n3": workdir.SyncResult(3, 0, 0, 307 << 20)})
     assert text == ("synced: 1 sent (2 KiB), 0 deleted, 2 unchanged on n[1-2]; "
                     "3 sent (307 MiB), 0 deleted, 0 unchanged on n3")
+    assert sync_summary({"n1": same}, planned=True) == \
+        "1 to send (2 KiB), 0 to delete, 2 unchanged on n1"  # launch's, said before the start
 
 
 def test_a_large_sync_names_its_largest_files() -> None:
