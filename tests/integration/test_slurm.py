@@ -327,6 +327,9 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
            f'state="RUNNING",user="root"}} 1.0' in metrics, metrics
     assert re.search(rf'gpucluster_gpu_slurm_job_info{{Hostname="node2",UUID="[^"]+",'
                      rf'gpu="\d+",slurm_job_id="{running}"}} 1.0', metrics), metrics
+    # ...and its GPU's DCGM series carry it as hpc_job, as DCGM exporter's job mapping.
+    assert re.search(rf'DCGM_FI_DEV_GPU_UTIL{{Hostname="node2",[^}}]*hpc_job="{running}"',
+                     metrics), metrics
     # top sums the queue up beside the GPUs.
     topped = gpucluster("top", "-i", str(cluster.inventory), "--once", "--json")
     assert topped.code == 0, topped.stderr
