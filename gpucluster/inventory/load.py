@@ -24,6 +24,10 @@ def find_inventory(explicit: str | None) -> Path:
         return Path(explicit)
     from_env = os.environ.get(INVENTORY_ENV_VAR)
     if from_env:
+        if not Path(from_env).exists():  # else the fix would name -i, which was not given
+            raise GpuclusterError(f"{from_env}: inventory file not found, named by "
+                                  f"${INVENTORY_ENV_VAR} (fix: point ${INVENTORY_ENV_VAR} "
+                                  f"at the inventory, or pass -i/--inventory PATH)")
         return Path(from_env)
     if Path(DEFAULT_INVENTORY).is_file():
         return Path(DEFAULT_INVENTORY)

@@ -223,9 +223,15 @@ def test_find_inventory_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "./inventory.yaml" in message
     write(tmp_path, "hosts: [a]\n")
     assert inventory.find_inventory(None) == Path("inventory.yaml")
-    monkeypatch.setenv(inventory.INVENTORY_ENV_VAR, "/from/env.yaml")
-    assert inventory.find_inventory(None) == Path("/from/env.yaml")
+    from_env = write(tmp_path, "hosts: [a]\n", "from-env.yaml")
+    monkeypatch.setenv(inventory.INVENTORY_ENV_VAR, str(from_env))
+    assert inventory.find_inventory(None) == from_env
     assert inventory.find_inventory("explicit.yaml") == Path("explicit.yaml")
+    # A path in the variable that is not there names the variable, not -i.
+    monkeypatch.setenv(inventory.INVENTORY_ENV_VAR, "/from/env.yaml")
+    with pytest.raises(GpuclusterError, match=r"^/from/env.yaml: inventory file not found, "
+                       r"named by \$GPUCLUSTER_INVENTORY \(fix: point \$GPUCLUSTER_INVENTORY"):
+        inventory.find_inventory(None)
 
 
 def _load_or_our_error(path: Path) -> None:
