@@ -65,8 +65,9 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
             return datetime.datetime.fromisoformat(f"{today}T{text.strip()}").timestamp()
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise GpuclusterError(f"{option} {text!r}: expected a duration ago (30s, 10m, 2h, "
-                              f"1d) or a local time (13:05, 2026-11-30T13:05:00)") from None
+        raise GpuclusterError(f"{option} {text!r}: neither a duration ago nor a local time "
+                              f"(fix: e.g. {option} 10m, 2h or 1d; or 13:05, "
+                              f"2026-11-30T13:05:00)") from None
 
 
 def parse_pattern(text: str) -> re.Pattern[str]:

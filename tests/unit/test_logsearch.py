@@ -77,7 +77,8 @@ def test_since_and_until_take_durations_and_local_times() -> None:
     assert parse_when("1.5h", "--since", now) == now - 5400
     assert parse_when("13:05", "--since", now) == now - 55 * 60
     assert parse_when("2026-11-30T13:00:00", "--until", now) == now - 3600
-    with pytest.raises(GpuclusterError, match="--since 'yesterday'"):
+    with pytest.raises(GpuclusterError, match=r"^--since 'yesterday': .* \(fix: e\.g\. "
+                       r"--since 10m, 2h or 1d; or 13:05, 2026-11-30T13:05:00\)$"):
         parse_when("yesterday", "--since", now)
 
 
