@@ -281,8 +281,10 @@ class SshConnection:
             group.reported.wait(PID_WAIT_S)
         if group.pid is None:
             return
-        kill = (f"kill -TERM -- -{group.pid} 2>/dev/null; sleep 1; "
-                f"kill -KILL -- -{group.pid} 2>/dev/null; true")
+        # `kill -TERM -PGID`, no `--`: dash's kill (the /bin/sh sudo runs) takes
+        # `-TERM -- -PGID` for a pid named "-" and kills nothing.
+        kill = (f"kill -TERM -{group.pid} 2>/dev/null; sleep 1; "
+                f"kill -KILL -{group.pid} 2>/dev/null; true")
         if group.as_root:
             kill = f"sudo -n -- /bin/sh -c {shlex.quote(kill)}"
         with contextlib.suppress(Exception):  # best effort: the node may be gone

@@ -52,6 +52,18 @@ def bring_up(tmp: Path, *flags: str) -> Sandbox:
     return sandbox
 
 
+def none_left(sandbox: Sandbox, command_line: str) -> bool:
+    """No process with exactly this command line, within 5 s (the nodes share the
+    machine's process table)."""
+    deadline = time.monotonic() + 5
+    while sandbox.node_exec("node1", f"pgrep -f '^{command_line}$'", check=False
+                            ).returncode == 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def doctor(sandbox: Sandbox) -> dict[tuple[str, str], str]:
     found = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", timeout=120)
     return {(r["check"], r["host"]): r["status"] for r in json.loads(found.stdout)["results"]}
@@ -111,6 +123,10 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
     assert {r["outcome"] for r in json.loads(again.stdout)["results"]} == {"already ok"}
     after = doctor(sandbox)
     assert {s for s in after.values()} <= {"OK", "SKIP"}, after
+    # A command under sudo that runs out of time is ended whole, root's processes too.
+    timed = gpucluster("run", "-i", inventory, "--sudo", "-t", "2", "sleep 77")
+    assert "timed out" in timed.stdout, timed.stdout
+    assert none_left(sandbox, "sleep 77")
 
     # launch: 3 nodes x 2 processes, as the user, in the user's work dir
     project = tmp / "project"
