@@ -21,9 +21,10 @@ class CliResult:
 
 
 def gpucluster(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
-               cwd: str | None = None) -> CliResult:
+               cwd: str | None = None, stdin: str | None = None) -> CliResult:
     """`python -m gpucluster ARGS`; a hang fails the test instead of blocking the suite."""
     full_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
     done = subprocess.run([sys.executable, "-m", "gpucluster", *args], capture_output=True,
-                          text=True, timeout=timeout, env=full_env, cwd=cwd, check=False)
+                          text=True, timeout=timeout, env=full_env, cwd=cwd, check=False,
+                          input=stdin)
     return CliResult(done.returncode, done.stdout, done.stderr)

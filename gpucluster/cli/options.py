@@ -33,6 +33,10 @@ AcceptNewOption = Annotated[
 ]
 AskPassOption = Annotated[
     bool, typer.Option("--ask-pass", help="Prompt once for an SSH password (never shown).")]
+AskSudoPassOption = Annotated[
+    bool, typer.Option("--ask-sudo-pass",
+                       help="Prompt once for the nodes' sudo password (never shown), for "
+                            "users whose sudo asks one; tried once per node first.")]
 ConnectTimeoutOption = Annotated[
     float | None,
     typer.Option("--connect-timeout", metavar="SECONDS", min=0.1,
@@ -97,18 +101,19 @@ def load_inventory(path: str | None, hosts: str | None = None,
     return loaded.restricted_to(loaded.select(hosts, group))
 
 
-def ask_password(ask: bool) -> str | None:
+def ask_password(ask: bool, what: str = "SSH") -> str | None:
     """Prompt without echo on a terminal; read one line when stdin is piped (scripts)."""
     if not ask:
         return None
     if sys.stdin.isatty():
-        return getpass.getpass("SSH password: ")
+        return getpass.getpass(f"{what} password: ")
     return sys.stdin.readline().rstrip("\n")
 
 
 def ssh_options(inventory: Inventory, accept_new_host_keys: bool, ask_pass: bool,
-                connect_timeout: float | None) -> SshOptions:
-    """The connection settings of one invocation, from its flags and the inventory."""
+                connect_timeout: float | None, ask_sudo_pass: bool = False) -> SshOptions:
+    """The connection settings of one invocation, from its flags and the inventory.
+    Piped, the SSH password is the first line and the sudo password the next."""
     from gpucluster.remote.ssh import SshOptions
 
     return SshOptions(
@@ -116,16 +121,17 @@ def ssh_options(inventory: Inventory, accept_new_host_keys: bool, ask_pass: bool
         accept_new_host_keys=accept_new_host_keys,
         connect_timeout=connect_timeout or inventory.cluster.connect_timeout,
         password=ask_password(ask_pass),
+        sudo_password=ask_password(ask_sudo_pass, "sudo"),
     )
 
 
 def open_session(inventory: Inventory, accept_new_host_keys: bool, ask_pass: bool,
-                 connect_timeout: float | None) -> Session:
+                 connect_timeout: float | None, ask_sudo_pass: bool = False) -> Session:
     """One connection per host for this invocation, with its SSH settings."""
     from gpucluster.remote.session import Session
 
     return Session(inventory, ssh_options(inventory, accept_new_host_keys, ask_pass,
-                                          connect_timeout))
+                                          connect_timeout, ask_sudo_pass))
 
 
 def write_output(output: Path | None, text: str, mode: int = 0o644) -> None:

@@ -9,6 +9,7 @@ import typer
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
+    AskSudoPassOption,
     ConnectTimeoutOption,
     InventoryOption,
     JsonOption,
@@ -48,6 +49,7 @@ def provision(
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Make every node right: SSH mesh, /etc/hosts, firewall, image (and Slurm, --with
@@ -57,7 +59,8 @@ def provision(
 
     loaded = load_inventory(inventory)
     console = stdout_console()
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                      ask_sudo_pass) as session:
         if undo is not None:
             results = runner.undo(session, loaded, undo)
             print_undo(console, results)

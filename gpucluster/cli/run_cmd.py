@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpucluster import hostrange
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
+    AskSudoPassOption,
     ConnectTimeoutOption,
     FanoutOption,
     GroupOption,
@@ -24,6 +26,10 @@ from gpucluster.cli.views import common
 from gpucluster.cli.views import run as run_view
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 
+if TYPE_CHECKING:
+    from gpucluster.inventory import Host
+    from gpucluster.remote.session import Session
+
 
 def run(
     command: Annotated[str, typer.Argument(
@@ -35,11 +41,13 @@ def run(
         "--timeout", "-t", min=0.1, metavar="SECONDS",
         help="Per-host command time limit (inventory default: 120).")] = None,
     sudo: Annotated[bool, typer.Option(
-        "--sudo", help="Run through non-interactive sudo (sudo -n) for non-root users.")
+        "--sudo", help="Run through sudo for non-root users: non-interactive (sudo -n), "
+                       "or with --ask-sudo-pass's password.")
     ] = False,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
     fanout: FanoutOption = None,
 ) -> None:
@@ -49,18 +57,25 @@ def run(
     if not command.strip():
         raise GpuclusterError("COMMAND is empty: nothing would run (fix: quote the whole "
                               "command, e.g. gpucluster run 'nvidia-smi -L')")
+    if ask_sudo_pass and not sudo:
+        raise GpuclusterError("--ask-sudo-pass is for --sudo: without it nothing runs under "
+                              "sudo (fix: add --sudo)")
     loaded = load_inventory(inventory)
     if fanout is not None:
         from dataclasses import replace
 
         loaded = replace(loaded, cluster=replace(loaded.cluster, fanout=fanout))
     selected = loaded.select(hosts, group)
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
-            common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
-        # The command's stdin is empty, as with `ssh -n`: a command that reads it ends
-        # rather than waiting out its time limit for input that never comes.
-        result = session.run(selected, command, timeout=timeout, sudo=sudo, stdin=b"",
-                             env=loaded.cluster.env, on_done=lambda _host, _outcome: advance())
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                      ask_sudo_pass) as session:
+        if ask_sudo_pass:
+            _check_sudo_password(session, selected)
+        with common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
+            # The command's stdin is empty, as with `ssh -n`: a command that reads it ends
+            # rather than waiting out its time limit for input that never comes.
+            result = session.run(selected, command, timeout=timeout, sudo=sudo, stdin=b"",
+                                 env=loaded.cluster.env,
+                                 on_done=lambda _host, _outcome: advance())
     console = stdout_console()
     if json_output:
         common.print_json(console, run_view.run_payload(command, result))
@@ -71,3 +86,17 @@ def run(
         if not json_output:
             stderr_console().print(f"[bold red]{summary}[/]")
         raise typer.Exit(EXIT_FAILED)
+
+
+def _check_sudo_password(session: Session, hosts: list[Host]) -> None:
+    """The password tried once per node before COMMAND runs anywhere: a wrong one would
+    be tried three times by every command's sudo, and lock the account (pam_faillock)."""
+    from gpucluster.remote.sudo_check import sudo_refusals
+
+    refused = sudo_refusals(session, hosts)
+    if refused:
+        user = next(h.user for h in hosts if h.name in refused)
+        raise GpuclusterError(
+            f"nothing ran: sudo refused {user}'s password on "
+            f"{hostrange.fold(sorted(refused))} ({sorted(set(refused.values()))[0]}; tried "
+            f"once per node) (fix: --ask-sudo-pass again with {user}'s sudo password there)")

@@ -62,6 +62,8 @@ class ProvisionContext:
     # Nodes that did not answer this run's first round: no step connects to them again
     # (each would wait its connect timeout), every step fails them with this.
     down: dict[str, HostFailure] = field(default_factory=dict)
+    # --ask-sudo-pass: for sudo inside a step's own scripts (the relay's load); never shown
+    sudo_password: str | None = field(default=None, repr=False)
 
 
 T = TypeVar("T")

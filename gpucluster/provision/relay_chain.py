@@ -14,7 +14,7 @@ session: ready, linked, bytes received, the image ID it loaded.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
@@ -35,6 +35,7 @@ class Hop:
     host: Host
     connection: LoggedConnection
     script: str  # image_relay.sh.j2 rendered for this hop
+    env: Mapping[str, str] | None = None  # on the session's stdin, never a command line
 
 
 class RelayChain:
@@ -99,7 +100,7 @@ class RelayChain:
                 self._on_progress(parts[0], int(parts[1]), parts[-1] == "done")
 
         return hop.connection.run(BOOTSTRAP, timeout=STREAM_TIMEOUT_S, on_line=on_line,
-                                  stdin=cast("BinaryIO", self._stdins[host.name]))
+                                  env=hop.env, stdin=cast("BinaryIO", self._stdins[host.name]))
 
     def _seen(self, kind: str, node: str) -> None:
         with self._lock:

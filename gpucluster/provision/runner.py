@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from gpucluster import hostrange, reports
+from gpucluster import reports
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
@@ -25,6 +25,7 @@ from gpucluster.provision.model import (
     Step,
     StepSkipped,
 )
+from gpucluster.provision.root_gate import root_refusal
 from gpucluster.provision.steps_firewall import FirewallStep
 from gpucluster.provision.steps_hosts import HostsStep
 from gpucluster.provision.steps_image import ImageStep
@@ -167,10 +168,14 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     state_dir = state_dir_for(inventory)
     log = CommandLog(new_log(state_dir / "logs", "provision-"))
     context = ProvisionContext(inventory, state_dir, dry_run, on_progress=on_image_progress,
-                               slurm=slurm_settings(inventory, steps))
+                               slurm=slurm_settings(inventory, steps),
+                               sudo_password=session.options.sudo_password)
     run = _Run(session, inventory, log, context.down)
     selected = [kind() for kind in STEP_TYPES if kind.name in steps]  # fresh per run
-    reads = prefetch.unique([r for step in selected for r in step.reads(context)])
+    reads = prefetch.unique([r for step in selected for r in step.reads(context)
+                             # a sudo that asks a password is answered only by a command
+                             # of its own (its stdin): such reads run then, not ahead
+                             if not (r[1] and session.options.sudo_password is not None)])
     rider = prefetch.script(reads) if reads else ""
     gate: list[CheckResult] = []
     if "parity" in steps:
@@ -189,7 +194,7 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
         ahead = session.map(inventory.hosts, lambda c: c.run(rider, timeout=120).stdout)
         run.prime(reads, {h: reports.sections(out) for h, out in ahead.values.items()})
         run.mark_down(ahead.failures)
-    refusal = _root_refusal(session, inventory,
+    refusal = root_refusal(session, inventory,
                             [s.name for s in selected if s.needs_root(context)])
     if refusal:
         raise GpuclusterError(refusal)
@@ -216,24 +221,6 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     return ProvisionReport(tuple(h.name for h in inventory.hosts), tuple(steps),
                            tuple(results), tuple(gate), False, verified, log.path,
                            time.monotonic() - started)
-
-
-def _root_refusal(session: Session, inventory: Inventory, needing: list[str]) -> str | None:
-    """Steps that need root, on nodes whose user cannot `sudo -n`: refused before any
-    step changes anything (else the mesh would be set up and /etc/hosts not)."""
-    users = [h for h in inventory.hosts if h.user != "root"]
-    if not needing or not users:
-        return None
-    answers = session.map(users, lambda c: c.run("sudo -n true", timeout=30))
-    refused = {name: answer.last_word for name, answer in answers.values.items() if not answer.ok}
-    if not refused:
-        return None  # unreachable nodes are the steps' to report
-    user = inventory.host(sorted(refused)[0]).user
-    steps = ", ".join(needing)
-    return (f"provision changed nothing: {steps} need root on {hostrange.fold(sorted(refused))}"
-            f", where {user} cannot sudo without a password ({sorted(set(refused.values()))[0]})"
-            f" (fix: echo '{user} ALL=(ALL) NOPASSWD:ALL' | sudo tee /etc/sudoers.d/gpucluster"
-            f" on those nodes, log in as root, or --skip {','.join(needing)})")
 
 
 def _smoke(session: Session, inventory: Inventory, dry_run: bool) -> list[NodeResult]:
@@ -324,6 +311,9 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
     if what not in UNDOABLE:
         raise GpuclusterError(f"--undo {what}: only {', '.join(UNDOABLE)} can be undone "
                               f"(the hosts block and SSH mesh are harmless to keep)")
+    refusal = root_refusal(session, inventory, [what])
+    if refusal:
+        raise GpuclusterError(refusal)
     state_dir = state_dir_for(inventory)
     log = CommandLog(new_log(state_dir / "logs", "undo-"))
     context = ProvisionContext(inventory, state_dir, dry_run=False)

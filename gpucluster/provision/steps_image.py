@@ -33,7 +33,7 @@ from gpucluster.provision.model import (
     StepSkipped,
 )
 from gpucluster.provision.relay_chain import Hop, RelayChain
-from gpucluster.remote.connection import shell_path
+from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, shell_path, sudo_with_password
 from gpucluster.templating import render, script_text
 from gpucluster.torchrun import node_images_dir
 
@@ -68,7 +68,9 @@ def _sink_and_report(context: ProvisionContext, image: ImageSource, runtime: str
                 f"\"$sha\" > {part}.sha256 && mv -f {part}.sha256 {destination}.sha256 && "
                 f"echo \"$sha\"")
     engine = shlex.quote(runtime)
-    engine = f"sudo -n {engine}" if sudo else engine
+    if sudo:
+        engine = f"{sudo_with_password()} {engine}" if context.sudo_password is not None \
+            else f"sudo -n {engine}"
     return (f"{engine} load >&2",
             f"{engine} image inspect --format '{{{{.Id}}}}' {shlex.quote(image.reference)} "
             f"2>/dev/null")
@@ -165,7 +167,10 @@ class ImageStep(Step):
                 sink=sink, report=report, ciphers=HOP_CIPHERS,
                 connect_timeout=math.ceil(_connect_timeout(context, after)),
                 decompress="zstd -dc" if zstd_everywhere else "cat")
-            hops.append(Hop(host, connections[host.name], script))
+            asks = host.user != "root" and context.sudo_password is not None
+            hops.append(Hop(host, connections[host.name], script,
+                            {SUDO_PASSWORD_VARIABLE: str(context.sudo_password)} if asks
+                            else None))
         chain = RelayChain(hops, context.on_progress)
         with _image_stream(image, zstd_everywhere) as stream:
             problems = chain.run(stream)

@@ -27,8 +27,9 @@ END_GRACE_S = 1.0  # between TERM and KILL, as over SSH
 class LocalConnection:
     """Runs commands on this machine, each in its own process group."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, sudo_password: str | None = None) -> None:
         self.host = host
+        self._sudo_password = sudo_password
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
 
@@ -44,7 +45,8 @@ class LocalConnection:
         stdin: Stdin = None,
         on_line: LineCallback | None = None,
     ) -> CommandResult:
-        envelope = build_command(command, env, sudo, is_root=os.geteuid() == 0)
+        envelope = build_command(command, env, sudo, is_root=os.geteuid() == 0,
+                                 sudo_password=self._sudo_password)
         feeds = stdin is not None or bool(envelope.stdin_prefix)
         started = time.monotonic()
         process = subprocess.Popen(

@@ -48,7 +48,7 @@ class Session:
 
     def _new_connection(self, host: Host) -> Connection:
         if host.is_local:
-            return LocalConnection(host.name)
+            return LocalConnection(host.name, self.options.sudo_password)
         endpoint = Endpoint(host.name, host.address, host.port, host.user, host.identity_file,
                             host.identity_files, host.proxy_command, host.connect_timeout)
         via = self._jump(host.jump_host) if host.jump_host else None

@@ -7,7 +7,6 @@ with a FailureKind, so the fan-out can report it per host and carry on.
 from __future__ import annotations
 
 import contextlib
-import shlex
 import threading
 import time
 from collections.abc import Mapping
@@ -44,6 +43,8 @@ class SshOptions:
     keepalive_s: int = 15
     # only from --ask-pass; never logged, printed, or shown in a repr or traceback
     password: str | None = field(default=None, repr=False)
+    # only from --ask-sudo-pass, and the same: sent to sudo on stdin, never on a command line
+    sudo_password: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,8 @@ class SshConnection:
         on_line: LineCallback | None = None,
     ) -> CommandResult:
 
-        envelope = build_command(command, env, sudo, is_root=self.endpoint.user == "root")
+        envelope = build_command(command, env, sudo, is_root=self.endpoint.user == "root",
+                                 sudo_password=self.options.sudo_password)
         # Known to end_running() before the command can start on the node: a Ctrl-C
         # between the start and our first read of its output must still end it.
         group = RemoteGroup(sudo and self.endpoint.user != "root")
@@ -283,17 +285,20 @@ class SshConnection:
             return
         # `kill -TERM -PGID`, no `--`: dash's kill (the /bin/sh sudo runs) takes
         # `-TERM -- -PGID` for a pid named "-" and kills nothing.
-        kill = (f"kill -TERM -{group.pid} 2>/dev/null; sleep 1; "
-                f"kill -KILL -{group.pid} 2>/dev/null; true")
-        if group.as_root:
-            kill = f"sudo -n -- /bin/sh -c {shlex.quote(kill)}"
+        kill = build_command(f"kill -TERM -{group.pid} 2>/dev/null; sleep 1; "
+                             f"kill -KILL -{group.pid} 2>/dev/null; true", None,
+                             group.as_root, is_root=False,
+                             sudo_password=self.options.sudo_password)
         with contextlib.suppress(Exception):  # best effort: the node may be gone
             client = self._client
             transport = client.get_transport() if client is not None else None
             if transport is None or not transport.is_active():
                 return
             channel = transport.open_session(timeout=END_GROUP_TIMEOUT_S)
-            channel.exec_command(kill)
+            channel.exec_command(kill.command)
+            if kill.stdin_prefix:  # the sudo password
+                channel.sendall(kill.stdin_prefix)
+                channel.shutdown_write()
             channel.status_event.wait(END_GROUP_TIMEOUT_S)
             channel.close()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import gpucluster
+from tests.cli import CliResult, gpucluster
 from tests.sandbox import Sandbox, busybox_image, start_sandbox
 
 pytestmark = pytest.mark.sandbox
@@ -203,9 +203,9 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
 
 @pytest.mark.parametrize("sudo", ["none", "password"])
 def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
-        tmp_path: Path, sudo: str) -> None:
-    """No sudo rule at all, or one that asks for a password (gpucluster never types
-    one): the same finding and the same refusal."""
+        tmp_path: Path, image: str, sudo: str) -> None:
+    """No sudo rule at all, or one that asks for a password (typed only with
+    --ask-sudo-pass): the same finding and the same refusal; then the password typed."""
     sandbox = bring_up(tmp_path, "--sudo", sudo)
     try:
         found = doctor(sandbox)
@@ -231,5 +231,58 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
         sudoers = sandbox.node_exec("node1", "cat /etc/sudoers.d/gpucluster-sandbox",
                                     check=False).stdout
         assert ("gcuser ALL=(ALL) ALL" in sudoers) == (sudo == "password")
+        if sudo == "password":
+            _typed_sudo_password(sandbox, tmp_path, image, watched, before)
     finally:
         gpucluster("sandbox", "down", "--name", NAME)
+
+
+def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
+                         before: dict[str, str]) -> None:
+    """--ask-sudo-pass: a wrong password is tried once per node and changes nothing; the
+    right one provisions every step through sudo (the relay's `podman load` too) and runs
+    `run --sudo`; it shows nowhere: the output, the command log, a command line."""
+    password = Path(f"/var/lib/gpucluster/sandbox/{NAME}/sudo-password").read_text().strip()
+    inventory = str(sandbox.inventory)
+    seen: list[str] = []
+
+    def typed(*args: str, answer: str = password) -> CliResult:
+        done = gpucluster(*args, "--ask-sudo-pass", stdin=f"{answer}\n", timeout=300)
+        seen.extend((done.stdout, done.stderr))
+        return done
+
+    wrong = typed("provision", "-i", inventory, answer="not-the-password")
+    assert wrong.code == 2 and "\n" not in wrong.stderr.strip(), wrong.stderr
+    assert re.search(r"provision changed nothing: hosts, firewall need root on node\[1-3\], "
+                     r"where sudo refused gcuser's password \(.*; tried once per node\)",
+                     wrong.stderr), wrong.stderr
+    assert {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes} == before
+    refused = typed("run", "-i", inventory, "--sudo", "touch /gpc-ran", answer="nope")
+    assert refused.code == 2 and "nothing ran: sudo refused gcuser's password on " \
+        "node[1-3]" in refused.stderr, refused.stderr
+    assert sandbox.node_exec("node1", "test -e /gpc-ran", check=False).returncode == 1
+    assert "fix: add --sudo" in gpucluster("run", "-i", inventory, "--ask-sudo-pass",
+                                           "true").stderr
+
+    with_image = sandbox.write_inventory(tmp / "with-image.yaml", cluster={
+        **sandbox.data["cluster"], "image": image})
+    done = typed("provision", "-i", str(with_image), "--skip", "smoke", "--json")
+    assert done.code == 0, done.stderr
+    outcomes = {(r["step"], r["host"]): r["outcome"] for r in json.loads(done.stdout)["results"]}
+    assert set(outcomes.values()) == {"changed"}, outcomes
+    for node in sandbox.nodes:
+        assert "# BEGIN gpucluster" in sandbox.node_exec(node, "cat /etc/hosts").stdout
+        assert "--comment gpucluster" in sandbox.node_exec(node, "iptables -S INPUT").stdout
+        assert sandbox.node_exec(node, f"podman image exists {image}", check=False
+                                 ).returncode == 0  # root's engine, loaded through sudo
+    # As root, with every process's command line at that moment (sudo's among them).
+    ran = typed("run", "-i", inventory, "--sudo", "--json",
+                "id -u; cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    assert ran.code == 0, ran.stderr
+    assert [h["stdout"].split("\n", 1)[0] for h in ran.json()["hosts"]] == ["0"] * 3
+    timed = typed("run", "-i", inventory, "--sudo", "-t", "2", "sleep 78")
+    assert "timed out" in timed.stdout and none_left(sandbox, "sleep 78"), timed.stdout
+    assert all("sudo -A" in h["stdout"] for h in ran.json()["hosts"])  # lines were read
+    logs = (sandbox.inventory.parent / ".gpucluster" / "logs").glob("provision-*.log")
+    for text in [*seen, *(log.read_text() for log in logs)]:
+        assert password not in text

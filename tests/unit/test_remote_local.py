@@ -46,6 +46,35 @@ def test_sudo_is_non_interactive_and_skipped_for_root() -> None:
     assert shlex.split(wrapped.command)[-1].endswith("; echo 'a b'")
 
 
+def test_a_sudo_password_goes_to_sudos_askpass_never_on_a_command_line(
+        tmp_path: Path) -> None:
+    """--ask-sudo-pass: the user's shell reads the password off stdin, sudo -A gets it
+    from SUDO_ASKPASS (printenv), and the command's own env and stdin follow. sudo here
+    is a stand-in that asks SUDO_ASKPASS as sudo does (the real one: test_node_users)."""
+    import subprocess
+
+    fake = tmp_path / "sudo"
+    fake.write_text('#!/bin/sh\n[ "$1 $2 $4" = "-A -p --" ] || exit 90\n'
+                    'answer=$("$SUDO_ASKPASS" "$3") || exit 91\n'
+                    '[ "$answer" = "$EXPECTED" ] || { echo "1 incorrect password attempt" >&2;'
+                    ' exit 1; }\nshift 4; exec env -u GPC_SUDO_PASSWORD "$@"\n')
+    fake.chmod(0o755)
+    password = "p4ss 'w$(touch x)\\rd "
+    envelope = build_command('printf "%s|" "$K"; cat; printenv GPC_SUDO_PASSWORD || echo -',
+                             {"K": "v"}, sudo=True, is_root=False, sudo_password=password)
+    assert "p4ss" not in envelope.command
+    assert envelope.stdin_prefix.startswith(f"{password}\n".encode())
+
+    def run(expected: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["/bin/sh", "-c", envelope.command], capture_output=True,
+                              input=envelope.stdin_prefix + b"payload", timeout=10, check=False,
+                              env={"PATH": f"{tmp_path}:/usr/bin:/bin", "EXPECTED": expected})
+
+    done = run(password)
+    assert (done.returncode, done.stdout) == (0, b"v|payload-\n"), done.stderr
+    assert run("another").returncode == 1  # the command did not run
+
+
 def test_env_values_travel_on_stdin_never_on_the_command_line() -> None:
     secret = "hf_SECRET'value\nwith a newline"
     envelope = build_command("true", {"HF_TOKEN": secret, "B": ""}, sudo=True, is_root=False)
