@@ -282,6 +282,23 @@ def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
     assert [h["stdout"].split("\n", 1)[0] for h in ran.json()["hosts"]] == ["0"] * 3
     timed = typed("run", "-i", inventory, "--sudo", "-t", "2", "sleep 78")
     assert "timed out" in timed.stdout and none_left(sandbox, "sleep 78"), timed.stdout
+    # A container job runs root's engine through sudo -n: refused, naming the rule that
+    # lets it, until that rule is there.
+    project = tmp / "boxed"
+    project.mkdir()
+    shutil.copy(TRAIN, project / "train.py")
+    boxed = ("launch", "-i", str(with_image), "--container", "train.py")
+    refused = gpucluster(*boxed, cwd=str(project), timeout=120)
+    rule = f"{USER} ALL=(root) NOPASSWD:SETENV: /usr/bin/podman"
+    assert refused.code == 2 and "sudo asks a password, which a job cannot type" in \
+        refused.stderr and f"echo '{rule}' | sudo tee /etc/sudoers.d/zz-gpucluster-engine" \
+        in refused.stderr, refused.stderr
+    for node in sandbox.nodes:
+        sandbox.node_exec(node, f"echo '{rule}' > /etc/sudoers.d/zz-gpucluster-engine && "
+                                f"chmod 440 /etc/sudoers.d/zz-gpucluster-engine")
+    ran_boxed = gpucluster(*boxed, cwd=str(project), timeout=120)
+    assert ran_boxed.code == 0 and ran_boxed.stdout.count("in container: pwd=") == 3, \
+        ran_boxed.stderr
     assert all("sudo -A" in h["stdout"] for h in ran.json()["hosts"])  # lines were read
     logs = (sandbox.inventory.parent / ".gpucluster" / "logs").glob("provision-*.log")
     for text in [*seen, *(log.read_text() for log in logs)]:
