@@ -28,5 +28,5 @@ def root_refusal(session: Session, inventory: Inventory, needing: list[str]) -> 
                 f"{','.join(needing)})")
     return (f"provision changed nothing: {steps} root on {nodes}, where {user} cannot "
             f"sudo without a password ({said}) (fix: --ask-sudo-pass to type it, echo "
-            f"'{user} ALL=(ALL) NOPASSWD:ALL' | sudo tee /etc/sudoers.d/gpucluster on "
+            f"'{user} ALL=(ALL) NOPASSWD:ALL' | sudo tee /etc/sudoers.d/zz-gpucluster on "
             f"those nodes, log in as root, or --skip {','.join(needing)})")

@@ -78,7 +78,8 @@ def sudo(context: Context) -> list[CheckResult]:
             results.append(CheckResult(
                 "sudo", host.name, Status.WARN, "sudo asks for a password",
                 f"allow {host.user} passwordless sudo: echo '{host.user} ALL=(ALL) NOPASSWD:ALL'"
-                f" | sudo tee /etc/sudoers.d/gpucluster (provision needs it), or type it: "
+                f" | sudo tee /etc/sudoers.d/zz-gpucluster (provision needs it; named to sort "
+                f"last, as sudo's last matching rule wins), or type it: "
                 f"provision --ask-sudo-pass",
                 {"output": " ".join(answer)[-200:]}))
     return results
