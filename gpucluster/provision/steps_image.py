@@ -33,7 +33,7 @@ from gpucluster.provision.model import (
     StepSkipped,
 )
 from gpucluster.provision.relay_chain import Hop, RelayChain
-from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, shell_path, sudo_with_password
+from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, SUDO_WITH_PASSWORD, shell_path
 from gpucluster.templating import render, script_text
 from gpucluster.torchrun import node_images_dir
 
@@ -69,7 +69,7 @@ def _sink_and_report(context: ProvisionContext, image: ImageSource, runtime: str
                 f"echo \"$sha\"")
     engine = shlex.quote(runtime)
     if sudo:
-        engine = f"{sudo_with_password()} {engine}" if context.sudo_password is not None \
+        engine = f"{SUDO_WITH_PASSWORD} {engine}" if context.sudo_password is not None \
             else f"sudo -n {engine}"
     return (f"{engine} load >&2",
             f"{engine} image inspect --format '{{{{.Id}}}}' {shlex.quote(image.reference)} "

@@ -69,7 +69,7 @@ def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
                   is_root: bool, sudo_password: str | None = None) -> Envelope:
     """Wrap `command` so that `env` arrives on stdin, never on a command line (where any
     user of the node sees it in ps and sudo logs it), then in sudo: non-interactive, or
-    with `sudo_password` (--ask-sudo-pass) as `sudo_with_password` gives it.
+    with `sudo_password` (--ask-sudo-pass) as SUDO_WITH_PASSWORD takes it.
 
     The values travel as `export NAME='value'` lines ahead of the caller's own stdin;
     the shell reads exactly that many lines with `read` (which never reads past a line
@@ -87,35 +87,26 @@ def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
             # -n: fail at once instead of waiting for a password prompt nobody will answer.
             command = f"sudo -n -- /bin/sh -c {shlex.quote(command)}"
         else:  # the password first, read by the user's shell; the env lines by root's
-            command = (f"{read_sudo_password()} && {sudo_with_password()} -- /bin/sh -c "
+            command = (f"{READ_SUDO_PASSWORD} && {SUDO_WITH_PASSWORD} -- /bin/sh -c "
                        f"{shlex.quote(command)}")
             prefix = f"{sudo_password}\n".encode() + prefix
     return Envelope(command, prefix)
 
 
 SUDO_PASSWORD_VARIABLE = "GPC_SUDO_PASSWORD"  # noqa: S105 - a variable's name
-
-
-def read_sudo_password() -> str:
-    """Shell that reads the password (--ask-sudo-pass) from the first line of stdin into
-    the variable sudo_with_password() reads: never on a command line."""
-    return f"IFS= read -r {SUDO_PASSWORD_VARIABLE} && export {SUDO_PASSWORD_VARIABLE}"
-
-
-def sudo_with_password() -> str:
-    """sudo that answers its password prompt from $GPC_SUDO_PASSWORD: -A runs
-    SUDO_ASKPASS with the prompt as its one argument, and the prompt is the variable's
-    name, so printenv prints the password. Where sudo asks nothing (a NOPASSWD rule) the
-    password goes nowhere; sudo's env_reset keeps it out of the command's environment."""
-    return (f'SUDO_ASKPASS="$(command -v printenv)" sudo -A -p {SUDO_PASSWORD_VARIABLE}')
-
-
-def check_sudo_password() -> str:
-    """Shell that tries the password on stdin's first line once (sudo -S reads one line;
-    -A would ask up to three times, and three failures lock an account under
-    pam_faillock): exit 0 when sudo accepts it, or asks none."""
-    return (f"{read_sudo_password()} && printf '%s\\n' \"${SUDO_PASSWORD_VARIABLE}\" | "
-            f"sudo -S -k -p '' true")
+# Reads the password (--ask-sudo-pass) from the first line of stdin into that variable:
+# never on a command line.
+READ_SUDO_PASSWORD = f"IFS= read -r {SUDO_PASSWORD_VARIABLE} && export {SUDO_PASSWORD_VARIABLE}"
+# sudo that answers its prompt from the variable: -A runs SUDO_ASKPASS with the prompt as
+# its one argument, and the prompt is the variable's name, so printenv prints the
+# password. Where sudo asks nothing (a NOPASSWD rule) the password goes nowhere, and
+# sudo's env_reset keeps it out of the command's environment.
+SUDO_WITH_PASSWORD = f'SUDO_ASKPASS="$(command -v printenv)" sudo -A -p {SUDO_PASSWORD_VARIABLE}'
+# Tries the password on stdin's first line once (sudo -S reads one line; -A would ask up
+# to three times, and three failures lock an account under pam_faillock): exit 0 when
+# sudo accepts it, or asks none.
+CHECK_SUDO_PASSWORD = (f"{READ_SUDO_PASSWORD} && printf '%s\\n' \"${SUDO_PASSWORD_VARIABLE}\" | "
+                       f"sudo -S -k -p '' true")
 
 
 def eval_stdin_lines(count: str) -> str:

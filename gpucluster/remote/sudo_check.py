@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpucluster.inventory import Host
-from gpucluster.remote.connection import check_sudo_password
+from gpucluster.remote.connection import CHECK_SUDO_PASSWORD
 from gpucluster.remote.session import Session
 
 CHECK_TIMEOUT_S = 30.0
@@ -20,7 +20,7 @@ def sudo_refusals(session: Session, hosts: Sequence[Host]) -> dict[str, str]:
     if not users:
         return {}
     password = session.options.sudo_password
-    command = "sudo -n true" if password is None else check_sudo_password()
+    command = "sudo -n true" if password is None else CHECK_SUDO_PASSWORD
     stdin = None if password is None else f"{password}\n".encode()
     answers = session.map(users, lambda c: c.run(command, timeout=CHECK_TIMEOUT_S,
                                                   stdin=stdin))
