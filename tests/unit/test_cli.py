@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from gpucluster import __version__
 from tests.cli import gpucluster
 
@@ -189,3 +191,21 @@ def test_a_reader_that_goes_away_ends_a_rich_table_with_141_not_1(tmp_path: Path
                            f"{many} | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}"],
                           capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout == "141\n" and "Traceback" not in done.stderr, done.stderr
+
+
+def test_piped_passwords_come_ssh_first_then_sudo(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ask-pass and --ask-sudo-pass from a pipe: one line each, in that order, as the
+    docs say; neither is in the options' repr."""
+    import io
+    import sys
+
+    from gpucluster import inventory
+    from gpucluster.cli.options import ssh_options
+
+    path = tmp_path / "c.yaml"
+    path.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ssh secret\nsudo secret\n"))
+    options = ssh_options(inventory.load(path), False, True, None, ask_sudo_pass=True)
+    assert (options.password, options.sudo_password) == ("ssh secret", "sudo secret")
+    assert "secret" not in repr(options)
