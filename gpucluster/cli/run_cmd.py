@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpucluster import hostrange
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -91,12 +90,11 @@ def run(
 def _check_sudo_password(session: Session, hosts: list[Host]) -> None:
     """The password tried once per node before COMMAND runs anywhere: a wrong one would
     be tried three times by every command's sudo, and lock the account (pam_faillock)."""
-    from gpucluster.remote.sudo_check import sudo_refusals
+    from gpucluster.remote.sudo_check import sudo_refusal
 
-    refused = sudo_refusals(session, hosts)
-    if refused:
-        user = next(h.user for h in hosts if h.name in refused)
+    refused = sudo_refusal(session, hosts)
+    if refused is not None:
         raise GpuclusterError(
-            f"nothing ran: sudo refused {user}'s password on "
-            f"{hostrange.fold(sorted(refused))} ({sorted(set(refused.values()))[0]}; tried "
-            f"once per node) (fix: --ask-sudo-pass again with {user}'s sudo password there)")
+            f"nothing ran: sudo refused {refused.user}'s password on {refused.nodes} "
+            f"({refused.said}; tried once per node) (fix: --ask-sudo-pass again with "
+            f"{refused.user}'s sudo password there)")

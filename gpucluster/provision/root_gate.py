@@ -3,10 +3,9 @@ user cannot sudo the way this run will."""
 
 from __future__ import annotations
 
-from gpucluster import hostrange
 from gpucluster.inventory import Inventory
 from gpucluster.remote.session import Session
-from gpucluster.remote.sudo_check import sudo_refusals
+from gpucluster.remote.sudo_check import sudo_refusal
 
 
 def root_refusal(session: Session, inventory: Inventory, needing: list[str]) -> str | None:
@@ -15,11 +14,10 @@ def root_refusal(session: Session, inventory: Inventory, needing: list[str]) -> 
     (else the mesh would be set up and /etc/hosts not)."""
     if not needing:
         return None
-    refused = sudo_refusals(session, inventory.hosts)
-    if not refused:
-        return None  # unreachable nodes are the steps' to report
-    user = inventory.host(sorted(refused)[0]).user
-    nodes, said = hostrange.fold(sorted(refused)), sorted(set(refused.values()))[0]
+    refused = sudo_refusal(session, inventory.hosts)
+    if refused is None:
+        return None
+    user, nodes, said = refused.user, refused.nodes, refused.said
     steps = ", ".join(needing) + (" needs" if len(needing) == 1 else " need")
     if session.options.sudo_password is not None:
         return (f"provision changed nothing: {steps} root on {nodes}, where sudo "

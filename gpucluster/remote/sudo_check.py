@@ -4,7 +4,9 @@ password from --ask-sudo-pass, tried once per node before anything runs under it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from gpucluster import hostrange
 from gpucluster.inventory import Host
 from gpucluster.remote.connection import CHECK_SUDO_PASSWORD
 from gpucluster.remote.session import Session
@@ -12,17 +14,32 @@ from gpucluster.remote.session import Session
 CHECK_TIMEOUT_S = 30.0
 
 
-def sudo_refusals(session: Session, hosts: Sequence[Host]) -> dict[str, str]:
-    """Per node whose user (not root) cannot sudo: sudo's last words. With a password,
-    one wrong try is all a node sees: sudo -A, which every later command uses, asks up
-    to three times, and three failures can lock the account (pam_faillock)."""
+@dataclass(frozen=True)
+class SudoRefusal:
+    """The nodes whose user cannot sudo, in the words of a one-line error."""
+
+    user: str  # the first such node's
+    nodes: str  # folded: node[1-3]
+    said: str  # sudo's last words there
+
+
+def sudo_refusal(session: Session, hosts: Sequence[Host]) -> SudoRefusal | None:
+    """None when every node's user (not root) can sudo. With a password, one wrong try
+    is all a node sees: sudo -A, which every later command uses, asks up to three times,
+    and three failures can lock the account (pam_faillock). A node that does not answer
+    is not a refusal: the work that follows reports it."""
     users = [h for h in hosts if h.user != "root"]
     if not users:
-        return {}
+        return None
     password = session.options.sudo_password
     command = "sudo -n true" if password is None else CHECK_SUDO_PASSWORD
     stdin = None if password is None else f"{password}\n".encode()
     answers = session.map(users, lambda c: c.run(command, timeout=CHECK_TIMEOUT_S,
                                                   stdin=stdin))
-    return {name: answer.last_word for name, answer in answers.values.items()
-            if not answer.ok}
+    refused = {name: answer.last_word for name, answer in answers.values.items()
+               if not answer.ok}
+    if not refused:
+        return None
+    first = sorted(refused)[0]
+    return SudoRefusal(next(h.user for h in users if h.name == first),
+                       hostrange.fold(sorted(refused)), refused[first])
