@@ -13,6 +13,7 @@ from gpucluster import hostrange
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
+    AskSudoPassOption,
     ConnectTimeoutOption,
     GroupOption,
     HostsOption,
@@ -23,7 +24,7 @@ from gpucluster.cli.options import (
     stderr_console,
     stdout_console,
 )
-from gpucluster.errors import EXIT_FAILED
+from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.observe.model import GpuProcess
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def reap(
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """List every process holding a GPU on every node: whether it belongs to a running
@@ -57,11 +59,20 @@ def reap(
     --foreign adds the foreign ones."""
     from gpucluster.observe import reap as core
 
+    if ask_sudo_pass and not yes:
+        raise GpuclusterError("--ask-sudo-pass is for --yes: a dry run ends nothing and "
+                              "needs no sudo (fix: add --yes, or leave the option out)")
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
     out, err = stdout_console(), stderr_console()
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                      ask_sudo_pass) as session:
         listed = core.list_processes(session, loaded, selected)
+        if yes and ask_sudo_pass:
+            from gpucluster.remote.sudo_check import require_sudo_password
+
+            require_sudo_password(session, core.needing_sudo(loaded, listed, foreign),
+                                  "reap --yes", "reap ended nothing")
         ended = core.end(session, loaded, listed, foreign, grace) if yes else {}
     failed = False
     payload: dict[str, Any] = {"schema": 1, "dry_run": not yes, "nodes": []}

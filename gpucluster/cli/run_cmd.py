@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -24,10 +24,6 @@ from gpucluster.cli.options import (
 from gpucluster.cli.views import common
 from gpucluster.cli.views import run as run_view
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
-
-if TYPE_CHECKING:
-    from gpucluster.inventory import Host
-    from gpucluster.remote.session import Session
 
 
 def run(
@@ -68,7 +64,9 @@ def run(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
         if ask_sudo_pass:
-            _check_sudo_password(session, selected)
+            from gpucluster.remote.sudo_check import require_sudo_password
+
+            require_sudo_password(session, selected, "run --sudo", "nothing ran")
         with common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
             # The command's stdin is empty, as with `ssh -n`: a command that reads it ends
             # rather than waiting out its time limit for input that never comes.
@@ -86,15 +84,3 @@ def run(
             stderr_console().print(f"[bold red]{summary}[/]")
         raise typer.Exit(EXIT_FAILED)
 
-
-def _check_sudo_password(session: Session, hosts: list[Host]) -> None:
-    """The password tried once per node before COMMAND runs anywhere: a wrong one would
-    be tried three times by every command's sudo, and lock the account (pam_faillock)."""
-    from gpucluster.remote.sudo_check import sudo_refusal
-
-    refused = sudo_refusal(session, hosts)
-    if refused is not None:
-        raise GpuclusterError(
-            f"nothing ran: sudo refused {refused.user}'s password on {refused.nodes} "
-            f"({refused.said}; tried once per node) (fix: --ask-sudo-pass again with "
-            f"{refused.user}'s sudo password there)")

@@ -16,6 +16,7 @@ from gpucluster.remote.result import HostFailure
 from gpucluster.remote.session import Session
 
 LIST_TIMEOUT_S = 60.0
+SUDO_N_REFUSAL = "a password is required"  # what sudo -n says where a rule asks one
 D_STATE_REMEDY = ("it is in uninterruptible sleep (D), waiting on the driver or a device: "
                   "it ends when that returns; if it does not, reset the GPU once nothing "
                   "else uses it (nvidia-smi --gpu-reset -i GPU) or reboot the node")
@@ -37,6 +38,12 @@ class Ended:
     left: tuple[tuple[GpuProcess, str], ...] = ()  # still there, and what to do
     freed_mib: int = 0
     error: str = ""
+
+    @classmethod
+    def not_run(cls, host: str, targets: tuple[GpuProcess, ...], error: str) -> Ended:
+        """The ending could not run there: every target is left, the error says why."""
+        return cls(host, targets, tuple((p, "not ended: see the node's error") for p in targets),
+                   error=error)
 
 
 def _list_on(connection: Connection, inventory: Inventory) -> NodeProcesses:
@@ -80,14 +87,26 @@ def end(session: Session, inventory: Inventory, listed: dict[str, NodeProcesses]
 
 
 def _failed(host: str, listed: NodeProcesses, foreign: bool, failure: HostFailure) -> Ended:
-    return Ended(host, tuple(targets(listed, foreign)), error=failure.message)
+    return Ended.not_run(host, tuple(targets(listed, foreign)), failure.message)
+
+
+def needing_sudo(inventory: Inventory, listed: dict[str, NodeProcesses],
+                 foreign: bool) -> list[Host]:
+    """The nodes where a target is another user's (a root job's leftover, a foreign
+    process) and the login is not root's: ending it needs sudo there."""
+    return [h for h in inventory.hosts if h.name in listed and h.user != "root"
+            and _others(h, targets(listed[h.name], foreign))]
+
+
+def _others(host: Host, doomed: list[GpuProcess]) -> bool:
+    return any(p.user != _login(host) for p in doomed)
 
 
 def _end_on(connection: Connection, inventory: Inventory, doomed: list[GpuProcess],
             grace_s: float) -> Ended:
     host = inventory.host(connection.host)
     # Another user's process (a root job's leftover, a foreign one) needs sudo to end.
-    sudo = any(p.user != _login(host) for p in doomed)
+    sudo = _others(host, doomed)
     done = connection.run(node_gpus_command(inventory.cluster.python, "end", f"{grace_s:g}",
                                   *(str(p.pid) for p in doomed)),
                           timeout=grace_s + LIST_TIMEOUT_S, sudo=sudo)
@@ -95,8 +114,11 @@ def _end_on(connection: Connection, inventory: Inventory, doomed: list[GpuProces
         left_pids = {int(p["pid"]): str(p.get("state", "?"))
                      for p in json.loads(done.stdout.strip().splitlines()[-1])["left"]}
     except (ValueError, IndexError, KeyError, TypeError):
-        return Ended(connection.host, tuple(doomed), error=(
-            done.stderr.strip()[-300:] or f"exit {done.exit_code}"))
+        said = done.stderr.strip()[-300:] or f"exit {done.exit_code}"
+        if sudo and SUDO_N_REFUSAL in said:
+            said = (f"ending another user's process needs sudo, and {_login(host)}'s sudo "
+                    f"asks a password (fix: reap --yes --ask-sudo-pass)")
+        return Ended.not_run(connection.host, tuple(doomed), said)
     after = _list_on(connection, inventory)
     holding = {p.pid for p in after.processes}
     left = tuple((p, D_STATE_REMEDY if left_pids.get(p.pid) == "D" else

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpucluster import hostrange
+from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
 from gpucluster.remote.connection import CHECK_SUDO_PASSWORD
 from gpucluster.remote.session import Session
@@ -43,3 +44,16 @@ def sudo_refusal(session: Session, hosts: Sequence[Host]) -> SudoRefusal | None:
     first = sorted(refused)[0]
     return SudoRefusal(next(h.user for h in users if h.name == first),
                        hostrange.fold(sorted(refused)), refused[first])
+
+
+def require_sudo_password(session: Session, hosts: Sequence[Host], command: str,
+                          nothing_done: str) -> None:
+    """The --ask-sudo-pass password tried once per node before anything runs under it:
+    a wrong one would be tried three times by every later sudo -A, and lock the account
+    (pam_faillock). `nothing_done` opens the error: "nothing ran", "reap ended nothing"."""
+    refused = sudo_refusal(session, hosts)
+    if refused is not None:
+        raise GpuclusterError(
+            f"{nothing_done}: sudo refused {refused.user}'s password on {refused.nodes} "
+            f"({refused.said}; tried once per node) (fix: {command} --ask-sudo-pass again "
+            f"with {refused.user}'s sudo password there)")

@@ -91,7 +91,8 @@ def workers(count: int) -> list[GpuProcess]:
 
 
 def planted(apps_file: Path, count: int) -> list[GpuProcess]:
-    """`pid gpu_index used_mib name` lines of processes still alive."""
+    """`pid gpu_index used_mib name` lines of processes still alive. A zombie is not: the
+    driver frees a process's GPU memory as it exits, before its parent reaps it."""
     if not apps_file.is_file():
         return []
     found = []
@@ -99,7 +100,7 @@ def planted(apps_file: Path, count: int) -> list[GpuProcess]:
         parts = line.split(maxsplit=3)
         if len(parts) == 4 and all(p.isdigit() for p in parts[:3]):
             pid, index, mib = (int(p) for p in parts[:3])
-            if Path(f"/proc/{pid}").exists() and index < count:
+            if _running(pid) and index < count:
                 found.append(GpuProcess(pid, index, mib, parts[3]))
     return found
 
@@ -132,3 +133,11 @@ class Load:
                 looked[process.pid] = (time.monotonic(), used)
         self._seen = looked
         return looked
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
+    except OSError:
+        return False
+    return bool(state) and state[0] not in ("Z", "X")

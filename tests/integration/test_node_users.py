@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,32 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
         gpucluster("sandbox", "down", "--name", NAME)
 
 
+def _reaps_a_root_process(sandbox: Sandbox, typed: Callable[..., CliResult]) -> None:
+    """A root process on a GPU is another user's to gcuser: reap ends it through sudo
+    only with the password typed, never reports it ended when it was not."""
+    holder = subprocess.Popen(sandbox.node_argv("node2", ["sleep", "301"]))
+    try:
+        time.sleep(0.2)
+        apps = Path(f"/var/lib/gpucluster/sandbox/{NAME}/node2/gpu.apps")
+        apps.write_text(f"{holder.pid} 3 2048 python stray.py\n")
+        reap = ("reap", "-i", str(sandbox.inventory), "-w", "node2", "--yes", "--foreign",
+                "--grace", "1")
+        untyped = gpucluster(*reap)
+        assert untyped.code == 1 and "LEFT: not ended" in untyped.stderr and \
+            "gcuser's sudo asks a password (fix: reap --yes --ask-sudo-pass)" in \
+            untyped.stderr, untyped.stderr
+        wrong = typed(*reap, answer="not-it")
+        assert wrong.code == 2 and "reap ended nothing: sudo refused gcuser's password " \
+            "on node2" in wrong.stderr, wrong.stderr
+        assert holder.poll() is None
+        ended = typed(*reap)
+        assert ended.code == 0 and "freed 2048 MiB" in ended.stderr, ended.stderr
+        assert holder.wait(timeout=10) != 0  # ended by a signal
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
                          before: dict[str, str]) -> None:
     """--ask-sudo-pass: a wrong password is tried once per node and changes nothing; the
@@ -289,6 +316,7 @@ def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
     assert [h["stdout"].split("\n", 1)[0] for h in ran.json()["hosts"]] == ["0"] * 3
     timed = typed("run", "-i", inventory, "--sudo", "-t", "2", "sleep 78")
     assert "timed out" in timed.stdout and none_left(sandbox, "sleep 78"), timed.stdout
+    _reaps_a_root_process(sandbox, typed)
     # A container job runs root's engine through sudo -n: refused, naming the rule that
     # lets it, until that rule is there.
     project = tmp / "boxed"

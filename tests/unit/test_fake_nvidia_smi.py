@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -97,10 +99,15 @@ def test_failed_driver_and_no_devices(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_compute_apps_lists_live_registered_processes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     state = _state(tmp_path, model="h100", count=4)
+    exited = subprocess.Popen(["true"])  # a zombie until waited: its GPU memory is freed
+    while Path(f"/proc/{exited.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.01)
     state.with_suffix(".apps").write_text(f"{os.getpid()} 3 2048 python train.py\n"
-                                          "999999999 0 10 gone\n")
+                                          "999999999 0 10 gone\n"
+                                          f"{exited.pid} 1 512 python exited.py\n")
     _, out, _ = _run(state, "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id",
                      "--format=csv,noheader,nounits", capsys=capsys)
+    exited.wait()
     assert out == f"{os.getpid()}, python train.py, 2048, 00000000:1B:00.0\n"
 
 
