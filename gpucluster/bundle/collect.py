@@ -27,7 +27,7 @@ from gpucluster.launch.failure import failure_of
 from gpucluster.launch.follow import follow
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.remote.connection import Connection, shell_path
+from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, Connection, shell_path
 from gpucluster.remote.result import HostFailure, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm_states import SET_UP_HERE, SINFO
@@ -85,16 +85,19 @@ def scrub(data: bytes) -> bytes:
     return masked.encode("utf-8", errors="surrogateescape")
 
 
-def collect_script(inventory: Inventory, host: Host, job_dir: str, since: float) -> str:
-    """`job_dir`: the job's directory on this node, shell-quoted ("" without a job)."""
+def collect_script(inventory: Inventory, host: Host, job_dir: str, since: float,
+                   typed_sudo: bool = False) -> str:
+    """`job_dir`: the job's directory on this node, shell-quoted ("" without a job).
+    `typed_sudo`: its stdin's first line is the --ask-sudo-pass password."""
     return render("bundle/collect.sh.j2", node=host.name, max_bytes=MAX_FILE_BYTES,
+                  typed_sudo=typed_sudo, variable=SUDO_PASSWORD_VARIABLE,
                   max_job_file_kb=MAX_JOB_FILE_KB, since=int(since),
                   since_text=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
                   tag=inventory.cluster.name, job_dir=job_dir, slurm_set_up=SET_UP_HERE,
                   sinfo=SINFO, sinfo_heading=SINFO_HEADING)
 
 
-def _collect_on(connection: Connection, script: str) -> NodeBundle:
+def _collect_on(connection: Connection, script: str, stdin: bytes | None) -> NodeBundle:
     bundle = NodeBundle(connection.host)
     started = time.monotonic()
     current: list[str] = []
@@ -117,7 +120,7 @@ def _collect_on(connection: Connection, script: str) -> NodeBundle:
             current.append(line.strip())
 
     try:
-        connection.run(script, timeout=NODE_LIMIT_S, on_line=on_line)
+        connection.run(script, timeout=NODE_LIMIT_S, stdin=stdin, on_line=on_line)
     except RemoteError as error:  # what arrived is kept: a partial bundle says why
         bundle.error = error.message
     bundle.duration_s = time.monotonic() - started
@@ -163,9 +166,11 @@ def collect(session: Session, inventory: Inventory, store: JobStore,
         result.nodes[host] = bundle
         on_node(bundle)
 
+    password = session.options.sudo_password
+    stdin = None if password is None else f"{password}\n".encode()
     session.map(hosts, lambda c: _collect_on(
         c, collect_script(inventory, inventory.host(c.host), job_dir(inventory.host(c.host)),
-                          since)), on_done=done)
+                          since, password is not None), stdin), on_done=done)
     for thread in threads:
         thread.join(NODE_LIMIT_S)
     result.nodes = {h.name: result.nodes.get(h.name, NodeBundle(h.name, error="no answer"))

@@ -13,6 +13,7 @@ from gpucluster.cli.launch_cmd import job_store
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
+    AskSudoPassOption,
     ConnectTimeoutOption,
     GroupOption,
     HostsOption,
@@ -40,6 +41,7 @@ def bundle(
     group: GroupOption = None,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Collect, from every node at once, what a bug report needs into one .tar.gz with
@@ -72,7 +74,12 @@ def bundle(
         err.print(f"{escape(node.host)}: {counted(len(node.files), 'file')}, "
                   f"{size(collected_bytes)} in {node.duration_s:.1f}s, {state}")
 
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                      ask_sudo_pass) as session:
+        if ask_sudo_pass:  # tried once per node here, not once by each part that reads
+            from gpucluster.remote.sudo_check import require_sudo_password
+
+            require_sudo_password(session, loaded.hosts, "bundle", "bundle collected nothing")
         slurm = slurm_part.read(session, loaded, slurm_id) if slurm_id else None
         collected = collect(session, loaded, store, record, progress, slurm)
     archive_bytes = write(collected, store, loaded.path, target.absolute())

@@ -9,6 +9,7 @@ import typer
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
+    AskSudoPassOption,
     ConnectTimeoutOption,
     GroupOption,
     HostsOption,
@@ -43,6 +44,7 @@ def doctor(
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Check every node in parallel; exit 0 when nothing failed, 1 when a check failed."""
@@ -54,7 +56,8 @@ def doctor(
         return
     selected = select_checks(comma_list(only), comma_list(skip))
     loaded = load_inventory(inventory, hosts, group)
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                      ask_sudo_pass) as session, \
             common.host_progress(stderr_console(), len(loaded.hosts), "nodes probed") as advance:
         report = run_doctor(session, loaded, selected, probe_timeout=timeout,
                             on_node=lambda _host: advance())

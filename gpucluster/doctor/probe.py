@@ -15,7 +15,7 @@ from typing import Any
 from gpucluster import reports
 from gpucluster.doctor import nvidia_smi
 from gpucluster.inventory import Inventory
-from gpucluster.remote.connection import shell_path
+from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, shell_path
 from gpucluster.reports import Section
 from gpucluster.templating import render
 
@@ -240,16 +240,19 @@ class ProbeSteps:
 ALWAYS_PROBED = frozenset({"clock", "hostname"})  # the clock offset, the name check
 
 
-def render_probe(inventory: Inventory, sections: frozenset[str] | None = None) -> str:
+def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
+                 typed_sudo: bool = False) -> str:
     """The probe script for this cluster (paths and peer names quoted): every section,
     or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
-    it also tests the head's rendezvous port."""
+    it also tests the head's rendezvous port. `typed_sudo`: its stdin's first line is
+    the --ask-sudo-pass password, tried once and then used for the kernel log."""
     from gpucluster.doctor.rendezvous import connect_script
     from gpucluster.slurm_states import ENDED_JOB_STATES, SINFO, where_set_up
 
     wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(
         "doctor/probe.sh.j2", want=lambda name: wanted is None or name in wanted,
+        typed_sudo=typed_sudo, variable=SUDO_PASSWORD_VARIABLE,
         python=inventory.cluster.python,
         torchrun=inventory.cluster.torchrun, work_dir=shell_path(inventory.cluster.work_dir),
         tool_timeout=TOOL_TIMEOUT_S, torch_timeout=TORCH_IMPORT_TIMEOUT_S,

@@ -29,6 +29,7 @@ from gpucluster.reports import Section
 from gpucluster.selection import select
 
 DEFAULT_PROBE_TIMEOUT_S = 60.0
+SUDO_READERS = frozenset({"sudo", "xid"})  # the checks that use --ask-sudo-pass's password
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,12 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     the report's `sections`. `probe_via(host)`: where the probe runs instead of a
     command of its own on the session's connection (launch's waiting shells)."""
     started = time.monotonic()
-    script = render_probe(inventory, probe_sections(selected)) + (
+    password = session.options.sudo_password
+    # The password only goes where a check reads through sudo (and is tried once there).
+    typed_sudo = password is not None and bool(SUDO_READERS & {s.name for s in selected})
+    script = render_probe(inventory, probe_sections(selected), typed_sudo) + (
         f"\n( {rider}\n)\n" if rider else "")
+    stdin = f"{password}\n".encode() if typed_sudo else None
     head = inventory.head.name
     test_port = "rendezvous-port" in {s.name for s in selected}
 
@@ -88,7 +93,7 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
         try:
             result: CommandResult = connection.run(
                 ("export GPC_CONNECT=1; " if connect else "") + script, timeout=probe_timeout,
-                on_line=on_line)
+                stdin=stdin, on_line=on_line)
         except RemoteError as error:
             if error.kind is FailureKind.TIMED_OUT:
                 raise RemoteError(error.kind, steps.timeout_message(probe_timeout)) from None

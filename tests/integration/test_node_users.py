@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -245,6 +246,38 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
         gpucluster("sandbox", "down", "--name", NAME)
 
 
+def _reads_as_root_with_the_password(sandbox: Sandbox, tmp: Path,
+                                     typed: Callable[..., CliResult]) -> None:
+    """doctor and bundle read what only root may (the kernel log, the firewall) through
+    the password typed; a wrong one is tried once and said so."""
+    inventory = str(sandbox.inventory)
+    checked = typed("doctor", "-i", inventory, "--json", "--only", "sudo,xid")
+    found = {(r["check"], r["host"]): r["status"] for r in checked.json()["results"]}
+    assert set(found.values()) == {"OK"}, checked.stdout  # xid: the kernel log was read
+    refused = typed("doctor", "-i", inventory, "--json", "--only", "sudo,xid",
+                    answer="not-it").json()["results"]
+    assert {r["message"].split(" (")[0] for r in refused if r["check"] == "sudo"} == {
+        "sudo refused the password typed"}, refused
+    restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
+    assert {r["status"] for r in refused if r["check"] == "xid"} == {  # not read with it
+        "SKIP" if restricted else "OK"}, refused
+
+    def firewall_collected(*how: str) -> str:
+        out = tmp / f"bundle{len(how)}"
+        out.mkdir()
+        done = (typed if how else gpucluster)("bundle", "-i", inventory, "-w", "node1",
+                                               "-o", str(out))
+        assert done.code == 0, done.stderr
+        with tarfile.open(next(out.glob("*.tar.gz"))) as archive:
+            member = next(m for m in archive.getnames() if m.endswith("node1/firewall.txt"))
+            return archive.extractfile(member).read().decode()  # type: ignore[union-attr]
+
+    assert "--comment gpucluster" not in firewall_collected()  # iptables-save needs root
+    assert "--comment gpucluster -j ACCEPT" in firewall_collected("typed")
+    wrong = typed("bundle", "-i", inventory, answer="not-it")
+    assert wrong.code == 2 and "bundle collected nothing: sudo refused" in wrong.stderr
+
+
 def _reaps_a_root_process(sandbox: Sandbox, typed: Callable[..., CliResult]) -> None:
     """A root process on a GPU is another user's to gcuser: reap ends it through sudo
     only with the password typed, never reports it ended when it was not."""
@@ -309,6 +342,7 @@ def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
         assert "--comment gpucluster" in sandbox.node_exec(node, "iptables -S INPUT").stdout
         assert sandbox.node_exec(node, f"podman image exists {image}", check=False
                                  ).returncode == 0  # root's engine, loaded through sudo
+    _reads_as_root_with_the_password(sandbox, tmp, typed)
     # As root, with every process's command line at that moment (sudo's among them).
     ran = typed("run", "-i", inventory, "--sudo", "--json",
                 "id -u; cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")

@@ -117,10 +117,10 @@ def xid(context: Context) -> list[CheckResult]:
         if "@unreadable" in lines:
             results.append(CheckResult("xid", host.name, Status.SKIP,
                                        "kernel log not readable by this user, nor "
-                                       "through sudo -n",
-                                       "run doctor as root, or allow this user sudo "
-                                       "without a password (or sysctl "
-                                       "kernel.dmesg_restrict=0)"))
+                                       "through sudo",
+                                       "doctor --ask-sudo-pass where sudo asks a password; "
+                                       "else run doctor as root, allow this user sudo, or "
+                                       "sysctl kernel.dmesg_restrict=0"))
             continue
         errors = [line for line in lines if "Xid" in line]
         if errors:

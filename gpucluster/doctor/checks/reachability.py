@@ -70,6 +70,16 @@ def sudo(context: Context) -> list[CheckResult]:
             results.append(CheckResult("sudo", host.name, Status.OK, "logged in as root"))
         elif state == "ok":
             results.append(CheckResult("sudo", host.name, Status.OK, "sudo -n works"))
+        elif state == "typed":
+            results.append(CheckResult("sudo", host.name, Status.OK,
+                                       "sudo takes the password typed (--ask-sudo-pass)"))
+        elif state == "typed-refused":
+            said = answer[-2].strip()[-200:] if len(answer) > 1 else "no reason given"
+            results.append(CheckResult(
+                "sudo", host.name, Status.WARN,
+                f"sudo refused the password typed ({said}; tried once)",
+                f"doctor --ask-sudo-pass again with {host.user}'s sudo password on this "
+                f"node; nothing here read through it"))
         elif state == "missing":
             results.append(CheckResult("sudo", host.name, Status.WARN, "sudo is not installed",
                                        "install sudo, or log in as root (provision needs "
