@@ -3,8 +3,10 @@ as Prometheus metrics)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -12,6 +14,7 @@ import typer
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
+    AskSudoPassOption,
     ConnectTimeoutOption,
     GroupOption,
     HostsOption,
@@ -26,8 +29,10 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.wording import counted
 
 if TYPE_CHECKING:
+    from gpucluster.inventory import Host
     from gpucluster.observe.slurm_queue import QueuePoller
     from gpucluster.observe.streams import ClusterStreams
+    from gpucluster.remote.session import Session
 
 IntervalOption = Annotated[float, typer.Option(
     "--interval", min=0.1, max=60, metavar="SECONDS", help="Seconds between samples.")]
@@ -46,6 +51,7 @@ def top(
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Every node's GPUs live: utilisation, memory, temperature, power, ECC/Xid errors,
@@ -63,7 +69,9 @@ def top(
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
     out = stdout_console()
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                      ask_sudo_pass) as session, \
+            _sudo_checked(session, selected, "top"), \
             ClusterStreams(session, loaded, selected, interval) as streams, \
             polled_where_set_up(session, loaded) as slurm:
         streams.wait_first(max(h.connect_timeout or 10.0 for h in selected) + 20.0)
@@ -133,6 +141,7 @@ def exporter(
     interval: IntervalOption = 1.0,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
+    ask_sudo_pass: AskSudoPassOption = False,
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Serve the whole cluster's GPU metrics for Prometheus, from the controller: DCGM
@@ -154,7 +163,9 @@ def exporter(
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
     with listening(address, int(port)) as registry, \
-            open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session, \
+            open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
+                         ask_sudo_pass) as session, \
+            _sudo_checked(session, selected, "exporter"), \
             ClusterStreams(session, loaded, selected, interval) as streams, \
             polled_where_set_up(session, loaded) as slurm:
         registry.register(ClusterCollector(streams, slurm))
@@ -165,3 +176,14 @@ def exporter(
             threading.Event().wait()
         except KeyboardInterrupt:
             return
+
+
+@contextlib.contextmanager
+def _sudo_checked(session: Session, hosts: list[Host], command: str) -> Iterator[None]:
+    """The --ask-sudo-pass password tried once per node before any sampler starts (each
+    sampler reads the kernel log's Xids through it where the user cannot)."""
+    if session.options.sudo_password is not None:
+        from gpucluster.remote.sudo_check import require_sudo_password
+
+        require_sudo_password(session, hosts, command, f"{command} started nothing")
+    yield

@@ -4,15 +4,20 @@ again."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import threading
 import time
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from gpucluster.inventory import Host, Inventory
 from gpucluster.observe.model import NodeSample, node_gpus_command, parse_frame
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 
+TYPED_SUDO = "typed-sudo"  # the sampler's flag: the password is stdin's first line
 STREAM_LIMIT_S = 30 * 24 * 3600.0  # `top` and the exporter may run for weeks
 RETRY_S = 1.0  # between a failed connection and the next try
 
@@ -23,14 +28,34 @@ def stale_after(interval_s: float) -> float:
     return max(2.0, 2 * interval_s)
 
 
-def sampler_command(inventory: Inventory, host: Host, interval_s: float) -> str:
+def sampler_command(inventory: Inventory, host: Host, interval_s: float,
+                    typed_sudo: bool = False) -> str:
+    """`typed_sudo`: the --ask-sudo-pass password comes as stdin's first line, for the
+    kernel log's Xids where the user reads it through sudo."""
     # The interface that carries the cluster's traffic is the one towards a peer (alone,
     # the one holding the node's own address).
     peers = [h for h in inventory.hosts if h.name != host.name]
     peer = peers[0].address if peers else host.address
     return "exec " + node_gpus_command(inventory.cluster.python, "stream",
                                        str(max(100, round(interval_s * 1000))),
-                                       shlex.quote(peer))
+                                       shlex.quote(peer), *([TYPED_SUDO] if typed_sudo else []))
+
+
+@contextlib.contextmanager
+def password_then_open(password: str | None) -> Iterator[BinaryIO | None]:
+    """The sampler's stdin: the password's line, then nothing until this ends (the
+    sampler quits when its stdin does); None without a password (the session's own
+    stdin stays open until the connection closes)."""
+    if password is None:
+        yield None
+        return
+    reading, writing = os.pipe()
+    os.write(writing, f"{password}\n".encode())  # a line fits the pipe: never blocks
+    try:
+        # unbuffered: the feeder's read1 returns the line at once, then waits
+        yield os.fdopen(reading, "rb", buffering=0)
+    finally:
+        os.close(writing)  # the feeder reads the end, and closes the channel's stdin
 
 
 class NodeStream:
@@ -39,7 +64,8 @@ class NodeStream:
     def __init__(self, session: Session, inventory: Inventory, host: Host,
                  interval_s: float) -> None:
         self.session, self.host, self.interval_s = session, host, interval_s
-        self.command = sampler_command(inventory, host, interval_s)
+        self.password = session.options.sudo_password
+        self.command = sampler_command(inventory, host, interval_s, self.password is not None)
         self.latest: NodeSample | None = None
         self.received_at: float | None = None  # monotonic, when the latest frame came
         self.error = ""  # why it has no fresh frame, when known
@@ -67,8 +93,9 @@ class NodeStream:
         while not self._stopped.is_set():
             self._stderr = ""
             try:
-                done = self.session.connection(self.host).run(
-                    self.command, timeout=STREAM_LIMIT_S, on_line=self._line)
+                with password_then_open(self.password) as stdin:
+                    done = self.session.connection(self.host).run(
+                        self.command, timeout=STREAM_LIMIT_S, stdin=stdin, on_line=self._line)
                 self.error = self._stderr or f"the sampler ended (exit {done.exit_code})"
             except RemoteError as error:
                 self.error = error.message

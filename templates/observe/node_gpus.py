@@ -237,13 +237,16 @@ def counters(interface):
 # closes, however this sampler ends (its own death signal would not reach it through
 # sudo, which is set-user-ID).
 KMSG_THROUGH_SUDO = 'cat /dev/kmsg & reader=$!; read -r _; kill "$reader"'
+TYPED_SUDO = "typed-sudo"  # stream's last argument when the password comes on stdin
 
 
 class Xid(threading.Thread):
     """New NVRM Xid lines from the kernel log: /dev/kmsg itself (root, or
-    kernel.dmesg_restrict=0), else through sudo -n (a sudo user, as doctor reads it)."""
+    kernel.dmesg_restrict=0), else through sudo (a sudo user, as doctor reads it):
+    sudo -n, or with `password` (--ask-sudo-pass), tried once before the reader's sudo
+    reads it from its stdin."""
 
-    def __init__(self):
+    def __init__(self, password=None):
         super().__init__(daemon=True)
         self.readable, self.events, self.since_us = True, [], 0
         try:
@@ -251,22 +254,28 @@ class Xid(threading.Thread):
             kmsg.seek(0, os.SEEK_END)
             self.next_record = lambda: kmsg.read(8192)  # a record per read
         except OSError:
-            lines = self._through_sudo()
+            lines = self._through_sudo(password)
             self.readable = lines is not None
             self.next_record = lines.readline if lines else None  # a record per line
 
-    def _through_sudo(self):
+    def _through_sudo(self, password):
         try:
-            if subprocess.run(["sudo", "-n", "true"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=5, check=False).returncode != 0:
+            if sudo_answers(["-n"]):
+                sudo, first = ["sudo", "-n"], b""
+            elif password is not None and sudo_answers(["-S", "-k", "-p", ""], password):
+                # -k: the reader's sudo asks too, so it reads the line before sh does
+                sudo, first = ["sudo", "-S", "-k", "-p", ""], f"{password}\n".encode()
+            else:
                 return None
             # cat starts at the buffer's oldest record: those before now are skipped.
             with open("/proc/uptime") as uptime:
                 self.since_us = int(float(uptime.read().split()[0]) * 1e6)
-            self.reader = subprocess.Popen(["sudo", "-n", "sh", "-c", KMSG_THROUGH_SUDO],
+            self.reader = subprocess.Popen([*sudo, "sh", "-c", KMSG_THROUGH_SUDO],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.DEVNULL)
+            if first:
+                self.reader.stdin.write(first)
+                self.reader.stdin.flush()
         except (OSError, subprocess.TimeoutExpired):
             return None
         return self.reader.stdout
@@ -293,11 +302,22 @@ class Xid(threading.Thread):
             self.events.append([bus, code])
 
 
-def stream(interval_ms, peer):
+def sudo_answers(options, password=None):
+    """Whether `sudo OPTIONS true` works; with `password` on its stdin (one try)."""
+    typed = None if password is None else f"{password}\n".encode()
+    return subprocess.run(["sudo", *options, "true"], input=typed,
+                          stdin=subprocess.DEVNULL if typed is None else None,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=5, check=False).returncode == 0
+
+
+def stream(interval_ms, peer, typed_sudo=False):
     interval = interval_ms / 1000
     gpus = Loop(f"--query-gpu={GPU_FIELDS}", 0, GPU_FIELDS.count(",") + 1, interval_ms)
     apps = Loop(f"--query-compute-apps={APP_FIELDS}", 1, 3, interval_ms)
-    xid = Xid()
+    # --ask-sudo-pass: the password is stdin's first line; the rest is the controller's
+    # session, whose end ends this sampler
+    xid = Xid(sys.stdin.readline().rstrip("\n") if typed_sudo else None)
     for thread in (gpus, apps, xid):
         thread.start()
 
@@ -354,7 +374,7 @@ def stream(interval_ms, peer):
 
 def main(args):
     if args[0] == "stream":
-        stream(int(args[1]), args[2] if len(args) > 2 else "")
+        stream(int(args[1]), args[2] if len(args) > 2 else "", TYPED_SUDO in args[3:])
     elif args[0] == "processes":
         print(json.dumps(processes(args[1], args[2])))
     elif args[0] == "end":

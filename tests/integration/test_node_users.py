@@ -261,6 +261,9 @@ def _reads_as_root_with_the_password(sandbox: Sandbox, tmp: Path,
     restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
     assert {r["status"] for r in refused if r["check"] == "xid"} == {  # not read with it
         "SKIP" if restricted else "OK"}, refused
+    seen = typed("top", "-i", inventory, "--once", "--json")
+    assert {str(gpu["xid_errors"]) for node in seen.json()["nodes"]
+            for gpu in node["gpus"]} == {"[]"}  # counted: none, where untyped says None
 
     def firewall_collected(*how: str) -> str:
         out = tmp / f"bundle{len(how)}"

@@ -88,8 +88,8 @@ def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
     blind = Snapshot(0.0, 1.0, tuple(view(n, parse_frame(json.dumps(unread)))
                                      for n in ("node1", "node2")))
     assert summary_line(blind).plain.endswith(
-        " | Xid ?: node[1-2] cannot read the kernel log (fix: passwordless sudo, or "
-        "sysctl kernel.dmesg_restrict=0)")
+        " | Xid ?: node[1-2] cannot read the kernel log (fix: --ask-sudo-pass where sudo "
+        "asks a password, passwordless sudo, or sysctl kernel.dmesg_restrict=0)")
 
 
 def test_json_counts_ecc_errors_since_first_seen_and_marks_stale_nodes() -> None:

@@ -51,7 +51,8 @@ def summary_line(snapshot: Snapshot) -> Text:
              if not n.stale and n.sample is not None and n.sample.xid is None]
     if blind:  # else every GPU's `?` goes unexplained
         parts.append(f"Xid ?: {hostrange.fold(blind)} cannot read the kernel log (fix: "
-                     f"passwordless sudo, or sysctl kernel.dmesg_restrict=0)")
+                     f"--ask-sudo-pass where sudo asks a password, passwordless sudo, or "
+                     f"sysctl kernel.dmesg_restrict=0)")
     return Text(" | ".join(parts), style="bold")
 
 
