@@ -27,7 +27,12 @@ from gpucluster.launch.failure import failure_of
 from gpucluster.launch.follow import follow
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, Connection, shell_path
+from gpucluster.remote.connection import (
+    Connection,
+    password_line,
+    shell_path,
+    typed_sudo_context,
+)
 from gpucluster.remote.result import HostFailure, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm_states import SET_UP_HERE, SINFO
@@ -90,7 +95,7 @@ def collect_script(inventory: Inventory, host: Host, job_dir: str, since: float,
     """`job_dir`: the job's directory on this node, shell-quoted ("" without a job).
     `typed_sudo`: its stdin's first line is the --ask-sudo-pass password."""
     return render("bundle/collect.sh.j2", node=host.name, max_bytes=MAX_FILE_BYTES,
-                  typed_sudo=typed_sudo, variable=SUDO_PASSWORD_VARIABLE,
+                  **typed_sudo_context(typed_sudo),
                   max_job_file_kb=MAX_JOB_FILE_KB, since=int(since),
                   since_text=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
                   tag=inventory.cluster.name, job_dir=job_dir, slurm_set_up=SET_UP_HERE,
@@ -167,7 +172,7 @@ def collect(session: Session, inventory: Inventory, store: JobStore,
         on_node(bundle)
 
     password = session.options.sudo_password
-    stdin = None if password is None else f"{password}\n".encode()
+    stdin = None if password is None else password_line(password)
     session.map(hosts, lambda c: _collect_on(
         c, collect_script(inventory, inventory.host(c.host), job_dir(inventory.host(c.host)),
                           since, password is not None), stdin), on_done=done)

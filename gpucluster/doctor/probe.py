@@ -15,7 +15,7 @@ from typing import Any
 from gpucluster import reports
 from gpucluster.doctor import nvidia_smi
 from gpucluster.inventory import Inventory
-from gpucluster.remote.connection import SUDO_PASSWORD_VARIABLE, shell_path
+from gpucluster.remote.connection import shell_path, typed_sudo_context
 from gpucluster.reports import Section
 from gpucluster.templating import render
 
@@ -252,7 +252,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
     wanted = None if sections is None else sections | ALWAYS_PROBED
     return render(
         "doctor/probe.sh.j2", want=lambda name: wanted is None or name in wanted,
-        typed_sudo=typed_sudo, variable=SUDO_PASSWORD_VARIABLE,
+        **typed_sudo_context(typed_sudo),
         python=inventory.cluster.python,
         torchrun=inventory.cluster.torchrun, work_dir=shell_path(inventory.cluster.work_dir),
         tool_timeout=TOOL_TIMEOUT_S, torch_timeout=TORCH_IMPORT_TIMEOUT_S,

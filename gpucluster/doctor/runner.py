@@ -22,7 +22,7 @@ from gpucluster.doctor.model import (
 from gpucluster.doctor.probe import NodeFacts, ProbeSteps, parse_facts, render_probe
 from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
 from gpucluster.inventory import Inventory
-from gpucluster.remote.connection import Connection
+from gpucluster.remote.connection import Connection, password_line
 from gpucluster.remote.result import CommandResult, FailureKind, HostFailure, RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.reports import Section
@@ -68,12 +68,12 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     the report's `sections`. `probe_via(host)`: where the probe runs instead of a
     command of its own on the session's connection (launch's waiting shells)."""
     started = time.monotonic()
-    password = session.options.sudo_password
     # The password only goes where a check reads through sudo (and is tried once there).
-    typed_sudo = password is not None and bool(SUDO_READERS & {s.name for s in selected})
-    script = render_probe(inventory, probe_sections(selected), typed_sudo) + (
+    reads_as_root = bool(SUDO_READERS & {s.name for s in selected})
+    password = session.options.sudo_password if reads_as_root else None
+    script = render_probe(inventory, probe_sections(selected), password is not None) + (
         f"\n( {rider}\n)\n" if rider else "")
-    stdin = f"{password}\n".encode() if typed_sudo else None
+    stdin = None if password is None else password_line(password)
     head = inventory.head.name
     test_port = "rendezvous-port" in {s.name for s in selected}
 

@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from gpucluster.inventory import Host, Inventory
 from gpucluster.observe.model import NodeSample, node_gpus_command, parse_frame
+from gpucluster.remote.connection import password_line
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 
@@ -50,7 +51,7 @@ def password_then_open(password: str | None) -> Iterator[BinaryIO | None]:
         yield None
         return
     reading, writing = os.pipe()
-    os.write(writing, f"{password}\n".encode())  # a line fits the pipe: never blocks
+    os.write(writing, password_line(password))  # a line fits the pipe: never blocks
     try:
         # unbuffered: the feeder's read1 returns the line at once, then waits
         yield os.fdopen(reading, "rb", buffering=0)

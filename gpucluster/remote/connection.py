@@ -89,8 +89,14 @@ def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
         else:  # the password first, read by the user's shell; the env lines by root's
             command = (f"{READ_SUDO_PASSWORD} && {SUDO_WITH_PASSWORD} -- /bin/sh -c "
                        f"{shlex.quote(command)}")
-            prefix = f"{sudo_password}\n".encode() + prefix
+            prefix = password_line(sudo_password) + prefix
     return Envelope(command, prefix)
+
+
+def password_line(password: str) -> bytes:
+    """The --ask-sudo-pass password as the first line of a command's stdin, where
+    READ_SUDO_PASSWORD (or a node script's own read) takes it: never a command line."""
+    return f"{password}\n".encode()
 
 
 SUDO_PASSWORD_VARIABLE = "GPC_SUDO_PASSWORD"  # noqa: S105 - a variable's name
@@ -101,12 +107,21 @@ READ_SUDO_PASSWORD = f"IFS= read -r {SUDO_PASSWORD_VARIABLE} && export {SUDO_PAS
 # its one argument, and the prompt is the variable's name, so printenv prints the
 # password. Where sudo asks nothing (a NOPASSWD rule) the password goes nowhere, and
 # sudo's env_reset keeps it out of the command's environment.
-SUDO_WITH_PASSWORD = f'SUDO_ASKPASS="$(command -v printenv)" sudo -A -p {SUDO_PASSWORD_VARIABLE}'
-# Tries the password on stdin's first line once (sudo -S reads one line; -A would ask up
-# to three times, and three failures lock an account under pam_faillock): exit 0 when
-# sudo accepts it, or asks none.
-CHECK_SUDO_PASSWORD = (f"{READ_SUDO_PASSWORD} && printf '%s\\n' \"${SUDO_PASSWORD_VARIABLE}\" | "
-                       f"sudo -S -k -p '' true")
+ASKPASS_SUDO = f"sudo -A -p {SUDO_PASSWORD_VARIABLE}"
+SUDO_WITH_PASSWORD = f'SUDO_ASKPASS="$(command -v printenv)" {ASKPASS_SUDO}'
+# Tries the password in the variable once (sudo -S reads one line; -A would ask up to
+# three times, and three failures lock an account under pam_faillock): exit 0 when sudo
+# accepts it, or asks none.
+TRY_SUDO_PASSWORD = f"printf '%s\\n' \"${SUDO_PASSWORD_VARIABLE}\" | sudo -S -k -p '' true"
+# The same, the password on stdin's first line.
+CHECK_SUDO_PASSWORD = f"{READ_SUDO_PASSWORD} && {TRY_SUDO_PASSWORD}"
+
+
+def typed_sudo_context(typed: bool) -> dict[str, object]:
+    """What templates/_typed_sudo.sh.j2 needs: whether the script's stdin starts with the
+    password, and the pieces above it reads it with."""
+    return {"typed_sudo": typed, "variable": SUDO_PASSWORD_VARIABLE,
+            "try_password": TRY_SUDO_PASSWORD, "askpass_sudo": ASKPASS_SUDO}
 
 
 def eval_stdin_lines(count: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host
-from gpucluster.remote.connection import CHECK_SUDO_PASSWORD
+from gpucluster.remote.connection import CHECK_SUDO_PASSWORD, password_line
 from gpucluster.remote.session import Session
 
 CHECK_TIMEOUT_S = 30.0
@@ -34,7 +34,7 @@ def sudo_refusal(session: Session, hosts: Sequence[Host]) -> SudoRefusal | None:
         return None
     password = session.options.sudo_password
     command = "sudo -n true" if password is None else CHECK_SUDO_PASSWORD
-    stdin = None if password is None else f"{password}\n".encode()
+    stdin = None if password is None else password_line(password)
     answers = session.map(users, lambda c: c.run(command, timeout=CHECK_TIMEOUT_S,
                                                   stdin=stdin))
     refused = {name: answer.last_word for name, answer in answers.values.items()
