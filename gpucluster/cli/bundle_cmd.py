@@ -76,10 +76,10 @@ def bundle(
 
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
-        if ask_sudo_pass:  # tried once per node here, not once by each part that reads
-            from gpucluster.remote.sudo_check import require_sudo_password
+        from gpucluster.remote.sudo_check import require_sudo_password
 
-            require_sudo_password(session, loaded.hosts, "bundle", "bundle collected nothing")
+        # tried once per node here, not once by each part that reads through it
+        require_sudo_password(session, loaded.hosts, "bundle", "bundle collected nothing")
         slurm = slurm_part.read(session, loaded, slurm_id) if slurm_id else None
         collected = collect(session, loaded, store, record, progress, slurm)
     archive_bytes = write(collected, store, loaded.path, target.absolute())

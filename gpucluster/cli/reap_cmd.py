@@ -68,12 +68,13 @@ def reap(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
         listed = core.list_processes(session, loaded, selected)
-        if yes and ask_sudo_pass:
+        ended = {}
+        if yes:
             from gpucluster.remote.sudo_check import require_sudo_password
 
             require_sudo_password(session, core.needing_sudo(loaded, listed, foreign),
                                   "reap --yes", "reap ended nothing")
-        ended = core.end(session, loaded, listed, foreign, grace) if yes else {}
+            ended = core.end(session, loaded, listed, foreign, grace)
     failed = False
     payload: dict[str, Any] = {"schema": 1, "dry_run": not yes, "nodes": []}
     quiet = [host for host, node in listed.items() if not node.processes and not node.error]

@@ -63,10 +63,9 @@ def run(
     selected = loaded.select(hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
-        if ask_sudo_pass:
-            from gpucluster.remote.sudo_check import require_sudo_password
+        from gpucluster.remote.sudo_check import require_sudo_password
 
-            require_sudo_password(session, selected, "run --sudo", "nothing ran")
+        require_sudo_password(session, selected, "run --sudo", "nothing ran")
         with common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
             # The command's stdin is empty, as with `ssh -n`: a command that reads it ends
             # rather than waiting out its time limit for input that never comes.

@@ -182,8 +182,7 @@ def exporter(
 def _sudo_checked(session: Session, hosts: list[Host], command: str) -> Iterator[None]:
     """The --ask-sudo-pass password tried once per node before any sampler starts (each
     sampler reads the kernel log's Xids through it where the user cannot)."""
-    if session.options.sudo_password is not None:
-        from gpucluster.remote.sudo_check import require_sudo_password
+    from gpucluster.remote.sudo_check import require_sudo_password
 
-        require_sudo_password(session, hosts, command, f"{command} started nothing")
+    require_sudo_password(session, hosts, command, f"{command} started nothing")
     yield

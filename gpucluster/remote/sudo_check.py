@@ -50,7 +50,10 @@ def require_sudo_password(session: Session, hosts: Sequence[Host], command: str,
                           nothing_done: str) -> None:
     """The --ask-sudo-pass password tried once per node before anything runs under it:
     a wrong one would be tried three times by every later sudo -A, and lock the account
-    (pam_faillock). `nothing_done` opens the error: "nothing ran", "reap ended nothing"."""
+    (pam_faillock). `nothing_done` opens the error: "nothing ran", "reap ended nothing".
+    Without a password, nothing to try."""
+    if session.options.sudo_password is None:
+        return
     refused = sudo_refusal(session, hosts)
     if refused is not None:
         raise GpuclusterError(
