@@ -399,3 +399,25 @@ def test_the_node_script_knows_the_same_ended_slurm_states_as_the_controller() -
     node_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(node_script)
     assert node_script.SLURM_ENDED == ENDED_JOB_STATES
+
+
+def test_a_process_whose_ending_did_not_run_is_never_reported_ended() -> None:
+    """reap --yes printed `ended` for a root process beside sudo's `a password is
+    required` (the end script never ran), the process still there."""
+    from rich.console import Console
+
+    from gpucluster.cli.reap_cmd import _print_node
+    from gpucluster.observe.model import process_of
+    from gpucluster.observe.reap import Ended, NodeProcesses
+
+    foreign = process_of({"gpu_uuid": "GPU-1", "gpu_index": 3, "pid": 88, "used_mib": 512,
+                          "user": "root", "state": "S"})
+    done = Ended.not_run("node1", (foreign,), "lost the connection")
+    left = {p.pid: why for p, why in done.left}
+    shown = Console(width=240, record=True, file=io.StringIO())
+    _print_node(shown, "node1", NodeProcesses("node1", (foreign,)), done, left, {88},
+                yes=True, foreign=True)
+    lines = shown.export_text().splitlines()
+    assert lines == ["node1 pid 88 root GPU 3 512 MiB state S: foreign (not gpucluster's) "
+                     "LEFT: not ended: see the node's error", "node1: lost the connection"]
+    assert done.freed_mib == 0
