@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -94,6 +95,16 @@ def test_a_stopped_rank_is_a_hang_that_is_recovered(cluster: Sandbox, project: P
     # The NCCL watchdog bounds: twice the hang timeout, at least 60 s.
     assert b"GPUCLUSTER_COLLECTIVE_TIMEOUT_S=60" in environ
     assert b"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=60" in environ
+    # The job resumes from the newest epoch every node has saved, and node2 saves epoch 1
+    # after rank 0 prints its loss: stopped before that, it resumed from epoch 0 (CI at
+    # 7e5be66 on a busy box).
+    checkpoints = next(v.split(b"=", 1)[1].decode() for v in environ
+                       if v.startswith(b"GPUCLUSTER_CHECKPOINT_DIR="))
+    deadline = time.monotonic() + 30
+    while cluster.node_exec("node2", f"test -e {shlex.quote(checkpoints)}/epoch-1.pt",
+                            check=False).returncode != 0:
+        assert time.monotonic() < deadline, "node2 never saved epoch 1"
+        time.sleep(0.05)
     os.kill(rank_pids(cluster, "node2")[0], signal.SIGSTOP)  # blocks every rank's step
     wait_for(process, r"attempt 1 ended: hang: no rank made progress", limit=60)
     code, payload, stderr = finish(process, 240)
