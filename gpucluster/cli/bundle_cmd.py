@@ -78,7 +78,8 @@ def bundle(
                       ask_sudo_pass) as session:
         from gpucluster.remote.sudo_check import require_sudo_password
 
-        # tried once per node here, not once by each part that reads through it
+        # A wrong password fails here, once per node, not once in each part that reads
+        # through it (the doctor part, the collection): those get it only once it is right.
         require_sudo_password(session, loaded.hosts, "bundle", "bundle collected nothing")
         slurm = slurm_part.read(session, loaded, slurm_id) if slurm_id else None
         collected = collect(session, loaded, store, record, progress, slurm)
