@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucluster.procfs import gone
+
 WINDOW_S = 0.2  # a one-shot query samples CPU use over this long, as NVML's window
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -100,7 +102,7 @@ def planted(apps_file: Path, count: int) -> list[GpuProcess]:
         parts = line.split(maxsplit=3)
         if len(parts) == 4 and all(p.isdigit() for p in parts[:3]):
             pid, index, mib = (int(p) for p in parts[:3])
-            if _running(pid) and index < count:
+            if not gone(pid) and index < count:
                 found.append(GpuProcess(pid, index, mib, parts[3]))
     return found
 
@@ -134,10 +136,3 @@ class Load:
         self._seen = looked
         return looked
 
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
-    except OSError:
-        return False
-    return bool(state) and state[0] not in ("Z", "X")
