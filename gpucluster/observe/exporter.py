@@ -33,6 +33,13 @@ DCGM_GAUGES: tuple[tuple[str, str, Callable[[NodeView, NodeSample, Gpu], float |
      lambda n, s, g: g.ecc),
     ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
      lambda n, s, g: (s.xid_on(g) or [0])[-1] if s.xid is not None else None),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda n, s, g: g.sm_clock),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).",
+     lambda n, s, g: g.mem_clock),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", lambda n, s, g: g.mem_temp),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda n, s, g: g.mem_util),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda n, s, g: g.enc_util),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda n, s, g: g.dec_util),
 )
 
 

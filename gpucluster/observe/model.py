@@ -51,6 +51,13 @@ class Gpu:
     temp: int | None
     power: float | None
     ecc: int | None  # uncorrected, volatile (since the driver loaded)
+    # None where the driver does not report them (an older one, a MIG GPU, a GeForce)
+    sm_clock: int | None = None  # MHz
+    mem_clock: int | None = None  # MHz
+    mem_temp: int | None = None  # C (HBM)
+    mem_util: int | None = None  # % of time memory was read or written
+    enc_util: int | None = None  # %
+    dec_util: int | None = None  # %
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,10 @@ def bus_key(bus_id: str) -> tuple[int, ...]:
         return ()
 
 
+# The frame's keys of the optional fields, in Gpu's order
+EXTRA_GPU_KEYS = ("sm_clock", "mem_clock", "mem_temp", "mem_util", "enc_util", "dec_util")
+
+
 def node_gpus_command(python: str, *args: str) -> str:
     """The node script (templates/observe/node_gpus.py) run by the node's `python`; `args`
     go as given, each already quoted (or a shell expression the node expands)."""
@@ -115,7 +126,8 @@ def parse_frame(line: str) -> NodeSample | None:
         raw = json.loads(line)
         gpus = tuple(Gpu(int(g["index"]), str(g["uuid"]), str(g["name"]), str(g["bus_id"]),
                          _int(g["util"]), _int(g["mem_used"]), _int(g["mem_total"]),
-                         _int(g["temp"]), _float(g["power"]), _int(g["ecc"]))
+                         _int(g["temp"]), _float(g["power"]), _int(g["ecc"]),
+                         *(_int(g.get(key)) for key in EXTRA_GPU_KEYS))
                      for g in raw["gpus"])
         processes = tuple(process_of(p) for p in raw["processes"])
         rates = {str(k): (int(v[0]), int(v[1])) for k, v in raw["rates"].items()}

@@ -100,6 +100,9 @@ def _gpu_json(node: NodeView, sample: NodeSample, gpu: Gpu) -> dict[str, Any]:
     return {"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "bus_id": gpu.bus_id,
             "util_pct": gpu.util, "mem_used_mib": gpu.mem_used, "mem_total_mib": gpu.mem_total,
             "temp_c": gpu.temp, "power_w": gpu.power, "ecc_errors": node.new_ecc(gpu),
+            "sm_clock_mhz": gpu.sm_clock, "mem_clock_mhz": gpu.mem_clock,
+            "mem_temp_c": gpu.mem_temp, "mem_util_pct": gpu.mem_util,
+            "enc_util_pct": gpu.enc_util, "dec_util_pct": gpu.dec_util,
             "xid_errors": sample.xid_on(gpu) if sample.xid is not None else None,
             "processes": [_process_json(p) for p in sample.processes_on(gpu)]}
 

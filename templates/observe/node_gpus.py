@@ -22,6 +22,14 @@ import time
 MARKER = "GPUCLUSTER_JOB="
 GPU_FIELDS = ("index,uuid,name,pci.bus_id,utilization.gpu,memory.used,memory.total,"
               "temperature.gpu,power.draw,ecc.errors.uncorrected.volatile.total")
+# DCGM exporter's other default gauges that nvidia-smi reads; a driver that lacks one of
+# them (an older one) is asked GPU_FIELDS alone
+EXTRA_GPU_FIELDS = ("clocks.current.sm,clocks.current.memory,temperature.memory,"
+                    "utilization.memory,utilization.encoder,utilization.decoder")
+GPU_KEYS = ("index", "uuid", "name", "bus_id", "util", "mem_used", "mem_total", "temp",
+            "power", "ecc", "sm_clock", "mem_clock", "mem_temp", "mem_util", "enc_util",
+            "dec_util")
+UNKNOWN_FIELD = "is not a valid field to query"  # nvidia-smi: Field "x" is not a valid...
 APP_FIELDS = "gpu_uuid,pid,used_memory"
 FORMAT = "--format=csv,noheader,nounits"
 IB = "/sys/class/infiniband"
@@ -193,9 +201,23 @@ class Loop(threading.Thread):
                 self.error = line.strip()
         self.error = self.error or f"nvidia-smi exited {self.process.wait()}"
 
+    def wait_first(self, deadline):
+        while not self.rows and not self.error and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def fresh(self, within_s):
         now = time.monotonic()
         return [fields for fields, came in list(self.rows.values()) if now - came <= within_s]
+
+
+def gpu_loop(fields, interval_ms):
+    return Loop(f"--query-gpu={fields}", 0, fields.count(",") + 1, interval_ms)
+
+
+def gpu_record(fields):
+    """A row of the GPU loop by GPU_KEYS (fewer on a driver without the extra fields)."""
+    values = [number(fields[0]), *fields[1:4], *[number(v) for v in fields[4:]]]
+    return dict(zip(GPU_KEYS[:len(values)], values, strict=True))
 
 
 def interface_to(peer):
@@ -313,8 +335,9 @@ def sudo_answers(options, password=None):
 
 def stream(interval_ms, peer, typed_sudo=False):
     interval = interval_ms / 1000
-    gpus = Loop(f"--query-gpu={GPU_FIELDS}", 0, GPU_FIELDS.count(",") + 1, interval_ms)
+    gpus = gpu_loop(f"{GPU_FIELDS},{EXTRA_GPU_FIELDS}", interval_ms)
     apps = Loop(f"--query-compute-apps={APP_FIELDS}", 1, 3, interval_ms)
+    loops = [gpus, apps]
     # --ask-sudo-pass: the password is stdin's first line; the rest is the controller's
     # session, whose end ends this sampler
     xid = Xid(sys.stdin.readline().rstrip("\n") if typed_sudo else None)
@@ -323,7 +346,7 @@ def stream(interval_ms, peer, typed_sudo=False):
 
     def quit_with_the_controller():  # stdin ends when the SSH session does
         sys.stdin.read()
-        for loop in (gpus, apps):
+        for loop in loops:
             loop.stop()
         os._exit(0)
     threading.Thread(target=quit_with_the_controller, daemon=True).start()
@@ -337,8 +360,11 @@ def stream(interval_ms, peer, typed_sudo=False):
         for row in apps_now():
             apps.rows.setdefault(row[1], (row, time.monotonic()))
     deadline = time.monotonic() + max(5.0, 3 * interval)
-    while not gpus.rows and not gpus.error and time.monotonic() < deadline:
-        time.sleep(0.02)  # the first frame as soon as the GPUs have answered,
+    gpus.wait_first(deadline)  # the first frame as soon as the GPUs have answered,
+    if UNKNOWN_FIELD in gpus.error:
+        loops[0] = gpus = gpu_loop(GPU_FIELDS, interval_ms)
+        gpus.start()
+        gpus.wait_first(deadline)
     # and its rates over FIRST_WINDOW_S at least: over a few ms one burst reads as a flood
     time.sleep(max(0.0, last + min(FIRST_WINDOW_S, interval) - time.monotonic()))
     try:
@@ -356,10 +382,7 @@ def stream(interval_ms, peer, typed_sudo=False):
                 "t": time.time(), "interface": interface, "rates": rates,
                 "load": [number(v) for v in read("/proc/loadavg").split()[:3]],
                 "cpus": os.cpu_count(), "error": "" if rows else gpus.error,
-                "gpus": [dict(zip(("index", "uuid", "name", "bus_id", "util", "mem_used",
-                                   "mem_total", "temp", "power", "ecc"),
-                                  [number(f[0]), f[1], f[2], f[3],
-                                   *[number(v) for v in f[4:]]], strict=True)) for f in rows],
+                "gpus": [gpu_record(fields) for fields in rows],
                 "processes": [{"gpu_uuid": u, "pid": int(p), "used_mib": number(m),
                                **owners[p]} for u, p, m in running],
                 "xid": xid.events if xid.readable else None,
@@ -368,7 +391,7 @@ def stream(interval_ms, peer, typed_sudo=False):
             sys.stdout.flush()
             time.sleep(max(0.0, interval - (time.monotonic() - now)))
     finally:
-        for loop in (gpus, apps):
+        for loop in loops:
             loop.stop()
 
 

@@ -96,7 +96,9 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
                          "tx_bytes_per_s", "infiniband", "load1", "cpus", "gpus"}
     assert set(node["gpus"][0]) == {"index", "uuid", "name", "bus_id", "util_pct",
                                     "mem_used_mib", "mem_total_mib", "temp_c", "power_w",
-                                    "ecc_errors", "xid_errors", "processes"}
+                                    "ecc_errors", "xid_errors", "sm_clock_mhz",
+                                    "mem_clock_mhz", "mem_temp_c", "mem_util_pct",
+                                    "enc_util_pct", "dec_util_pct", "processes"}
     assert set(snapshot["summary"]) == {"slowest_node", "busiest_link", "idle_gpus_in_jobs"}
 
     assert [n["host"] for n in snapshot["nodes"]] == cluster.nodes
@@ -228,6 +230,33 @@ def test_top_into_a_pipe_prints_each_frame_whole_under_its_time(cluster: Sandbox
     assert "GPUs busy" in frames
 
 
+# One `instance` per node, as DCGM exporter's per-node targets have (monitoring.md).
+NODE_AS_INSTANCE = """    metric_relabel_configs:
+      - source_labels: [Hostname]
+        regex: (.+)
+        target_label: instance
+"""
+# The panels of NVIDIA's "NVIDIA DCGM Exporter Dashboard" (Grafana 12239, in
+# dcgm-exporter's grafana/), but for its tensor core panel: DCGM's profiling counters
+# are not nvidia-smi's to read.
+DASHBOARD_PANELS = (
+    'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
+    'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
+    'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}',
+    'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})',
+    'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
+    'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
+    'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+)
+
+
+def _label_values(port: int, label: str, metric: str) -> list[str]:
+    url = (f"http://127.0.0.1:{port}/api/v1/label/{label}/values?"
+           + urllib.parse.urlencode({"match[]": metric}))
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return sorted(json.loads(answer.read())["data"])
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -249,7 +278,8 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
     config = tmp_path / "prometheus.yml"
     config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n"
                       f"  - job_name: gpucluster\n    static_configs:\n"
-                      f"      - targets: ['127.0.0.1:{exporter_port}']\n")
+                      f"      - targets: ['127.0.0.1:{exporter_port}']\n"
+                      f"{NODE_AS_INSTANCE}")
     prometheus = subprocess.Popen(
         ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{prometheus_port}"],
@@ -279,6 +309,20 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
         up = _query(prometheus_port, "gpucluster_node_up")
         assert sorted((s["metric"]["Hostname"], s["value"][1]) for s in up) == \
             [(node, "1") for node in cluster.nodes]
+        # NVIDIA's dashboard picks a node by `instance` (monitoring.md's relabelling makes
+        # each node one), and each of its panels answers for every node.
+        assert _label_values(prometheus_port, "instance", "DCGM_FI_DEV_GPU_TEMP") == \
+            cluster.nodes
+        for node in cluster.nodes:
+            for panel in DASHBOARD_PANELS:
+                promql = panel.replace("$instance", node).replace("$gpu", ".*")
+                answer = _query(prometheus_port, promql)
+                assert len(answer) == (1 if panel.startswith(("avg", "sum")) else GPUS), \
+                    (promql, answer)
+        # An idle GPU's SM clock is the capture's idle one (345 MHz), in Hz on the panel.
+        idle = _query(prometheus_port, 'DCGM_FI_DEV_SM_CLOCK{gpu=~"[2-7]"} * 1000000')
+        assert sorted({s["value"][1] for s in idle}) == ["345000000"] and \
+            len(idle) == 3 * (GPUS - 2)
     finally:
         prometheus.terminate()
         exporter.send_signal(signal.SIGINT)

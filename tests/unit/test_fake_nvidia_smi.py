@@ -153,6 +153,14 @@ def test_a_worker_with_local_rank_is_a_busy_compute_process_on_its_gpu(
         # Follows the CPU use (how much the spinner gets depends on the machine's load).
         assert busy[1][0] >= 5 and busy[0][0] == 0, busy
         assert busy[1][1] >= apps[spin.pid][1]
+        # A working GPU boosts its SM clock to the maximum, as the loaded captures show.
+        _, out, _ = _run(state, "--query-gpu=index,clocks.sm,clocks.mem,temperature.memory",
+                         "--format=csv,nounits", capsys=capsys)
+        header, *rows = out.strip().splitlines()
+        assert header == "index, clocks.current.sm, clocks.current.memory, temperature.memory"
+        clocks = {int(i): (int(sm), int(mem), int(t)) for i, sm, mem, t in
+                  (line.split(", ") for line in rows)}
+        assert clocks[0] == (345, 3201, 32) and clocks[1][:2] == (1980, 3201), clocks
     finally:
         spin.kill()
         idle.kill()

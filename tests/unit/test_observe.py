@@ -27,7 +27,8 @@ JOB = "20261130-120000-abcd"
 def frame(util: tuple[int, ...] = (90, 3), rx: int = 1000, xid: list | None = None) -> str:
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100", "bus_id":
              f"00000000:{0x18 + i:02X}:00.0", "util": u, "mem_used": 100 * (i + 1),
-             "mem_total": 81559, "temp": 40, "power": 70.5, "ecc": 2}
+             "mem_total": 81559, "temp": 40, "power": 70.5, "ecc": 2,
+             **({"sm_clock": 1980, "mem_temp": 54} if i == 0 else {})}  # GPU 1: older driver
             for i, u in enumerate(util)]
     processes = [{"gpu_uuid": "GPU-0", "pid": 11, "used_mib": 100, "user": "root",
                   "state": "S", "readable": True, "job": JOB, "rank": 2, "local_rank": 0},
@@ -133,6 +134,9 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
     assert 'DCGM_FI_DEV_XID_ERRORS{Hostname="node1",UUID="GPU-0"' in text and \
         'pci_bus_id="00000000:18:00.0"} 48.0' in text
     assert 'Hostname="node2",UUID' not in text  # stale: its GPU series are left out
+    clocks = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_SM_CLOCK{")]
+    assert len(clocks) == 1 and 'gpu="0"' in clocks[0] and clocks[0].endswith(" 1980.0")
+    assert re.search(r'^DCGM_FI_DEV_MEMORY_TEMP\{.*gpu="0".*\} 54.0$', text, re.M)
     assert 'gpucluster_node_up{Hostname="node2"} 0.0' in text
     assert 'gpucluster_node_up{Hostname="node1"} 1.0' in text
     assert (f'gpucluster_gpu_job_info{{Hostname="node1",UUID="GPU-1",gpu="1",job_id="{JOB}",'
@@ -213,7 +217,9 @@ def _sampler(interval_ms: int, path: str) -> subprocess.Popen[str]:
 def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> None:
     """The node script itself, with the simulated nvidia-smi on its PATH."""
     state = _fake_nvidia_smi(tmp_path, 2)
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+    # a worker that computes, so that its GPU works (the simulation follows its CPU)
+    worker = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\n"
+                               "while time.time() < end: pass"],
                               env={**os.environ, "LOCAL_RANK": "1",
                                    "GPUCLUSTER_JOB": f"{JOB}@here", "RANK": "7"})
     sampler = _sampler(300, f"{tmp_path}:{os.environ['PATH']}")
@@ -234,6 +240,29 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     mine = [p for p in last.processes if p.pid == worker.pid]
     assert [(p.job, p.rank, p.local_rank, p.gpu_uuid[-1]) for p in mine] == \
         [(JOB, 7, 1, "1")]
+    # DCGM exporter's other gauges, as the H200 capture has them idle, boosted when busy
+    idle, working = last.gpus
+    assert (idle.sm_clock, idle.mem_clock, idle.mem_temp, idle.enc_util) == (345, 3201, 32, 0)
+    assert working.util and working.sm_clock == 1980 and working.mem_temp > 32
+
+
+def test_a_driver_without_the_extra_fields_still_streams_the_rest(tmp_path: Path) -> None:
+    """An older driver refuses a field it does not know, and the whole query with it:
+    the sampler then asks the fields every driver has."""
+    _fake_nvidia_smi(tmp_path, 2, 'case "$*" in *temperature.memory*) echo \'Field '
+                     '"temperature.memory" is not a valid field to query.\'; exit 2;; esac\n')
+    sampler = _sampler(200, f"{tmp_path}:{os.environ['PATH']}")
+    try:
+        assert sampler.stdout is not None
+        frames = [parse_frame(sampler.stdout.readline()) for _ in range(2)]
+    finally:
+        assert sampler.stdin is not None
+        sampler.stdin.close()
+        assert sampler.wait(timeout=10) == 0
+    for sample in frames:
+        assert sample is not None and sample.error == "", sample
+        assert [(g.index, g.mem_total, g.sm_clock, g.mem_temp) for g in sample.gpus] == \
+            [(0, 143771, None, None), (1, 143771, None, None)]
 
 
 def test_a_node_without_nvidia_smi_still_reports_its_cpus_and_network(tmp_path: Path) -> None:
