@@ -35,6 +35,10 @@ def up(
         "--driver", metavar="[NODE=]VERSION",
         help="Stage a driver version, or NODE=failed for a driver nvidia-smi cannot reach.")
     ] = None,
+    clock_slowdown: Annotated[list[str] | None, typer.Option(
+        "--clock-slowdown", metavar="[NODE=]REASON",
+        help="Hold every GPU's clocks down for a reason NVIDIA's driver reports: hw_thermal, "
+             "sw_thermal, hw_slowdown, hw_power_brake or power_cap.")] = None,
     link_rate: Annotated[list[str] | None, typer.Option(
         "--link-rate", metavar="[NODE=]RATE",
         help="Shape links with tc (e.g. 1gbit; node4=100mbit). A plain rate also shapes the "
@@ -60,7 +64,7 @@ def up(
 
     login = sandbox_spec.build_login(user, sudo, shared_home_option)
     wanted = sandbox_spec.build(name, subnet, nodes, gpu_model, gpus or [], driver or [],
-                                link_rate or [], latency, login)
+                                link_rate or [], latency, login, clock_slowdown)
     from gpucluster.cli.views.sandbox import print_up
 
     result = cluster.up(wanted, write_inventory, say=stderr_console().print)

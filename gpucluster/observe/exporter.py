@@ -40,6 +40,8 @@ DCGM_GAUGES: tuple[tuple[str, str, Callable[[NodeView, NodeSample, Gpu], float |
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda n, s, g: g.mem_util),
     ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda n, s, g: g.enc_util),
     ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda n, s, g: g.dec_util),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Current clock event reasons (bitmask of "
+     "DCGM_CLOCKS_EVENT_REASON_*).", lambda n, s, g: g.clock_events),
 )
 
 

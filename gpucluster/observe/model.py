@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucluster import clock_events
 from gpucluster.templating import script_text
 
 
@@ -58,6 +59,11 @@ class Gpu:
     mem_util: int | None = None  # % of time memory was read or written
     enc_util: int | None = None  # %
     dec_util: int | None = None  # %
+    clock_events: int | None = None  # what holds the clocks down: gpucluster.clock_events
+
+    @property
+    def slowdowns(self) -> list[str]:
+        return clock_events.slowdowns(self.clock_events)
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,8 @@ def bus_key(bus_id: str) -> tuple[int, ...]:
 
 
 # The frame's keys of the optional fields, in Gpu's order
-EXTRA_GPU_KEYS = ("sm_clock", "mem_clock", "mem_temp", "mem_util", "enc_util", "dec_util")
+EXTRA_GPU_KEYS = ("sm_clock", "mem_clock", "mem_temp", "mem_util", "enc_util", "dec_util",
+                  "clock_events")
 
 
 def node_gpus_command(python: str, *args: str) -> str:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpucluster import clock_events
 from gpucluster.observe.model import Gpu, GpuProcess, NodeSample
 from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.streams import ClusterStreams, stale_after
@@ -42,6 +43,8 @@ class Summary:
     busiest: tuple[str, str, int] | None  # node, interface, rx + tx bytes/s
     idle_in_jobs: tuple[tuple[str, int, str], ...]  # node, GPU, job
     busy_gpus: tuple[int, int] = (0, 0)  # GPUs at IDLE_UTIL or more, of all sampled
+    # node, GPU, the reasons its clocks are held down (gpucluster.clock_events.SLOWDOWNS)
+    slowed: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,11 @@ class Snapshot:
         busy = len(utils) > 1 and max(u for _, u in utils) >= IDLE_UTIL
         gpus = [g for n in fresh if n.sample for g in n.sample.gpus]
         working = sum(1 for g in gpus if g.util is not None and g.util >= IDLE_UTIL)
+        slowed = tuple((n.host, g.index, tuple(g.slowdowns)) for n in fresh if n.sample
+                       for g in n.sample.gpus if g.slowdowns)
         return Summary(min(utils, key=lambda x: x[1]) if busy else None,
                        max(links, key=lambda x: x[2]) if links else None,
-                       tuple(_idle_in_jobs(fresh)), (working, len(gpus)))
+                       tuple(_idle_in_jobs(fresh)), (working, len(gpus)), slowed)
 
 
 def _idle_in_jobs(nodes: list[NodeView]) -> list[tuple[str, int, str]]:
@@ -103,6 +108,8 @@ def _gpu_json(node: NodeView, sample: NodeSample, gpu: Gpu) -> dict[str, Any]:
             "sm_clock_mhz": gpu.sm_clock, "mem_clock_mhz": gpu.mem_clock,
             "mem_temp_c": gpu.mem_temp, "mem_util_pct": gpu.mem_util,
             "enc_util_pct": gpu.enc_util, "dec_util_pct": gpu.dec_util,
+            "clock_events": clock_events.names(gpu.clock_events)
+            if gpu.clock_events is not None else None,
             "xid_errors": sample.xid_on(gpu) if sample.xid is not None else None,
             "processes": [_process_json(p) for p in sample.processes_on(gpu)]}
 
@@ -137,6 +144,8 @@ def to_json(snapshot: Snapshot) -> dict[str, Any]:
                              "bytes_per_s": summary.busiest[2]} if summary.busiest else None,
             "idle_gpus_in_jobs": [{"host": h, "gpu": g, "job": j}
                                   for h, g, j in summary.idle_in_jobs],
+            "slowed_gpus": [{"host": h, "gpu": g, "reasons": list(reasons)}
+                            for h, g, reasons in summary.slowed],
         },
         "slurm": _slurm_json(snapshot.slurm),
     }

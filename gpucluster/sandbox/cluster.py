@@ -307,6 +307,8 @@ def status(name: str) -> tuple[SandboxSpec, list[NodeStatus]]:
         else:
             driver = each.driver or captures.load(each.gpu_model).driver
             gpus = f"{each.gpu_count} x {each.gpu_model}, driver {driver} (simulated)"
+            if each.clock_slowdown:
+                gpus += f", clocks held down: {each.clock_slowdown}"
         rows.append(NodeStatus(
             name=each.name, address=each.address,
             namespace=node.netns_name(name, each.name) in namespaces, sshd_pid=pid,

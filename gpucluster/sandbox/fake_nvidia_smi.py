@@ -5,14 +5,15 @@ It answers the forms the project uses: `--version`, `-L`, `-q`, `topo -m`, the d
 table, `--query-gpu=...` and `--query-compute-apps=...` with `--format=csv[,noheader]
 [,nounits]`, `-i` to pick GPUs, and the streaming loops `-l SEC`/`-lms MS` (the header
 once, then the rows every period until killed). Anything else exits 2 saying it is
-simulated. The GPUs' processes, memory, utilisation, temperature and power follow the
-node's torchrun workers (gpu_load).
+simulated. The GPUs' processes, memory, utilisation, temperatures, power and clocks
+follow the node's torchrun workers (gpu_load, gpu_values).
 The node's state file (JSON) is written by `gpucluster sandbox up`:
 
-    {"model": "h100", "count": 8, "driver": "535.104.05", "fault": null}
+    {"model": "h100", "count": 8, "driver": "535.104.05", "fault": null, "slowdown": null}
 
 `fault` stages a broken driver: "failed" (nvidia-smi cannot reach it, exit 9) or "hung"
-(nvidia-smi never answers, as on a wedged GPU).
+(nvidia-smi never answers, as on a wedged GPU); `slowdown` a clock event reason
+(gpucluster.clock_events) on every GPU.
 
 Processes "holding" a simulated GPU are listed one per line in `<state>.apps` as
 `pid gpu_index used_mib name`; only those still alive are reported.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from gpucluster.sandbox.captures import Capture, load
 from gpucluster.sandbox.gpu_load import GpuProcess, Load, planted, workers
+from gpucluster.sandbox.gpu_values import clock_events_of, loaded, strip_unit
 
 DRIVER_FAILURE = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -46,9 +48,10 @@ CUDA_BY_DRIVER_BRANCH = {
 _FIELD_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
                   "gpu_serial": "serial", "clocks.sm": "clocks.current.sm",
                   "clocks.mem": "clocks.current.memory"}
+# Driver 535 renamed clocks_throttle_reasons.* to clocks_event_reasons.*; both are taken.
+_THROTTLE_RENAMED = ("clocks_throttle_reasons.", "clocks_event_reasons.")
 _APP_FIELDS = ("timestamp", "gpu_name", "gpu_bus_id", "gpu_serial", "gpu_uuid", "pid",
                "process_name", "used_gpu_memory")
-_NUMBER_WITH_UNIT = re.compile(r"^(-?[\d.]+) ?(MiB|W|%|MHz|C|ms|KiB|GiB)$")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class SimulatedNode:
     driver: str
     cuda: str
     apps_file: Path
+    slowdown: str | None = None  # a clock event reason staged on every GPU (--clock-slowdown)
 
     def bus_id(self, index: int) -> str:
         return f"00000000:{index + 0x18:02X}:00.0"
@@ -99,16 +103,11 @@ def load_node(state_path: Path) -> SimulatedNode | None:
     driver = state.get("driver") or capture.driver
     cuda = state.get("cuda") or cuda_for_driver(driver, _capture_cuda(capture))
     return SimulatedNode(capture, int(state["count"]), driver, cuda,
-                         state_path.with_suffix(".apps"))
+                         state_path.with_suffix(".apps"), state.get("slowdown"))
 
 
 class UsageError(Exception):
     """Arguments the simulation does not answer; message goes to stderr, exit 2."""
-
-
-def _strip_unit(value: str) -> str:
-    match = _NUMBER_WITH_UNIT.match(value)
-    return match.group(1) if match else value
 
 
 def _csv(header: list[str], rows: list[list[str]], options: set[str]) -> str:
@@ -117,7 +116,7 @@ def _csv(header: list[str], rows: list[list[str]], options: set[str]) -> str:
     nounits = "nounits" in options
     if nounits:
         header = [re.sub(r" \[[^\]]*\]$", "", h) for h in header]
-        rows = [[_strip_unit(v) for v in row] for row in rows]
+        rows = [[strip_unit(v) for v in row] for row in rows]
     lines = [] if "noheader" in options else [", ".join(header)]
     lines.extend(", ".join(row) for row in rows)
     return "\n".join(lines) + "\n"
@@ -129,40 +128,6 @@ def _timestamp() -> str:
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{milliseconds:03d}"
 
 
-def _loaded(values: dict[str, str], index: int, apps: list[GpuProcess],
-            busy: list[int]) -> dict[str, str]:
-    """The capture's idle values with this GPU's processes' memory and load on top."""
-    used = sum(p.used_mib for p in apps if p.gpu == index)
-    if not used and not busy[index]:
-        return {}
-    total = int(float(_strip_unit(values["memory.total"])))
-    idle_used = int(float(_strip_unit(values["memory.used"])))
-    memory_used = min(total, idle_used + used)
-    idle_power = float(_strip_unit(values["power.draw"]))
-    limit = float(_strip_unit(values.get("power.limit", values["power.draw"])))
-    power = idle_power + (limit - idle_power) * 0.8 * busy[index] / 100
-    temperature = int(_strip_unit(values["temperature.gpu"])) + busy[index] * 45 // 100
-    return {"utilization.gpu": f"{busy[index]} %", "memory.used": f"{memory_used} MiB",
-            "memory.free": f"{total - memory_used} MiB", "temperature.gpu": str(temperature),
-            "power.draw": f"{power:.2f} W", "power.draw.instant": f"{power:.2f} W",
-            **_memory_and_clocks(values, busy[index])}
-
-
-def _memory_and_clocks(values: dict[str, str], busy: int) -> dict[str, str]:
-    """A working GPU boosts its SM clock to the maximum, as every loaded capture shows
-    (345 to 1980 MHz on the H100 and H200), its HBM warms (8 C at full load there) and
-    its memory is read or written about a tenth of the time."""
-    loaded = {}
-    if busy and "clocks.max.sm" in values:
-        loaded["clocks.current.sm"] = values["clocks.max.sm"]
-    idle_memory_temp = _strip_unit(values.get("temperature.memory", ""))
-    if idle_memory_temp.isdigit():  # N/A on GDDR boards
-        loaded["temperature.memory"] = str(int(idle_memory_temp) + busy * 8 // 100)
-    if _strip_unit(values.get("utilization.memory", "")).isdigit():
-        loaded["utilization.memory"] = f"{busy // 10} %"
-    return loaded
-
-
 def query_gpu(node: SimulatedNode, fields: list[str], indices: list[int],
               options: set[str], load: Load | None = None) -> str:
     values = node.capture.query_gpu_fields()
@@ -172,14 +137,15 @@ def query_gpu(node: SimulatedNode, fields: list[str], indices: list[int],
     header: list[str] = []
     canonical: list[str] = []
     for field in fields:
-        name = _FIELD_ALIASES.get(field, field)
+        name = _FIELD_ALIASES.get(field, field).replace(*_THROTTLE_RENAMED)
         if name not in values:
             raise UsageError(f'Field "{field}" is not a valid field to query.')
         canonical.append(name)
         header.append(headers[name])
     rows = []
     for index in indices:
-        per_gpu = {**values, **_loaded(values, index, apps, busy),
+        per_gpu = {**values, **loaded(values, index, apps, busy),
+                   **clock_events_of(values, busy[index], node.slowdown),
                    "index": str(index), "count": str(node.count),
                    "pci.bus_id": node.bus_id(index), "uuid": node.uuid(index),
                    "driver_version": node.driver, "timestamp": _timestamp()}

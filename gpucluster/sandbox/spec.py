@@ -10,6 +10,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from gpucluster import clock_events
 from gpucluster.errors import SandboxError
 from gpucluster.sandbox import captures
 
@@ -39,6 +40,7 @@ class NodeSpec:
     driver: str | None  # None: the capture's own driver
     driver_fault: str | None  # "failed" (nvidia-smi cannot reach it), "hung", or None
     link_rate: str | None
+    clock_slowdown: str | None = None  # a clock event reason on every GPU, e.g. hw_thermal
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ def parse_overrides(values: list[str], option: str, node_names: list[str]) -> tu
 
 def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
           drivers: list[str], link_rates: list[str], latency: str,
-          login: NodeLogin | None = None) -> SandboxSpec:
+          login: NodeLogin | None = None, clock_slowdowns: list[str] | None = None
+          ) -> SandboxSpec:
     """Validate the options of `sandbox up` into a spec; SandboxError says what is wrong."""
     if not _NAME.fullmatch(name):
         raise SandboxError(f"--name {name!r}: use 1-8 lowercase letters/digits, starting "
@@ -123,6 +126,12 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
     base_gpus, gpu_overrides = parse_overrides(gpus, "--gpus", names)
     base_driver, driver_overrides = parse_overrides(drivers, "--driver", names)
     base_rate, rate_overrides = parse_overrides(link_rates, "--link-rate", names)
+    base_slowdown, slowdown_overrides = parse_overrides(clock_slowdowns or [],
+                                                        "--clock-slowdown", names)
+    for reason in [base_slowdown, *slowdown_overrides.values()]:
+        if reason is not None and reason not in clock_events.STAGEABLE:
+            raise SandboxError(f"--clock-slowdown {reason!r}: use one of "
+                               f"{', '.join(clock_events.STAGEABLE)}")
     gpu_counts = {n: _gpu_count(gpu_overrides.get(n, base_gpus or "8")) for n in names}
     for rate in [base_rate, *rate_overrides.values()]:
         if rate is not None and not _RATE.fullmatch(rate):
@@ -143,6 +152,7 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
             driver=None if driver in DRIVER_FAULTS else driver,
             driver_fault=driver if driver in DRIVER_FAULTS else None,
             link_rate=rate_overrides.get(node, base_rate),
+            clock_slowdown=slowdown_overrides.get(node, base_slowdown),
         ))
     return SandboxSpec(name=name, subnet=str(network), nodes=tuple(node_specs),
                        latency=latency, controller_rate=base_rate,

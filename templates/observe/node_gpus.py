@@ -22,13 +22,15 @@ import time
 MARKER = "GPUCLUSTER_JOB="
 GPU_FIELDS = ("index,uuid,name,pci.bus_id,utilization.gpu,memory.used,memory.total,"
               "temperature.gpu,power.draw,ecc.errors.uncorrected.volatile.total")
-# DCGM exporter's other default gauges that nvidia-smi reads; a driver that lacks one of
-# them (an older one) is asked GPU_FIELDS alone
+# DCGM exporter's other default gauges that nvidia-smi reads (a driver that lacks one of
+# them, an older one, is asked GPU_FIELDS alone), and what holds the clocks down (a
+# bitmask, under the name every driver takes)
 EXTRA_GPU_FIELDS = ("clocks.current.sm,clocks.current.memory,temperature.memory,"
-                    "utilization.memory,utilization.encoder,utilization.decoder")
+                    "utilization.memory,utilization.encoder,utilization.decoder,"
+                    "clocks_throttle_reasons.active")
 GPU_KEYS = ("index", "uuid", "name", "bus_id", "util", "mem_used", "mem_total", "temp",
             "power", "ecc", "sm_clock", "mem_clock", "mem_temp", "mem_util", "enc_util",
-            "dec_util")
+            "dec_util", "clock_events")
 UNKNOWN_FIELD = "is not a valid field to query"  # nvidia-smi: Field "x" is not a valid...
 APP_FIELDS = "gpu_uuid,pid,used_memory"
 FORMAT = "--format=csv,noheader,nounits"
@@ -216,8 +218,16 @@ def gpu_loop(fields, interval_ms):
 
 def gpu_record(fields):
     """A row of the GPU loop by GPU_KEYS (fewer on a driver without the extra fields)."""
-    values = [number(fields[0]), *fields[1:4], *[number(v) for v in fields[4:]]]
+    values = [number(fields[0]), *fields[1:4], *[number(v) for v in fields[4:16]],
+              *[hexadecimal(v) for v in fields[16:]]]
     return dict(zip(GPU_KEYS[:len(values)], values, strict=True))
+
+
+def hexadecimal(text):
+    try:
+        return int(text, 16)  # 0x0000000000000040
+    except ValueError:
+        return None  # [N/A]
 
 
 def interface_to(peer):

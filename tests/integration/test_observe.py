@@ -37,8 +37,10 @@ GPUS = 8  # the sandbox's default staging
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    # node3 too hot: every GPU's clocks held down (top names it, the exporter serves it)
     sandbox = start_sandbox(tmp_path_factory.mktemp("observe") / "cluster.yaml", NAME,
-                            SUBNET, 3, provision="hosts")
+                            SUBNET, 3, "--clock-slowdown", "node3=hw_thermal",
+                            provision="hosts")
     try:
         yield sandbox
     finally:
@@ -98,8 +100,13 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
                                     "mem_used_mib", "mem_total_mib", "temp_c", "power_w",
                                     "ecc_errors", "xid_errors", "sm_clock_mhz",
                                     "mem_clock_mhz", "mem_temp_c", "mem_util_pct",
-                                    "enc_util_pct", "dec_util_pct", "processes"}
-    assert set(snapshot["summary"]) == {"slowest_node", "busiest_link", "idle_gpus_in_jobs"}
+                                    "enc_util_pct", "dec_util_pct", "clock_events",
+                                    "processes"}
+    assert set(snapshot["summary"]) == {"slowest_node", "busiest_link", "idle_gpus_in_jobs",
+                                        "slowed_gpus"}
+    assert {(s["host"], s["gpu"], tuple(s["reasons"])) for s in
+            snapshot["summary"]["slowed_gpus"]} == {("node3", g, ("hw_thermal",))
+                                                     for g in range(GPUS)}
 
     assert [n["host"] for n in snapshot["nodes"]] == cluster.nodes
     ranks: dict[int, str] = {}
@@ -199,6 +206,7 @@ def test_the_live_view_renders_every_node_and_rank_on_a_terminal(cluster: Sandbo
     frame = text[text.rfind("GPU   util"):]
     for rank in range(6):
         assert f"{job} rank {rank}" in frame, frame
+    assert "clocks held down: node3 GPU 0-7 hw_thermal (too hot" in text, text[-3000:]
     assert re.search(r"^\s+7\s+\d+%\s+[\d.]+/\d+G\s+\d+C\s+\d+W\s+0/\d", frame, re.M), frame
 
 
@@ -323,6 +331,14 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
         idle = _query(prometheus_port, 'DCGM_FI_DEV_SM_CLOCK{gpu=~"[2-7]"} * 1000000')
         assert sorted({s["value"][1] for s in idle}) == ["345000000"] and \
             len(idle) == 3 * (GPUS - 2)
+        # node3's staged thermal slowdown, bit 0x40 of the clock event reasons
+        hot = _query(prometheus_port, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+        assert {s["metric"]["Hostname"] for s in hot if int(s["value"][1]) & 0x40} == \
+            {"node3"} and len(hot) == 3 * GPUS
+        alert = _query(prometheus_port,  # monitoring.md's alert on heat
+                       "floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS / 64) % 2 == 1")
+        assert sorted((s["metric"]["Hostname"], s["metric"]["gpu"]) for s in alert) == \
+            [("node3", str(g)) for g in range(GPUS)]
     finally:
         prometheus.terminate()
         exporter.send_signal(signal.SIGINT)

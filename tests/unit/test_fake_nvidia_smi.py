@@ -161,6 +161,17 @@ def test_a_worker_with_local_rank_is_a_busy_compute_process_on_its_gpu(
         clocks = {int(i): (int(sm), int(mem), int(t)) for i, sm, mem, t in
                   (line.split(", ") for line in rows)}
         assert clocks[0] == (345, 3201, 32) and clocks[1][:2] == (1980, 3201), clocks
+        # Idle is a clock event (as the idle capture has it); working is none.
+        _, out, _ = _run(state, "--query-gpu=clocks_throttle_reasons.active",
+                         "--format=csv,noheader", capsys=capsys)
+        assert out.split() == ["0x0000000000000001", "0x0000000000000000"]
+        # A staged thermal slowdown: on both GPUs, and the working one's clock halved.
+        slowed = _state(tmp_path, model="h200", slowdown="hw_thermal")
+        _, out, _ = _run(slowed, "--query-gpu=clocks_event_reasons.active,clocks.sm,"
+                         "clocks_event_reasons.hw_thermal_slowdown",
+                         "--format=csv,noheader,nounits", capsys=capsys)
+        assert out.splitlines() == ["0x0000000000000041, 345, Active",
+                                    "0x0000000000000040, 990, Active"], out
     finally:
         spin.kill()
         idle.kill()

@@ -28,7 +28,9 @@ def frame(util: tuple[int, ...] = (90, 3), rx: int = 1000, xid: list | None = No
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100", "bus_id":
              f"00000000:{0x18 + i:02X}:00.0", "util": u, "mem_used": 100 * (i + 1),
              "mem_total": 81559, "temp": 40, "power": 70.5, "ecc": 2,
-             **({"sm_clock": 1980, "mem_temp": 54} if i == 0 else {})}  # GPU 1: older driver
+             **({"sm_clock": 1980, "mem_temp": 54, "clock_events": 0x4} if i == 0
+                else {})}  # GPU 0 at its power cap; GPU 1 of an older driver
+
             for i, u in enumerate(util)]
     processes = [{"gpu_uuid": "GPU-0", "pid": 11, "used_mib": 100, "user": "root",
                   "state": "S", "readable": True, "job": JOB, "rank": 2, "local_rank": 0},
@@ -93,6 +95,28 @@ def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
         "asks a password, passwordless sudo, or sysctl kernel.dmesg_restrict=0)")
 
 
+def test_gpus_whose_clocks_are_held_down_are_named_with_the_reason_and_a_remedy() -> None:
+    """A thermal slowdown halves a GPU's clocks: its rank becomes the straggler. The
+    power cap alone (how a busy GPU runs) is not named."""
+    from gpucluster.cli.views.top import summary_line
+
+    hot = json.loads(frame((95, 90)))
+    for gpu in hot["gpus"]:
+        gpu["clock_events"] = 0x44  # power_cap + hw_thermal
+    snapshot = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((95, 90)))),
+                                   view("node2", parse_frame(json.dumps(hot)))))
+    assert snapshot.summary.slowed == (("node2", 0, ("hw_thermal",)),
+                                       ("node2", 1, ("hw_thermal",)))
+    assert " | clocks held down: node2 GPU 0-1 hw_thermal (too hot: check the node's " \
+        "cooling and airflow)" in summary_line(snapshot).plain
+    payload = to_json(snapshot)
+    assert payload["summary"]["slowed_gpus"] == [
+        {"host": "node2", "gpu": 0, "reasons": ["hw_thermal"]},
+        {"host": "node2", "gpu": 1, "reasons": ["hw_thermal"]}]
+    assert [g["clock_events"] for g in payload["nodes"][0]["gpus"]] == [["power_cap"], None]
+    assert payload["nodes"][1]["gpus"][0]["clock_events"] == ["power_cap", "hw_thermal"]
+
+
 def test_json_counts_ecc_errors_since_first_seen_and_marks_stale_nodes() -> None:
     sample = parse_frame(frame())
     snapshot = Snapshot(0.0, 1.0, (view("node1", sample, ecc_base={"GPU-0": 1}),
@@ -136,6 +160,7 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
     assert 'Hostname="node2",UUID' not in text  # stale: its GPU series are left out
     clocks = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_SM_CLOCK{")]
     assert len(clocks) == 1 and 'gpu="0"' in clocks[0] and clocks[0].endswith(" 1980.0")
+    assert re.search(r'^DCGM_FI_DEV_CLOCKS_EVENT_REASONS\{.*gpu="0".*\} 4.0$', text, re.M)
     assert re.search(r'^DCGM_FI_DEV_MEMORY_TEMP\{.*gpu="0".*\} 54.0$', text, re.M)
     assert 'gpucluster_node_up{Hostname="node2"} 0.0' in text
     assert 'gpucluster_node_up{Hostname="node1"} 1.0' in text
@@ -244,6 +269,8 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     idle, working = last.gpus
     assert (idle.sm_clock, idle.mem_clock, idle.mem_temp, idle.enc_util) == (345, 3201, 32, 0)
     assert working.util and working.sm_clock == 1980 and working.mem_temp > 32
+    assert (idle.clock_events, working.clock_events) == (0x1, 0)  # gpu_idle; nothing
+    assert idle.slowdowns == [] == working.slowdowns
 
 
 def test_a_driver_without_the_extra_fields_still_streams_the_rest(tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ def test_overrides_apply_per_node_on_top_of_a_default() -> None:
     assert nodes["node4"].link_rate == "100mbit" and nodes["node1"].link_rate == "1gbit"
     assert built.controller_rate == "1gbit"
     assert built.bridge_address == "198.18.0.1"
+    slowed = spec.build("gpcsb", "198.18.0.0/24", 2, "h100", [], [], [], "50ms",
+                        clock_slowdowns=["node2=hw_thermal"])
+    assert [n.clock_slowdown for n in slowed.nodes] == [None, "hw_thermal"]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -34,6 +37,7 @@ def test_overrides_apply_per_node_on_top_of_a_default() -> None:
     ({"link_rates": ["node9=1gbit"]}, "no node 'node9'"),
     ({"latency": "soon"}, "--latency"),
     ({"gpu_model": "a100"}, "choose one of"),
+    ({"clock_slowdowns": ["node1=hot"]}, "--clock-slowdown 'hot': use one of hw_slowdown"),
 ])
 def test_bad_options(kwargs: dict, message: str) -> None:
     arguments = {"name": "gpcsb", "subnet": "198.18.0.0/24", "nodes": 3, "gpu_model": "h100",

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpucluster import hostrange
+from gpucluster import clock_events, hostrange
 from gpucluster.hostrange import spans
 from gpucluster.observe.model import GpuProcess, NodeSample
 from gpucluster.observe.slurm_queue import QueueReading
@@ -42,6 +42,7 @@ def summary_line(snapshot: Snapshot) -> Text:
         idle = ", ".join(f"{h} GPU {g} ({j})" for h, g, j in summary.idle_in_jobs[:4])
         more = len(summary.idle_in_jobs) - 4
         parts.append(f"idle GPUs of running jobs: {idle}" + (f" +{more}" if more > 0 else ""))
+    parts.extend(_slowed_parts(summary.slowed))
     if snapshot.slurm is not None:
         parts.append(_slurm_part(snapshot.slurm))
     stale = [n.host for n in snapshot.nodes if n.stale]
@@ -54,6 +55,20 @@ def summary_line(snapshot: Snapshot) -> Text:
                      f"--ask-sudo-pass where sudo asks a password, passwordless sudo, or "
                      f"sysctl kernel.dmesg_restrict=0)")
     return Text(" | ".join(parts), style="bold")
+
+
+def _slowed_parts(slowed: tuple[tuple[str, int, tuple[str, ...]], ...]) -> list[str]:
+    """`clocks held down: node3 GPU 0-7 hw_thermal (too hot: ...)`, a part per reason."""
+    by_reason: dict[tuple[str, ...], dict[str, list[int]]] = {}
+    for host, gpu, reasons in slowed:
+        by_reason.setdefault(reasons, {}).setdefault(host, []).append(gpu)
+    parts = []
+    for reasons, hosts in by_reason.items():
+        where = ", ".join(f"{host} GPU {spans(sorted(gpus))}" for host, gpus in hosts.items())
+        remedy = clock_events.REMEDIES.get(reasons[0], "")
+        parts.append(f"clocks held down: {where} {'+'.join(reasons)}"
+                     + (f" ({remedy})" if remedy else ""))
+    return parts
 
 
 def _slurm_part(reading: QueueReading) -> str:
