@@ -13,6 +13,9 @@ import csv
 import re
 from dataclasses import dataclass
 
+# What holds the clocks down: every driver takes the old name (one from 535 on may head
+# its column with the new one)
+THROTTLE_REASONS, EVENT_REASONS = "clocks_throttle_reasons.active", "clocks_event_reasons.active"
 # The fields doctor queries, all known to --query-gpu since the 5xx drivers; an older
 # driver that lacks one fails the combined query, and the probe asks field by field.
 QUERY_FIELDS = (
@@ -21,6 +24,7 @@ QUERY_FIELDS = (
     "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
     "retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure",
     "fabric.state", "fabric.status",
+    THROTTLE_REASONS,
 )
 APP_FIELDS = ("gpu_bus_id", "pid", "process_name", "used_gpu_memory")
 DRIVER_FAILURE_MARKERS = (
@@ -55,6 +59,7 @@ class Gpu:
     remapped_rows_failure: bool | None
     fabric_state: str | None
     fabric_status: str | None
+    clock_events: int | None = None  # bitmask: gpucluster.clock_events
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,15 @@ def number(raw: str | None) -> int | None:
     return int(float(match.group(1))) if match else None
 
 
+def bitmask(raw: str | None) -> int | None:
+    """`0x0000000000000040` -> 64."""
+    text = value(raw)
+    try:
+        return int(text, 16) if text is not None else None
+    except ValueError:
+        return None
+
+
 def flag(raw: str | None) -> bool | None:
     """Enabled/Disabled, Yes/No, Active/Not Active, 1/0 -> bool."""
     text = value(raw)
@@ -121,7 +135,8 @@ def parse_csv_blocks(text: str) -> list[list[dict[str, str]]]:
 
 
 def _looks_like_header(cells: list[str]) -> bool:
-    known = {*QUERY_FIELDS, *APP_FIELDS, "timestamp", "gpu_name", "gpu_uuid", "gpu_serial",
+    known = {*QUERY_FIELDS, *APP_FIELDS, EVENT_REASONS, "timestamp", "gpu_name", "gpu_uuid",
+             "gpu_serial",
              "count", "serial"}
     return any(_HEADER_UNIT.sub("", c) in known for c in cells)
 
@@ -155,6 +170,7 @@ def _gpu(index: int, row: dict[str, str]) -> Gpu:
         remapped_rows_failure=flag(row.get("remapped_rows.failure")),
         fabric_state=value(row.get("fabric.state")),
         fabric_status=value(row.get("fabric.status")),
+        clock_events=bitmask(row.get(EVENT_REASONS, row.get(THROTTLE_REASONS))),
     )
 
 

@@ -140,6 +140,15 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
     assert json.loads(done.stdout)["nodes"][0]["interface"] == "eth0", done.stderr
 
 
+def test_doctor_fails_the_node_whose_clocks_are_held_down(cluster: Sandbox) -> None:
+    done = gpucluster("doctor", "-i", str(cluster.inventory), "--only", "clocks", "--json")
+    assert done.code == 1, done.stderr
+    found = {r["host"]: (r["status"], r["message"]) for r in json.loads(done.stdout)["results"]}
+    assert found == {"node1": ("OK", "no clocks held down"),
+                     "node2": ("OK", "no clocks held down"),
+                     "node3": ("FAIL", "GPU 0-7: clocks held down: hw_thermal")}
+
+
 def _read_snapshots(process: subprocess.Popen[str], until: object, limit: float) -> dict:
     """Snapshots from `top --json` until `until(snapshot)` is true."""
     assert process.stdout is not None

@@ -20,18 +20,19 @@ GPU_HEADER = ("index, name, uuid, pci.bus_id, driver_version, memory.total [MiB]
               "persistence_mode, mig.mode.current, ecc.mode.current, "
               "ecc.errors.uncorrected.volatile.total, ecc.errors.uncorrected.aggregate.total, "
               "retired_pages.pending, remapped_rows.pending, remapped_rows.failure, "
-              "fabric.state, fabric.status")
+              "fabric.state, fabric.status, clocks_event_reasons.active")
 
 
 def gpu_row(index: int = 0, **overrides: str) -> str:
     cells = {"name": "NVIDIA H100 80GB HBM3", "persistence": "Enabled", "mig": "Disabled",
              "ecc": "Enabled", "volatile": "0", "aggregate": "0", "retired": "[N/A]",
              "pending": "No", "failure": "No", "fabric": "Completed", "status": "Success",
-             "driver": "550.54.15", **overrides}
+             "driver": "550.54.15", "events": "0x0000000000000001", **overrides}
     return (f"{index}, {cells['name']}, GPU-{index}, 00000000:{index + 24:02X}:00.0, "
             f"{cells['driver']}, 81559 MiB, {cells['persistence']}, {cells['mig']}, "
             f"{cells['ecc']}, {cells['volatile']}, {cells['aggregate']}, {cells['retired']}, "
-            f"{cells['pending']}, {cells['failure']}, {cells['fabric']}, {cells['status']}")
+            f"{cells['pending']}, {cells['failure']}, {cells['fabric']}, {cells['status']}, "
+            f"{cells['events']}")
 
 
 def facts(gpus: list[str] | None = None, torch: str = '{"torch": "2.5.1", "cuda": "12.4", '
@@ -117,6 +118,9 @@ def test_torch_and_nccl_parity(tmp_path: Path) -> None:
     ("mig", {"mig": "Enabled"}, Status.WARN),
     ("fabric", {"fabric": "In Progress", "status": "N/A"}, Status.FAIL),
     ("fabric", {"fabric": "N/A", "status": "N/A"}, Status.SKIP),
+    ("clocks", {"events": "0x0000000000000041"}, Status.FAIL),  # idle, and too hot
+    ("clocks", {"events": "0x0000000000000020"}, Status.WARN),  # software thermal
+    ("clocks", {"events": "0x0000000000000004"}, Status.OK),  # the power cap: a busy GPU's
 ])
 def test_gpu_health(tmp_path: Path, check: str, overrides: dict[str, str],
                     expected: Status) -> None:
@@ -125,6 +129,16 @@ def test_gpu_health(tmp_path: Path, check: str, overrides: dict[str, str],
     assert [r.status for r in results] == [expected]
     if expected in (Status.WARN, Status.FAIL):
         assert results[0].message.startswith("GPU 1:") and results[0].remedy
+
+
+def test_gpus_that_say_the_same_are_listed_once(tmp_path: Path) -> None:
+    hot = "0x0000000000000040"
+    rows = [gpu_row(0, events=hot), gpu_row(1, events=hot), gpu_row(2),
+            gpu_row(3, events=hot), gpu_row(4, events="0x0000000000000088")]
+    [result] = REGISTRY["clocks"].run(context(tmp_path, {"a": facts(gpus=rows)}))
+    assert result.message == "GPU 0-1,3: clocks held down: hw_thermal; " \
+                             "GPU 4: clocks held down: hw_slowdown+hw_power_brake"
+    assert set(result.details["gpus"]) == {"0", "1", "3", "4"}  # each GPU still there
 
 
 def test_system_limits(tmp_path: Path) -> None:

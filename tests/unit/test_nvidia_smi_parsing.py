@@ -87,6 +87,15 @@ def test_extra_missing_and_reordered_columns() -> None:
     assert gpus[0].driver is None and gpus[0].memory_total_mib is None  # not asked
 
 
+def test_clock_event_reasons_under_either_name() -> None:
+    capture = _capture("nvidia-h100-80gb-hbm3")
+    idle, load = (nvidia_smi.parse_gpus(capture.section(s, "query-gpu"))[0]
+                  for s in ("idle", "load"))
+    assert (idle.clock_events, load.clock_events) == (0x1, 0x0)  # gpu_idle; nothing
+    older = "index, clocks_throttle_reasons.active\n0, 0x0000000000000040\n1, [N/A]\n"
+    assert [g.clock_events for g in nvidia_smi.parse_gpus(older)] == [0x40, None]
+
+
 def test_per_field_blocks_are_merged_by_index() -> None:
     # What the probe prints when a combined query failed on an older driver.
     text = ("index, name\n0, Tesla V100\n1, Tesla V100\n"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpucluster import clock_events
 from gpucluster.doctor import nvidia_smi
 from gpucluster.doctor.checks.gpu import gpu_hosts
 from gpucluster.doctor.model import CheckResult, Context, Status, check
+from gpucluster.hostrange import spans
 from gpucluster.wording import counted
 
 
@@ -22,7 +24,13 @@ def _per_gpu(context: Context, name: str,
             results.append(CheckResult(name, host.name, Status.OK, ok_message))
             continue
         worst = max((v[0] for _, v in findings), key=order.index)
-        listed = "; ".join(f"GPU {i}: {v[1]}" for i, v in findings if v[0] == worst)
+        # GPUs that say the same are said once: `GPU 0-7: clocks held down: hw_thermal`
+        alike: dict[str, list[int]] = {}
+        for index, (status, message) in findings:
+            if status is worst:
+                alike.setdefault(message, []).append(index)
+        listed = "; ".join(f"GPU {spans(sorted(gpus))}: {message}"
+                           for message, gpus in alike.items())
         results.append(CheckResult(name, host.name, worst, listed,
                                    "" if worst is Status.SKIP else remedy,
                                    {"gpus": {str(i): v[1] for i, v in findings}}))
@@ -107,6 +115,23 @@ def fabric(context: Context) -> list[CheckResult]:
     return _per_gpu(context, "fabric", judge, "fabric registration completed",
                     "start the fabric manager: sudo systemctl enable --now "
                     "nvidia-fabricmanager (its version must match the driver's)")
+
+
+@check("clocks", "gpu-health", "no GPU's clocks held down by heat, power brake or a "
+       "hardware slowdown")
+def clocks(context: Context) -> list[CheckResult]:
+    def judge(gpu: nvidia_smi.Gpu) -> tuple[Status, str] | None:
+        reasons = clock_events.slowdowns(gpu.clock_events)
+        if not reasons:
+            return None
+        # Software thermal slowing may pass with the heat; the hardware's halves the clocks
+        worst = Status.FAIL if any(r.startswith("hw_") for r in reasons) else Status.WARN
+        return worst, f"clocks held down: {'+'.join(reasons)}"
+
+    return _per_gpu(context, "clocks", judge, "no clocks held down",
+                    "its rank would set the whole job's pace: drain the node until fixed; "
+                    "`nvidia-smi -q -d PERFORMANCE` there names the cause (thermal: check "
+                    "cooling and airflow; power brake: check the PSUs)")
 
 
 @check("xid", "gpu-health", "no NVIDIA Xid errors in the kernel log (when readable)")
