@@ -40,8 +40,8 @@ def loaded(values: dict[str, str], index: int, apps: list[GpuProcess],
             **memory_and_clocks(values, busy[index])}
 
 
-def clock_events_of(values: dict[str, str], busy: int, slowdown: str | None
-                  ) -> dict[str, str]:
+def clock_events_of(values: dict[str, str], busy: int,
+                    slowdown: str | None) -> dict[str, str]:
     """The active reasons: gpu_idle while idle (as the idle captures have it), and the
     staged slowdown, which holds a working GPU's SM clock at half its maximum (a hardware
     slowdown halves it or more) or at 80% (software's)."""
@@ -63,12 +63,12 @@ def memory_and_clocks(values: dict[str, str], busy: int) -> dict[str, str]:
     """A working GPU boosts its SM clock to the maximum, as every loaded capture shows
     (345 to 1980 MHz on the H100 and H200), its HBM warms (8 C at full load there) and
     its memory is read or written about a tenth of the time."""
-    loaded = {}
+    moved = {}
     if busy and "clocks.max.sm" in values:
-        loaded["clocks.current.sm"] = values["clocks.max.sm"]
+        moved["clocks.current.sm"] = values["clocks.max.sm"]
     idle_memory_temp = strip_unit(values.get("temperature.memory", ""))
     if idle_memory_temp.isdigit():  # N/A on GDDR boards
-        loaded["temperature.memory"] = str(int(idle_memory_temp) + busy * 8 // 100)
+        moved["temperature.memory"] = str(int(idle_memory_temp) + busy * 8 // 100)
     if strip_unit(values.get("utilization.memory", "")).isdigit():
-        loaded["utilization.memory"] = f"{busy // 10} %"
-    return loaded
+        moved["utilization.memory"] = f"{busy // 10} %"
+    return moved

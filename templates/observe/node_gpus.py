@@ -218,8 +218,9 @@ def gpu_loop(fields, interval_ms):
 
 def gpu_record(fields):
     """A row of the GPU loop by GPU_KEYS (fewer on a driver without the extra fields)."""
-    values = [number(fields[0]), *fields[1:4], *[number(v) for v in fields[4:16]],
-              *[hexadecimal(v) for v in fields[16:]]]
+    bitmask = GPU_KEYS.index("clock_events")
+    values = [number(fields[0]), *fields[1:4], *[number(v) for v in fields[4:bitmask]],
+              *[hexadecimal(v) for v in fields[bitmask:]]]
     return dict(zip(GPU_KEYS[:len(values)], values, strict=True))
 
 
