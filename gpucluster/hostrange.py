@@ -81,6 +81,9 @@ def expand_list(patterns: str) -> list[str]:
             if piece:
                 names.extend(expand(piece))
             start = i + 1
+    if depth != 0:  # else `node[1-` was never a piece of its own, and named no host
+        raise HostRangeError(f"unbalanced brackets in host range {patterns!r}",
+                             "close each [ with ], e.g. node[1-4]")
     return list(dict.fromkeys(names))
 
 

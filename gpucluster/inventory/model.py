@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpucluster import hostrange
-from gpucluster.errors import GpuclusterError
+from gpucluster.errors import GpuclusterError, HostRangeError
 from gpucluster.ssh_config import DEFAULT_SSH_CONFIG
 
 
@@ -132,7 +132,11 @@ class Inventory:
             members = set(self.groups[group])
             selected = [h for h in selected if h.name in members]
         if patterns is not None:
-            wanted = hostrange.expand_list(patterns)
+            try:
+                wanted = hostrange.expand_list(patterns)
+            except HostRangeError as error:
+                raise GpuclusterError(f"--hosts {patterns!r}: {error.reason} (fix: "
+                                      f"{error.fix})") from None
             if not wanted:  # `-w "$NODES"` with the variable unset: never "run on none"
                 raise GpuclusterError(f"--hosts {patterns!r} names no host (fix: a host "
                                       f"list such as node[1-2], or no --hosts for every "

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,11 @@ def test_selection_by_range_and_group(tmp_path: Path) -> None:
     # `-w "$NODES"` with the variable empty ran on nothing and said nothing, exit 0
     with pytest.raises(GpuclusterError, match=r"--hosts '' names no host \(fix: "):
         loaded.select("")
+    # An unclosed bracket was no piece of the list at all: "names no host", not the typo
+    for typo in ("n[1-", "n1],n2"):
+        with pytest.raises(GpuclusterError, match=rf"^--hosts '{re.escape(typo)}': unbalanced "
+                                                  rf"brackets .*\(fix: close each \["):
+            loaded.select(typo)
     with pytest.raises(GpuclusterError, match=r"no host is both in --hosts n2 and in group "
                                               r"'odd' \(fix: "):
         loaded.select("n2", group="odd")
