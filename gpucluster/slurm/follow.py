@@ -53,7 +53,8 @@ class JobInfo:
 
 
 def parse_job(text: str) -> JobInfo:
-    """`scontrol show job -o ID`: one line of KEY=VALUE words."""
+    """`scontrol show job [-o] ID`: KEY=VALUE words, on one line with -o (bundle keeps
+    the readable lines, which split the same)."""
     fields = dict(word.partition("=")[::2] for word in text.split() if "=" in word)
     restarts = fields.get("Restarts", "0")
     return JobInfo(fields.get("JobState", ""), fields.get("BatchHost", ""),
