@@ -34,9 +34,11 @@ from gpucluster.launch.node_scripts import CHECKPOINT_COPY_S, HEARTBEAT_S
 from gpucluster.remote.session import Session
 from gpucluster.wording import counted
 
-# What a node must pass to rejoin: reachable, its GPUs there and healthy, nothing of
-# ours or anyone's still holding them.
-HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "gpu-processes", "jobs")
+# What a node must pass to rejoin: reachable, its GPUs there and healthy (their clocks
+# too: a GPU the hardware slows would set the whole job's pace), nothing of ours or
+# anyone's still holding them.
+HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "clocks", "gpu-processes",
+                 "jobs")
 # Before the first attempt, a node is set aside only for what a spare can make up for: a
 # job or a process on its GPUs is the user's to end (the refusal says how), not a reason
 # to start on fewer nodes.

@@ -129,6 +129,33 @@ def test_a_script_that_fails_the_same_way_twice_is_not_retried(cluster: Sandbox,
     assert leftovers(cluster) == []
 
 
+def test_a_node_whose_gpus_the_hardware_slows_does_not_rejoin(cluster: Sandbox,
+                                                               project: Path) -> None:
+    """After a failure, node4's GPUs held down by heat keep it out: its ranks would set
+    the pace of the whole job."""
+    restage(cluster, "--clock-slowdown", "node4=hw_thermal")
+    try:
+        process = start(cluster, project, "train.py", "--", "--epochs", "5",
+                        "--fail-at-epoch", "1")
+        code, payload, stderr = finish(process, 300)
+        assert code != 0  # the script's own failure, twice: recovery gives up
+        first, second = payload["attempts"]
+        assert first["nodes"] == cluster.nodes and second["nodes"] == cluster.nodes[:3]
+        assert payload["quarantined"] == {
+            "node4": "clocks: GPU 0-7: clocks held down: hw_thermal"}, stderr
+        assert "node4 quarantined for the rest of the run: clocks" in stderr
+        assert leftovers(cluster) == []
+    finally:
+        restage(cluster)
+
+
+def restage(cluster: Sandbox, *flags: str) -> None:
+    """`sandbox up` on the live sandbox with `flags` (none: as it was made)."""
+    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
+                    *flags, "--write-inventory", str(cluster.inventory), timeout=120)
+    assert up.code == 0, up.stderr
+
+
 def power_off(node: str) -> None:
     """Its link drops all traffic both ways (no FIN or RST ever leaves it), then
     everything in it dies, sshd included."""
@@ -146,9 +173,7 @@ def power_on(cluster: Sandbox, node: str) -> None:
     for chain in ("INPUT", "OUTPUT"):
         subprocess.run(["ip", "netns", "exec", f"{NAME}-{node}", "iptables", "-D", chain,
                         "-j", "DROP"], check=False)
-    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
-                    "--write-inventory", str(cluster.inventory), timeout=120)
-    assert up.code == 0, up.stderr
+    restage(cluster)
 
 
 def test_a_spare_takes_a_powered_off_nodes_place_with_the_checkpoints(
