@@ -239,6 +239,19 @@ def _sampler(interval_ms: int, path: str) -> subprocess.Popen[str]:
         text=True, env={**os.environ, "PATH": path})
 
 
+def _frames(count: int, interval_ms: int, path: str) -> list[NodeSample | None]:
+    """The sampler's first `count` frames; then its stdin ends (as when the SSH session
+    does) and it must quit cleanly."""
+    sampler = _sampler(interval_ms, path)
+    try:
+        assert sampler.stdout is not None
+        return [parse_frame(sampler.stdout.readline()) for _ in range(count)]
+    finally:
+        assert sampler.stdin is not None
+        sampler.stdin.close()
+        assert sampler.wait(timeout=10) == 0
+
+
 def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> None:
     """The node script itself, with the simulated nvidia-smi on its PATH."""
     state = _fake_nvidia_smi(tmp_path, 2)
@@ -278,15 +291,7 @@ def test_a_driver_without_the_extra_fields_still_streams_the_rest(tmp_path: Path
     the sampler then asks the fields every driver has."""
     _fake_nvidia_smi(tmp_path, 2, 'case "$*" in *temperature.memory*) echo \'Field '
                      '"temperature.memory" is not a valid field to query.\'; exit 2;; esac\n')
-    sampler = _sampler(200, f"{tmp_path}:{os.environ['PATH']}")
-    try:
-        assert sampler.stdout is not None
-        frames = [parse_frame(sampler.stdout.readline()) for _ in range(2)]
-    finally:
-        assert sampler.stdin is not None
-        sampler.stdin.close()
-        assert sampler.wait(timeout=10) == 0
-    for sample in frames:
+    for sample in _frames(2, 200, f"{tmp_path}:{os.environ['PATH']}"):
         assert sample is not None and sample.error == "", sample
         assert [(g.index, g.mem_total, g.sm_clock, g.mem_temp) for g in sample.gpus] == \
             [(0, 143771, None, None), (1, 143771, None, None)]
@@ -300,15 +305,7 @@ def test_a_node_without_nvidia_smi_still_reports_its_cpus_and_network(tmp_path: 
     ip = subprocess.run(["sh", "-c", "command -v ip"], capture_output=True, text=True,
                         check=True).stdout.strip()
     (bin_dir / "ip").symlink_to(ip)
-    sampler = _sampler(200, str(bin_dir))
-    try:
-        assert sampler.stdout is not None
-        frames = [parse_frame(sampler.stdout.readline()) for _ in range(2)]
-    finally:
-        assert sampler.stdin is not None
-        sampler.stdin.close()
-        assert sampler.wait(timeout=10) == 0
-    for frame in frames:
+    for frame in _frames(2, 200, str(bin_dir)):
         assert frame is not None and frame.gpus == () and frame.processes == ()
         assert frame.interface == "lo" and frame.cpus == os.cpu_count()
         assert frame.load1 is not None
