@@ -19,6 +19,7 @@ from gpucluster.cli.options import (
     ImageOption,
     InventoryOption,
     ModuleOption,
+    ScriptCommand,
     chosen_image,
     load_inventory,
     open_session,
@@ -29,7 +30,7 @@ from gpucluster.cli.options import (
 app = typer.Typer(help="Write the cluster's jobs for other schedulers.", no_args_is_help=True)
 
 
-@app.command("sbatch")
+@app.command("sbatch", cls=ScriptCommand)
 def sbatch(
     script: Annotated[str, typer.Argument(
         metavar="SCRIPT", help="The training script, inside the work dir (with -m: a "

@@ -27,6 +27,7 @@ from gpucluster.cli import (
     smoke_cmd,
     top_cmd,
 )
+from gpucluster.cli.options import ScriptCommand
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.errors import GpuclusterError
 
@@ -63,7 +64,7 @@ app.command("run")(run_cmd.run)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.command("smoke")(smoke_cmd.smoke)
-app.command("launch")(launch_cmd.launch)
+app.command("launch", cls=ScriptCommand)(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
 app.command("logs")(logs_cmd.logs)
 app.command("stop")(launch_cmd.stop)

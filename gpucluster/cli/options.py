@@ -5,10 +5,11 @@ from __future__ import annotations
 import getpass
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from gpucluster import inventory as inventory_module
 from gpucluster.errors import GpuclusterError
@@ -150,3 +151,37 @@ def chosen_image(inventory: Inventory, image: str | None, container: bool) -> st
         raise GpuclusterError(f"{inventory.path}: --container needs cluster.image in the "
                               f"inventory (fix: set it, or give --image NAME)")
     return chosen
+
+
+class ScriptCommand(TyperCommand):
+    """A command taking SCRIPT and the script's own arguments after `--` (launch, export
+    sbatch). An option it does not know, given after the script without `--`, was the
+    script's (`launch train.py --epochs 5`): the error says where such options go, where
+    click suggested one of ours (`--detach`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it is handed
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as error:  # click's NoSuchOption, from whichever click typer has
+            option = getattr(error, "option_name", None)
+            script = self._script_at(given)
+            if option and script is not None and option in given[script + 1:]:
+                error.message = (  # type: ignore[attr-defined]
+                    f"No such option: {option} (fix: the script's own options go after --: "
+                    f"{ctx.command_path} [OPTIONS] {given[script]} -- {option} ...)")
+                error.possibilities = None  # type: ignore[attr-defined]
+            raise
+
+    def _script_at(self, args: list[str]) -> int | None:
+        """Where SCRIPT is among `args`: the first word that is no option nor an option's
+        value; None before a `--`."""
+        valued = {name for param in self.params if param.param_type_name == "option"
+                  and not (getattr(param, "is_flag", False) or getattr(param, "count", False))
+                  for name in (*param.opts, *param.secondary_opts)}
+        at = 0
+        while at < len(args) and args[at] != "--":
+            if not args[at].startswith("-"):
+                return at
+            at += 2 if args[at] in valued else 1
+        return None

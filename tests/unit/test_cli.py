@@ -19,6 +19,21 @@ def test_version_and_help() -> None:
         assert command in helped.stdout
 
 
+def test_a_scripts_option_without_the_double_dash_says_where_it_goes() -> None:
+    """`launch train.py --epochs 5` said `No such option: --epochs (Possible options:
+    --detach)`; an unknown option before the script is still a typo of ours."""
+    env = {"COLUMNS": "300"}  # the message on one line of rich's error box
+    for name, options in (("launch", ["-w", "node1"]), ("export sbatch", ["-o", "job.sh"])):
+        done = gpucluster(*name.split(), *options, "train.py", "--epochs", "5", env=env)
+        assert done.code == 2 and "(Possible options" not in done.stderr, done.stderr
+        assert (f"No such option: --epochs (fix: the script's own options go after --: "
+                f"gpucluster {name} [OPTIONS] train.py -- --epochs ...)") in done.stderr, \
+            done.stderr
+    typo = gpucluster("launch", "--nproc-per-nod", "2", "train.py", env=env)
+    assert "No such option: --nproc-per-nod (Possible options: --nproc-per-node)" in \
+        typo.stderr, typo.stderr
+
+
 def test_bad_inventory_is_reported_with_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  - name: a\n    prot: 22\n  - name: a\n")
