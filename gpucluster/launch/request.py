@@ -48,6 +48,11 @@ def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile],
         raise GpuclusterError(f"{request.script} is a link to {candidate}, outside "
                               f"{request.workdir}: the nodes get the link, not the script "
                               f"(fix: copy the script into the work directory)")
+    if relative is None and candidate.is_file():
+        raise GpuclusterError(f"{request.script} is outside the work directory "
+                              f"{request.workdir}, which is what the nodes get (fix: run "
+                              f"launch from the script's project, or -C DIR with a "
+                              f"directory that holds it)")
     if relative is None or not candidate.is_file():
         raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
                               f"(fix: give the script's path inside the work directory)")

@@ -421,9 +421,12 @@ def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: 
 
     assert check_request(request("src/train.py"))[1] == "src/train.py"  # cwd is not proj
     assert check_request(request(str(project / "src" / "train.py")))[1] == "src/train.py"
-    for outside in (str(tmp_path / "elsewhere.py"), "../elsewhere.py", "src/none.py"):
-        with pytest.raises(GpuclusterError, match="no such file in"):
+    for outside in (str(tmp_path / "elsewhere.py"), "../elsewhere.py"):
+        with pytest.raises(GpuclusterError, match=r"elsewhere\.py is outside the work "
+                                                  r"directory \S+/proj, .*\(fix: .*-C DIR"):
             check_request(request(outside))
+    with pytest.raises(GpuclusterError, match=r"src/none\.py: no such file in"):
+        check_request(request("src/none.py"))
     with pytest.raises(GpuclusterError, match=r"skip/t\.py is excluded from the sync"):
         check_request(request("skip/t.py"))
     # A link to a script outside: the nodes would get the link, not the script.
