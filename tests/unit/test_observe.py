@@ -387,6 +387,11 @@ def test_top_shows_a_line_per_node_when_a_line_per_gpu_would_not_fit() -> None:
     assert f"{JOB.rsplit('-', 1)[1]} ranks 2-3" in node1 and JOB not in node1, node1
     assert "eth0" in node1  # the link keeps a third
     assert max(len(line) for line in table) <= 80
+    # A line per GPU on a narrow screen: the job column is cut, so no line wraps.
+    per_gpu = shown(height=None, width=66)
+    gpu_lines = [line for line in per_gpu if line.startswith("    ")]
+    assert len(gpu_lines) == 4 and max(len(line) for line in gpu_lines) <= 66, per_gpu
+    assert any(line.endswith(f"{JOB[:14]}…") for line in gpu_lines), gpu_lines
 
 
 def test_xids_read_through_sudo_skip_the_records_logged_before_the_sampler_started() -> None:

@@ -119,11 +119,21 @@ _COLUMNS = (("GPU", 5), ("util", 5), ("memory", 11), ("temp", 5), ("power", 6),
             ("ECC/Xid", 7), ("job / rank", 30))
 
 
-def _gpu_table(node: NodeView) -> Table:
-    table = Table(box=None, pad_edge=False, show_header=False)
-    for name, width in _COLUMNS:
-        table.add_column(name, min_width=width, justify="left" if name == "job / rank"
-                         else "right")
+def _columns(table: Table, screen_width: int | None) -> Table:
+    """The per-GPU columns; on a screen narrower than they are, the job column (the
+    last) takes what is left and ends in '…', so that a GPU's line never wraps."""
+    figures = sum(width for _, width in _COLUMNS[:-1]) + 2 * (len(_COLUMNS) - 1)
+    name, jobs = _COLUMNS[-1]
+    room = None if screen_width is None else max(len(name), screen_width - figures)
+    for column, width in _COLUMNS[:-1]:
+        table.add_column(column, min_width=width, justify="right")
+    table.add_column(name, min_width=jobs if room is None else min(jobs, room),
+                     max_width=room, no_wrap=True, overflow="ellipsis")
+    return table
+
+
+def _gpu_table(node: NodeView, screen_width: int | None) -> Table:
+    table = _columns(Table(box=None, pad_edge=False, show_header=False), screen_width)
     sample = node.sample
     assert sample is not None
     for gpu in sample.gpus:
@@ -229,21 +239,18 @@ def render(snapshot: Snapshot, screen: Console | None = None, compact: bool = Fa
     `screen`) when asked, or with `fit` when a line per GPU would not fit on `screen`."""
     if compact:
         return _compact(snapshot, screen.width if screen is not None else None)
-    full = _per_gpu(snapshot)
+    full = _per_gpu(snapshot, screen.width if screen is not None else None)
     if fit and screen is not None and \
             len(screen.render_lines(full, screen.options, pad=False)) > screen.height:
         return _compact(snapshot, screen.width)
     return full
 
 
-def _per_gpu(snapshot: Snapshot) -> RenderableType:
-    header = Table(box=None, pad_edge=False)
-    for name, width in _COLUMNS:
-        header.add_column(name, min_width=width, justify="left" if name == "job / rank"
-                          else "right")
+def _per_gpu(snapshot: Snapshot, screen_width: int | None) -> RenderableType:
+    header = _columns(Table(box=None, pad_edge=False), screen_width)
     parts: list[RenderableType] = [summary_line(snapshot), header]
     for node in snapshot.nodes:
         parts.append(Text.from_markup(_node_line(node)))
         if node.sample is not None and node.sample.gpus:
-            parts.append(_gpu_table(node))
+            parts.append(_gpu_table(node, screen_width))
     return Group(*parts)
