@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,8 +39,9 @@ class JobRecord:
     module: bool = False  # started with launch -m: script is a module name
 
     def command(self) -> str:
-        """What ran, as the user gave it: `train.py --lr 0.1` or `-m pkg.train ...`."""
-        return " ".join([*(["-m"] if self.module else []), self.script, *self.args])
+        """What ran, as the user gave it: `train.py --lr 0.1` or `-m pkg.train ...`, each
+        word quoted as a shell needs it (`'my run.py' 'a b'`), so that it can be pasted."""
+        return shlex.join([*(["-m"] if self.module else []), self.script, *self.args])
 
     def marker(self, node: str) -> str:
         """The environment value that tags every process of this job on `node`."""

@@ -391,6 +391,10 @@ def test_a_module_is_run_with_dash_m_from_the_work_dir(tmp_path: Path) -> None:
                        "/j", 0.0, {"n1": 1}, module=True)
     assert record.command() == "-m pkg.train --lr 0.1"
     assert dataclasses.replace(record, module=False).command() == "pkg.train --lr 0.1"
+    # As a shell would take it back: `jobs` shows where one word ends.
+    spaced = dataclasses.replace(record, module=False, script="my run.py",
+                                 args=["a b", "$(id)", "it's"])
+    assert spaced.command() == """'my run.py' 'a b' '$(id)' 'it'"'"'s'"""
 
 
 def test_logs_refuses_ranks_the_job_never_had(tmp_path: Path) -> None:
