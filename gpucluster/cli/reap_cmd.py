@@ -25,9 +25,9 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
-from gpucluster.observe.model import GpuProcess
 
 if TYPE_CHECKING:
+    from gpucluster.observe.model import GpuProcess
     from gpucluster.observe.reap import Ended, NodeProcesses
 
 _OWNER_TEXT = {"running": "running (never touched)", "leftover": "ended: a leftover",

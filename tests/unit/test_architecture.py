@@ -109,3 +109,21 @@ def test_every_test_docs_reliability_names_exists() -> None:
     assert named and missing == []
     for path in re.findall(r"`(tests/[\w/]+\.py)", page):
         assert (root / path).is_file(), path
+
+
+def test_the_cli_starts_without_what_only_its_commands_use() -> None:
+    """Every command's module is imported to build the CLI (`--help`, each shell
+    completion, every command's start), so what a command alone uses is imported in its
+    body: the SSH stack (paramiko: 0.1-0.2 s), templates, Slurm, the samplers..."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpucluster.cli.main\n"
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                text=True, check=True).stdout.split())
+    assert "gpucluster.cli.launch_cmd" in loaded  # the test looks at the right thing
+    heavy = ("paramiko", "jinja2", "gpucluster.remote.session", "gpucluster.launch.control",
+             "gpucluster.slurm", "gpucluster.observe", "gpucluster.provision",
+             "gpucluster.bundle", "gpucluster.doctor.runner")
+    assert not [name for name in heavy if name in loaded]

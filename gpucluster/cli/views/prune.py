@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.slurm.prune import SlurmJobPrune, SlurmPruneReport
 from gpucluster.wording import ago, counted, size
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpucluster.slurm.prune import SlurmJobPrune, SlurmPruneReport
 
 
 class _Files(Protocol):
