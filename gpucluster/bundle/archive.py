@@ -164,13 +164,25 @@ def _no_gpu_errors(collected: Collected) -> str:
            f"there are unknown."
 
 
+_SUFFIXES = (".tar.gz", ".tgz")
+
+
+def _stem(name: str) -> str:
+    """The archive's name without its suffix: the top directory inside it."""
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
 def target(output: Path | None, default_name: str) -> Path:
     """Where the archive goes: `output` (a directory: the default name inside it),
-    ending in .tar.gz. Checked before anything is collected: a bundle is most wanted
-    when nodes are slow, and its minutes should not end in a path that cannot be written."""
+    ending in .tar.gz (or .tgz, its short form). Checked before anything is collected: a
+    bundle is most wanted when nodes are slow, and its minutes should not end in a path
+    that cannot be written."""
     path = output / default_name if output is not None and output.is_dir() \
         else output or Path(default_name)
-    if not path.name.endswith(".tar.gz"):
+    if not path.name.endswith(_SUFFIXES):
         path = path.with_name(path.name + ".tar.gz")
     check_writable(path)
     return path
@@ -180,7 +192,7 @@ def write(collected: Collected, store: JobStore, inventory_path: Path, output: P
     """The archive at `output`, written whole, mode 0600 (logs and rules: the user's eyes
     only); its size in bytes."""
     with written_whole(output, 0o600) as partial:
-        _write_tar(collected, store, inventory_path, partial, output.name.removesuffix(".tar.gz"))
+        _write_tar(collected, store, inventory_path, partial, _stem(output.name))
     return output.stat().st_size
 
 

@@ -179,6 +179,7 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     assert target(None, "b-1.tar.gz") == Path("b-1.tar.gz")
     assert target(tmp_path, "b-1.tar.gz") == tmp_path / "b-1.tar.gz"  # a directory: inside
     assert target(tmp_path / "mine", "b-1.tar.gz") == tmp_path / "mine.tar.gz"
+    assert target(tmp_path / "mine.tgz", "b-1.tar.gz") == tmp_path / "mine.tgz"  # kept
     with pytest.raises(GpuclusterError, match=r"^/.*/gone/x.tar.gz: /.*/gone is not a "
                                               r"directory \(fix: mkdir -p /.*/gone, or"):
         target(tmp_path / "gone" / "x.tar.gz", "b-1.tar.gz")
@@ -191,6 +192,10 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     with tarfile.open(written) as archive:
         assert "ok/nodes/node1/dmesg.txt" in archive.getnames()
     assert written.stat().st_mode & 0o777 == 0o600
+    short = tmp_path / "short.tgz"
+    write(collected, store, Path("inv.yaml"), short)
+    with tarfile.open(short) as archive:
+        assert "short/nodes/node1/dmesg.txt" in archive.getnames()
     # A write that fails half way (the disk full) leaves neither the file nor the partial
     # one, and a directory where the file would go is said before anything is written.
     with pytest.raises(GpuclusterError, match=r"cut.tar.gz: cannot be written: No space "
