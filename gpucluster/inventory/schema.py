@@ -10,13 +10,21 @@ from typing import Any
 from gpucluster.env_names import is_env_name
 
 
+def _quoted_number(value: Any) -> None:
+    """`port: "22"`: YAML reads a string, and 'use a port number' would not say why."""
+    if isinstance(value, str) and value.strip().isdigit():
+        raise ValueError(f"write the number without quotes: {value.strip()}")
+
+
 def _port(value: Any) -> int:
+    _quoted_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise ValueError("use a port number from 1 to 65535")
     return value
 
 
 def _positive_int(value: Any) -> int:
+    _quoted_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("use a whole number, 0 or more")
     return value
@@ -176,6 +184,7 @@ def _port_range(value: Any) -> str:
 
 
 def _slurmd_timeout(value: Any) -> int:
+    _quoted_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 10 <= value <= 3600:
         raise ValueError("use whole seconds from 10 to 3600, e.g. 60")
     return value

@@ -37,6 +37,7 @@ from gpucluster.ssh_config import SshConfig
 from gpucluster.yaml_lines import LineDict, LineList
 
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # fullmatch: no "\n" tail
+_DOTTED_NUMBERS = re.compile(r"[0-9.]+")
 
 
 class Validator:
@@ -222,7 +223,16 @@ class Validator:
                 self.problem(line, f"host name {name!r} has characters a hostname cannot",
                              "use letters, digits, '.', '-' and '_'")
                 return False
-        for address in addresses:
+        for name, address in zip(names, addresses, strict=True):
+            reached = name if address is None else address  # no address: the name is it
+            if _DOTTED_NUMBERS.fullmatch(reached) and not is_ip(reached):
+                # 10.0.0.300: a typo, as no DNS name is all numbers
+                self.problem(entry.line_of("address") if address is not None and
+                             isinstance(entry, LineDict) else line,
+                             f"{'host name' if address is None else 'address'} {reached!r} "
+                             f"is not an IP address",
+                             "give four numbers from 0 to 255, e.g. 10.0.0.11")
+                return False
             if address is not None and not (is_ip(address) or _SIMPLE_NAME.fullmatch(address)):
                 self.problem(entry.line_of("address") if isinstance(entry, LineDict) else line,
                              f"address {address!r} is neither an IP address nor a host name",
