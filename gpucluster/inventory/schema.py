@@ -103,6 +103,8 @@ def _env(value: Any) -> dict[str, str]:
             raise ValueError(f"{key!r} is not a valid environment variable name")
         if isinstance(item, bool):
             env[key] = "1" if item else "0"
+        elif isinstance(item, dict | list):
+            raise ValueError(f"give {key} one value: a string, a number or true/false")
         else:
             env[key] = _text(item) if item != "" else ""
     return env

@@ -109,6 +109,8 @@ hosts:
     ("hosts:\n  - [a, b]\n", ":2: host entry must be a name or a mapping"),
     ("hosts: [a]\ngroups:\n  g: [b]\n", ":3: group 'g' names unknown hosts: b"),
     ("hosts: [a]\ncluster:\n  env: {1BAD: x}\n", "not a valid environment variable name"),
+    ("hosts: [a]\ncluster:\n  env: {OK: 1, A: [1, 2]}\n",
+     "(fix: give A one value: a string, a number or true/false)"),
     ("hosts: [a]\nhosts: [b]\n", ":2: key 'hosts' appears twice"),
     ("hosts: [a\n", "not valid YAML"),
     ("hosts: [a]\nwhen: 2024-13-45\n", "not valid YAML"),
