@@ -80,6 +80,8 @@ def run(
     summary = run_view.failure_summary(result)
     if summary is not None:
         if not json_output:
-            stderr_console().print(f"[bold red]{summary}[/]")
+            limit = timeout if timeout is not None else loaded.cluster.command_timeout
+            stderr_console().print(f"[bold red]{summary}[/]" + run_view.timeout_fix(
+                result, limit))
         raise typer.Exit(EXIT_FAILED)
 

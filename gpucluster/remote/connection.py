@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from gpucluster.env_names import is_env_name
-from gpucluster.remote.result import CommandResult
+from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
 
 LineCallback = Callable[[str, str], None]
 """Called as `on_line(stream, line)` with stream "stdout" or "stderr", newline stripped."""
@@ -138,6 +138,13 @@ def shell_path(path: str) -> str:
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])
     return shlex.quote(path)
+
+
+def timed_out(stdout: LineSplitter, stderr: LineSplitter) -> RemoteError:
+    """A command out of time, with what it had printed: how far it got is the first
+    thing its user asks."""
+    return RemoteError(FailureKind.TIMED_OUT, "command did not finish in time",
+                       output=stdout.finish() + stderr.finish())
 
 
 class LineSplitter:

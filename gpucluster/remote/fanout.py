@@ -47,7 +47,7 @@ def fan_out(
             try:
                 outcome = task(host)
             except RemoteError as error:
-                outcome = HostFailure(host.name, error.kind, error.message)
+                outcome = HostFailure(host.name, error.kind, error.message, error.output)
             except Exception as error:
                 outcome = HostFailure(host.name, FailureKind.ERROR,
                                       f"{type(error).__name__}: {error}")

@@ -18,8 +18,9 @@ from gpucluster.remote.connection import (
     Stdin,
     build_command,
     stdin_chunks,
+    timed_out,
 )
-from gpucluster.remote.result import CommandResult, FailureKind, RemoteError
+from gpucluster.remote.result import CommandResult
 
 END_GRACE_S = 1.0  # between TERM and KILL, as over SSH
 
@@ -72,7 +73,7 @@ class LocalConnection:
             exit_code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _kill_group(process)
-            raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time") from None
+            raise timed_out(*splitters.values()) from None
         except BaseException:
             _kill_group(process)
             raise
@@ -110,7 +111,7 @@ def _pump(splitters: dict[IO[bytes], LineSplitter], deadline: float) -> None:
         while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time")
+                raise timed_out(*splitters.values())
             for key, _ in selector.select(min(remaining, 1.0)):
                 data = os.read(key.fd, 65536)
                 if data:

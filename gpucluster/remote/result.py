@@ -63,19 +63,22 @@ class FailureKind(enum.Enum):
 class RemoteError(Exception):
     """Raised by a connection when a command could not run (or finish) on its host."""
 
-    def __init__(self, kind: FailureKind, message: str) -> None:
+    def __init__(self, kind: FailureKind, message: str, output: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.output = output  # what a command that ran out of time had printed
 
 
 @dataclass(frozen=True)
 class HostFailure:
-    """A host on which the work could not be done, and why, in one line."""
+    """A host on which the work could not be done, and why, in one line; with what its
+    command had printed when it ran out of time (stdout, then stderr)."""
 
     host: str
     kind: FailureKind
     message: str
+    output: str = ""
 
 
 T = TypeVar("T")

@@ -11,8 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpucluster import reports
-from gpucluster.remote.connection import LineSplitter, Stdin, stdin_chunks
-from gpucluster.remote.result import FailureKind, RemoteError
+from gpucluster.remote.connection import LineSplitter, Stdin, stdin_chunks, timed_out
 
 if TYPE_CHECKING:
     import paramiko
@@ -35,7 +34,7 @@ def pump(channel: paramiko.Channel, stdout: LineSplitter, stderr: PidFilter,
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise RemoteError(FailureKind.TIMED_OUT, "command did not finish in time")
+            raise timed_out(stdout, stderr.stderr)
         if not drained:
             continue
         if channel.eof_received:

@@ -124,9 +124,12 @@ def test_a_command_a_signal_ended_is_named_with_its_signal(sandbox: Sandbox) -> 
 def test_command_timeout_is_a_typed_failure_and_leaves_nothing_running(
         sandbox: Sandbox) -> None:
     result = gpucluster("run", "-i", str(sandbox.inventory), "--json", "--timeout", "1",
-                        "sleep 4241 & sleep 4242; wait")
+                        "echo on $(hostname); sleep 4241 & sleep 4242; wait")
     assert result.code == 1
     assert {h["error"]["kind"] for h in result.json()["hosts"]} == {"timed out"}
+    # with what each had printed before its time ran out
+    assert [h["error"]["output"] for h in result.json()["hosts"]] == [
+        f"on {h['host']}\n" for h in result.json()["hosts"]]
     deadline = time.monotonic() + 5
     while _processes_running("sleep 424[12]") and time.monotonic() < deadline:
         time.sleep(0.2)

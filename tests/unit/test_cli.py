@@ -75,6 +75,11 @@ def test_run_on_localhost_needs_no_ssh(tmp_path: Path) -> None:
     assert result.json()["hosts"][0]["stdout"] == "hi\n"
     empty = gpucluster("run", "-i", str(path), " ")  # ran a login shell's nothing, exit 0
     assert empty.code == 2 and "COMMAND is empty: nothing would run (fix: " in empty.stderr
+    # Out of time: what it printed so far is shown (how far did it get?), and the limit
+    late = gpucluster("run", "-i", str(path), "-t", "1", "echo started; sleep 30")
+    assert late.code == 1 and "localhost: started\n" in late.stdout, late.stdout
+    assert "localhost: timed out" in late.stdout
+    assert "(fix: the limit was 1s; give the command longer with --timeout" in late.stderr
 
 
 def test_sandbox_without_root_says_what_is_needed() -> None:

@@ -101,7 +101,8 @@ def test_run_json_schema_is_pinned() -> None:
     assert payload["hosts"][0] == {"host": "n1", "ok": True, "exit_code": 0, "stdout": "same\n",
                                    "stderr": "", "duration_s": 0.123, "signal": None,
                                    "error": None}
-    assert payload["hosts"][4]["error"] == {"kind": "unreachable", "message": "no answer"}
+    assert payload["hosts"][4]["error"] == {"kind": "unreachable", "message": "no answer",
+                                         "output": ""}
     assert payload["hosts"][4]["exit_code"] is None
 
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.remote.result import CommandResult, FanoutResult
+from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
 from gpucluster.wording import counted
 
 
@@ -25,7 +25,8 @@ def run_payload(command: str, result: FanoutResult[CommandResult]) -> dict[str, 
             "stdout": value.stdout if value else None,
             "stderr": value.stderr if value else None,
             "duration_s": round(value.duration_s, 3) if value else None,
-            "error": {"kind": failure.kind.value, "message": failure.message}
+            "error": {"kind": failure.kind.value, "message": failure.message,
+                      "output": failure.output}
             if failure else None,
         })
     return {"command": command, "hosts": hosts,
@@ -48,25 +49,35 @@ def print_run(console: Console, result: FanoutResult[CommandResult]) -> None:
     wrap long lines and take a line's time (seconds for 100k lines)."""
     for hosts, output, first in fold_outputs(result):
         folded = hostrange.fold(hosts)
-        lines = output.rstrip("\n").split("\n") if output else []
-        if len(hosts) > 1 and lines:
-            console.print(f"[bold cyan]{'-' * 15}\n{escape(folded)} ({len(hosts)})"
-                          f"\n{'-' * 15}[/]")
-            _write(console, "".join(f"{line}\n" for line in lines))
-        else:
-            prefix = _styled(console, f"[cyan]{escape(folded)}:[/] ")
-            _write(console, "".join(f"{prefix}{line}\n" for line in lines))
+        _print_output(console, hosts, output)
         if first.killed:
             console.print(f"[yellow]{escape(folded)}: {first.ending} (no exit code)[/]")
         elif first.exit_code != 0:
             console.print(f"[yellow]{escape(folded)}: exited with exit code "
                           f"{first.exit_code}[/]")
+    printed = hostrange.hosts_by((result.failures[name].output, name)
+                                 for name in result.failed_hosts)
+    for output, names in printed.items():  # what a command out of time had printed
+        _print_output(console, names, output)
     failed = hostrange.hosts_by(
         ((result.failures[name].kind.value, result.failures[name].message), name)
         for name in result.failed_hosts)
     for (kind, message), names in failed.items():  # a typo fails every node alike
         console.print(f"[bold red]{escape(hostrange.fold(names))}: {kind}:[/] "
                       f"{escape(message)}")
+
+
+def _print_output(console: Console, hosts: list[str], output: str) -> None:
+    """Under a folded host list when several hosts printed it, else line-prefixed."""
+    lines = output.rstrip("\n").split("\n") if output else []
+    folded = hostrange.fold(hosts)
+    if len(hosts) > 1 and lines:
+        console.print(f"[bold cyan]{'-' * 15}\n{escape(folded)} ({len(hosts)})"
+                      f"\n{'-' * 15}[/]")
+        _write(console, "".join(f"{line}\n" for line in lines))
+    else:
+        prefix = _styled(console, f"[cyan]{escape(folded)}:[/] ")
+        _write(console, "".join(f"{prefix}{line}\n" for line in lines))
 
 
 def _styled(console: Console, markup: str) -> str:
@@ -79,6 +90,14 @@ def _styled(console: Console, markup: str) -> str:
 def _write(console: Console, text: str) -> None:
     console.file.write(text)
     console.file.flush()
+
+
+def timeout_fix(result: FanoutResult[CommandResult], limit_s: float) -> str:
+    """For hosts whose command ran out of time: what the limit was and how to raise it."""
+    if not any(f.kind is FailureKind.TIMED_OUT for f in result.failures.values()):
+        return ""
+    return (f" (fix: the limit was {limit_s:g}s; give the command longer with --timeout "
+            f"SECONDS, or set cluster.command_timeout in the inventory)")
 
 
 def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
