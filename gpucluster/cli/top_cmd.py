@@ -170,8 +170,14 @@ def exporter(
             polled_where_set_up(session, loaded) as slurm:
         registry.register(ClusterCollector(streams, slurm))
         served = counted(len(selected), "node") + (" and Slurm's queue" if slurm else "")
-        stderr_console().print(f"serving http://{endpoint(address, int(port))}/metrics for "
-                               f"{served}; Ctrl-C ends")
+        err = stderr_console()
+        err.print(f"serving http://{endpoint(address, int(port))}/metrics for {served}; "
+                  f"Ctrl-C ends")
+        if address in ("0.0.0.0", "::"):  # noqa: S104 - said to the user, not bound here
+            err.print(f"[yellow]note: {address} serves every network this machine is on, "
+                      f"in plain HTTP, and the metrics name your nodes, jobs and users (fix: "
+                      f"listen on the address only your Prometheus reaches, or let a "
+                      f"firewall keep the port to it)[/]")
         try:
             threading.Event().wait()
         except KeyboardInterrupt:

@@ -217,6 +217,33 @@ def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
+def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
+    """Plain HTTP naming the nodes, jobs and users: on 0.0.0.0 the user is told."""
+    import subprocess
+    import sys
+    import threading
+
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "exporter", "-i", str(inventory), "--listen",
+         f"0.0.0.0:{port}"], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    hung = threading.Timer(30, exporter.kill)  # a hang fails the test, not the suite
+    hung.start()
+    try:
+        assert exporter.stderr is not None
+        said = [exporter.stderr.readline(), exporter.stderr.readline()]
+    finally:
+        hung.cancel()
+        exporter.terminate()
+        exporter.wait(timeout=20)
+    assert said[0].startswith(f"serving http://0.0.0.0:{port}/metrics for 1 node"), said
+    assert said[1].startswith("note: 0.0.0.0 serves every network this machine is on"), said
+
+
 def _fake_nvidia_smi(directory: Path, count: int, first: str = "") -> Path:
     """An `nvidia-smi` in `directory` replaying `count` H200s (shell `first` runs before
     it); the state file, whose path names its processes."""
