@@ -387,3 +387,25 @@ def test_slurm_names_each_node_slurm_cannot_use_with_its_reason_and_fix(
     down = {r.host: r for r in REGISTRY["slurm"].run(
         context(tmp_path, {"a": facts(slurm=failed)}))}
     assert (down["a"].status, down["a"].message) == (Status.WARN, f"sinfo failed: {failed}")
+
+
+def test_a_refusal_while_a_job_holds_the_head_port_is_not_called_a_firewall(
+        tmp_path: Path) -> None:
+    """With the head's port held, peers probe whatever holds it: a refusal from it says
+    nothing of a firewall (a job's store between its end and its exit, a listener on
+    127.0.0.1), where a connect that times out is still a firewall dropping it."""
+    from gpucluster.doctor.rendezvous import Reachability
+
+    nodes = {name: facts() for name in ("a", "b", "c")}
+    ctx = dataclasses.replace(
+        context(tmp_path, nodes),
+        network={"b": Reachability(port="refused"), "c": Reachability(port="timeout")},
+        rendezvous_note="busy: port 29500 is held by gpucluster job 20261203-213149-b815")
+    results = {r.host: r for r in REGISTRY["rendezvous-port"].run(ctx)}
+    assert results["a"].status is Status.FAIL and "held by gpucluster job" in results["a"].message
+    assert results["b"].status is Status.SKIP and "firewall" not in results["b"].remedy
+    assert "see a's finding" in results["b"].message
+    assert results["c"].status is Status.FAIL and "a firewall drops it" in results["c"].message
+    free = dataclasses.replace(ctx, rendezvous_note=None)  # nothing held: a refusal is one
+    assert {r.host: r.status for r in REGISTRY["rendezvous-port"].run(free)}["b"] is \
+        Status.FAIL

@@ -126,6 +126,11 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
         elif state.port == "open":
             results.append(CheckResult("rendezvous-port", host.name, Status.OK,
                                        f"reaches {head.name}:{port}"))
+        elif busy and state.port == "refused":  # a refusal from whatever holds it there
+            results.append(CheckResult(
+                "rendezvous-port", host.name, Status.SKIP,
+                f"not judged: what holds port {port} on {head.name} refused the connection, "
+                f"which says nothing of a firewall (see {head.name}'s finding)"))
         else:
             how = {"timeout": "no answer (a firewall drops it)",
                    "refused": "refused (a firewall rejects it)"}.get(state.port, state.port)
