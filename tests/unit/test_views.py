@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -27,9 +28,9 @@ def _result() -> FanoutResult[CommandResult]:
     )
 
 
-def _text(draw) -> str:
+def _text(draw, width: int = 120) -> str:
     buffer = io.StringIO()
-    draw(Console(file=buffer, width=120, no_color=True, highlight=False))
+    draw(Console(file=buffer, width=width, no_color=True, highlight=False))
     return buffer.getvalue()
 
 
@@ -113,8 +114,14 @@ def test_inventory_json_schema_is_pinned() -> None:
     assert set(payload) == {"schema", "inventory", "cluster", "groups", "hosts"}
     assert set(payload["hosts"][0]) == {"name", "address", "user", "port", "identity_file",
                                         "jump_host", "connection", "gpus", "gpu_model",
-                                        "torch_device", "labels", "groups"}
+                                        "torch_device", "spare", "labels", "groups"}
     assert payload["hosts"][0]["name"] == "gpu01"
+    assert [h["name"] for h in payload["hosts"] if h["spare"]] == ["gpu06"]
+    # The table says which host is the spare, and cuts no label (the example's gpu05
+    # has two: at 80 columns they wrap where a space lets them)
+    shown = _text(lambda c: inventory_view.print_hosts(c, loaded), width=80)
+    assert re.search(r"│ gpu06 .*│ spare │", shown), shown
+    assert "role=eval" in shown and "…" not in shown, shown
     assert payload["groups"]["train"] == ["gpu01", "gpu02", "gpu03", "gpu04"]
 
 

@@ -31,7 +31,7 @@ def hosts_payload(inventory: Inventory) -> dict[str, Any]:
                 "name": h.name, "address": h.address, "user": h.user, "port": h.port,
                 "identity_file": h.identity_file, "jump_host": h.jump_host,
                 "connection": h.connection, "gpus": h.gpus, "gpu_model": h.gpu_model,
-                "torch_device": h.torch_device,
+                "torch_device": h.torch_device, "spare": h.spare,
                 "labels": dict(h.labels), "groups": list(h.groups),
             }
             for h in inventory.hosts
@@ -51,8 +51,11 @@ def print_hosts(console: Console, inventory: Inventory) -> None:
         "via": [h.jump_host or "" for h in inventory.hosts],
         "gpus": ["" if h.gpus is None else str(h.gpus) for h in inventory.hosts],
         "model": [h.gpu_model or "" for h in inventory.hosts],
-        "groups": [",".join(h.groups) for h in inventory.hosts],
-        "labels": [",".join(f"{k}={v}" for k, v in h.labels.items()) for h in inventory.hosts],
+        "torch": ["cpu" if h.torch_device == "cpu" else "" for h in inventory.hosts],
+        "spare": ["spare" if h.spare else "" for h in inventory.hosts],
+        "groups": [", ".join(h.groups) for h in inventory.hosts],  # a space: wraps there
+        "labels": [", ".join(f"{k}={v}" for k, v in h.labels.items())
+                   for h in inventory.hosts],
     }
     shown = {name: cells for name, cells in columns.items() if any(cells)}
     shared = {name: cells[0] for name, cells in shown.items()
@@ -60,7 +63,8 @@ def print_hosts(console: Console, inventory: Inventory) -> None:
     table = Table(title=f"{counted(len(inventory.hosts), 'host')} in {inventory.path}")
     for name in shown:
         if name not in shared:
-            table.add_column(name, no_wrap=name in ("name", "address"))
+            # a long cell (labels without a space) folds onto a second line, never cut
+            table.add_column(name, no_wrap=name in ("name", "address"), overflow="fold")
     for row in zip(*(cells for name, cells in shown.items() if name not in shared),
                    strict=True):
         table.add_row(*row)
