@@ -58,7 +58,8 @@ def top(
     the job and rank of each GPU process, and the cluster network's rates.
 
     One SSH connection and one sampler per node; a node that stops answering is marked
-    stale with its age. A terminal too small for a line per GPU gets a line per node.
+    stale with its age. A terminal too small for a line per GPU gets a line per node. In
+    the live view, q quits and c switches between a line per GPU and a line per node.
     --json prints one JSON snapshot per interval (one per line), or one with --once."""
     from gpucluster.cli.views.top import render
     from gpucluster.observe.slurm_queue import polled_where_set_up
@@ -117,16 +118,29 @@ def _batch(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,
 
 def _live(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,
           compact: bool) -> None:
+    """A frame every `interval`; q ends it, c switches between a line per GPU and a line
+    per node, as top and nvtop's users expect of a live view."""
     from rich.live import Live
 
+    from gpucluster.cli.keys import pressed_keys
     from gpucluster.cli.views.top import render
     from gpucluster.observe.snapshot import take
 
     screen = stdout_console()  # its size is read again at every frame: a resize counts
-    with Live(render(take(streams, slurm), screen, compact, fit=True), console=screen,
-              auto_refresh=False, screen=False, transient=False) as live:
+    with pressed_keys() as wait, \
+            Live(render(take(streams, slurm), screen, compact, fit=True), console=screen,
+                 auto_refresh=False, screen=False, transient=False) as live:
+        due = time.monotonic() + interval
         while True:
-            time.sleep(interval)
+            key = wait(due - time.monotonic())
+            if key in ("q", "Q"):
+                return
+            if key in ("c", "C"):
+                compact = not compact
+            elif key is not None and time.monotonic() < due:
+                continue  # another key: the next frame comes when it is due
+            else:
+                due = time.monotonic() + interval
             live.update(render(take(streams, slurm), screen, compact, fit=True),
                         refresh=True)
 

@@ -507,3 +507,50 @@ def test_a_process_whose_ending_did_not_run_is_never_reported_ended() -> None:
     assert lines == ["node1 pid 88 root GPU 3 512 MiB state S: foreign (not gpucluster's) "
                      "LEFT: not ended: see the node's error", "node1: lost the connection"]
     assert done.freed_mib == 0
+
+
+def test_the_live_view_takes_c_to_switch_and_q_to_quit(tmp_path: Path) -> None:
+    """top's live view on a terminal: c gives a line per node, q ends it at once (exit
+    0, no Ctrl-C), and the terminal gets its echo and line mode back."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    top = subprocess.Popen([sys.executable, "-m", "gpucluster", "top", "-i", str(inventory),
+                            "--interval", "0.5"], stdin=follower, stdout=follower,
+                           stderr=follower, start_new_session=True, cwd=tmp_path)
+    os.close(follower)
+    screen = b""
+
+    def shown() -> bytes:  # the screen's text, without its colours
+        return re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", screen)
+
+    def read_until(text: bytes, seconds: float = 30) -> None:
+        nonlocal screen
+        deadline = time.monotonic() + seconds
+        while text not in shown() and time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.2)[0]:
+                screen += os.read(leader, 65536)
+        assert text in shown(), shown()[-2000:]
+
+    try:
+        read_until(b"GPU   util")  # a line per GPU's header
+        os.write(leader, b"c")
+        read_until(b"node  util")  # a line per node's
+        os.write(leader, b"q")
+        code = top.wait(timeout=5)
+        modes = termios.tcgetattr(leader)[3]
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.wait()
+        os.close(leader)
+    assert code == 0
+    assert modes & termios.ECHO and modes & termios.ICANON
