@@ -414,6 +414,22 @@ def test_top_shows_a_line_per_node_when_a_line_per_gpu_would_not_fit() -> None:
     assert f"{JOB.rsplit('-', 1)[1]} ranks 2-3" in node1 and JOB not in node1, node1
     assert "eth0" in node1  # the link keeps a third
     assert max(len(line) for line in table) <= 80
+    # A node without GPU figures says why in the jobs' place: as its util figure, the
+    # long reason took the other columns' room (every other node's memory was 'm…')
+    driverless = json.loads(frame(()))
+    driverless.update(error="no GPUs: nvidia-smi: No such file or directory (a node "
+                            "without the NVIDIA driver; gpucluster doctor says more)",
+                      processes=[])
+    with_cpu_node = Snapshot(0.0, 1.0, (*nodes, view("node4",
+                                                     parse_frame(json.dumps(driverless)))))
+    console = Console(width=80, height=25, record=True, file=io.StringIO())
+    console.print(render(with_cpu_node, console, compact=True))
+    lines = console.export_text().splitlines()
+    node1 = next(line for line in lines if line.startswith("node1"))
+    node4 = next(line for line in lines if line.startswith("node4"))
+    assert "█▁ 49%" in node1 and "0.3/159G" in node1 and "141W" in node1, lines
+    assert re.search(r"^node4\s+-\s+-\s+-\s+-\s+-\s+no GPUs: nvidia-smi", node4), lines
+    assert max(len(line) for line in lines[1:]) <= 80, lines
     # A line per GPU on a narrow screen: the job column is cut, so no line wraps.
     per_gpu = shown(height=None, width=66)
     gpu_lines = [line for line in per_gpu if line.startswith("    ")]

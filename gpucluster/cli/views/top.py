@@ -188,14 +188,22 @@ def _compact_row(node: NodeView) -> list[str | Text]:
     xid = str(len(sample.xid)) if sample.xid is not None else "?"
     return [
         Text(node.host, style="bold"),
-        f"{bars} {sum(known) / len(known):.0f}%" if known else (sample.error or "-"),
+        f"{bars} {sum(known) / len(known):.0f}%" if known else "-",
         f"{used:.1f}/{total:.0f}G" if gpus else "-",
         Text(f"{max(temps)}C", style="red" if max(temps) >= _HOT_C else "") if temps else "-",
         f"{power:.0f}W" if gpus else "-",
         f"{ecc}/{xid}" if gpus else "-",
-        _node_jobs(sample.processes),
+        _jobs_cell(sample),
         _traffic(sample),
     ]
+
+
+def _jobs_cell(sample: NodeSample, short: bool = False) -> str:
+    """The node's jobs; for a node without GPU figures (no driver, nvidia-smi failing),
+    why: in the util column, the error took every other column's room."""
+    if sample.error and all(g.util is None for g in sample.gpus):
+        return sample.error
+    return _node_jobs(sample.processes, short)
 
 
 _COMPACT_COLUMNS = ("node", "util", "memory", "temp", "power", "ECC/Xid", "jobs", "link")
@@ -214,7 +222,7 @@ def _compact(snapshot: Snapshot, width: int | None) -> RenderableType:
         if jobs + link > room:
             for row, node in zip(rows, snapshot.nodes, strict=True):
                 if len(row) > 1 and node.sample is not None:  # the ids' last part only
-                    row[6] = _node_jobs(node.sample.processes, short=True)
+                    row[6] = _jobs_cell(node.sample, short=True)
             jobs = max([len(_COMPACT_COLUMNS[6]), *(len(str(r[6])) for r in rows
                                                      if len(r) > 1)])
             link = max(4, min(link, max(room // 3, room - jobs)))
