@@ -54,15 +54,20 @@ def duration_s(text: str) -> float | None:
 
 
 def parse_when(text: str, option: str, now: float | None = None) -> float:
-    """`10m`, `2h`, `1d` ago; or a local date and time, `2026-11-30T13:05` or `13:05`."""
+    """`10m`, `2h`, `1d` ago; or a local date and time, `2026-11-30T13:05` or `13:05`: the
+    last 13:05 that has been (yesterday's, when it is 00:10 now: a log holds no future)."""
     now = time.time() if now is None else now
     ago = duration_s(text)
     if ago is not None:
         return now - ago
     try:
         if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text.strip()):
-            today = datetime.datetime.fromtimestamp(now).date().isoformat()
-            return datetime.datetime.fromisoformat(f"{today}T{text.strip()}").timestamp()
+            today = datetime.datetime.fromtimestamp(now).date()
+            when = datetime.datetime.fromisoformat(f"{today.isoformat()}T{text.strip()}")
+            if when.timestamp() > now:
+                when = datetime.datetime.combine(today - datetime.timedelta(days=1),
+                                                 when.time())
+            return when.timestamp()
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         raise GpuclusterError(f"{option} {text!r}: neither a duration ago nor a local time "

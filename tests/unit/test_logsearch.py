@@ -76,6 +76,9 @@ def test_since_and_until_take_durations_and_local_times() -> None:
     assert parse_when("10m", "--since", now) == now - 600
     assert parse_when("1.5h", "--since", now) == now - 5400
     assert parse_when("13:05", "--since", now) == now - 55 * 60
+    # A time of day still to come is yesterday's: at 00:10, 23:50 is 20 minutes ago
+    after_midnight = datetime.datetime(2026, 12, 1, 0, 10, 0).timestamp()
+    assert parse_when("23:50", "--since", after_midnight) == after_midnight - 20 * 60
     assert parse_when("2026-11-30T13:00:00", "--until", now) == now - 3600
     with pytest.raises(GpuclusterError, match=r"^--since 'yesterday': .* \(fix: e\.g\. "
                        r"--since 10m, 2h or 1d; or 13:05, 2026-11-30T13:05:00\)$"):
