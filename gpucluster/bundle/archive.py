@@ -27,7 +27,7 @@ _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
 def summary(collected: Collected, inventory_path: Path) -> str:
     lines = [f"# gpucluster bundle: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "",
-             f"Inventory: `{inventory_path}`; nodes: "
+             f"Inventory: `{inventory_path.absolute()}`; nodes: "  # as read elsewhere
              f"{hostrange.fold(list(collected.nodes))}; collected in "
              f"{collected.duration_s:.1f}s.", ""]
     record = collected.record
@@ -56,9 +56,12 @@ def summary(collected: Collected, inventory_path: Path) -> str:
     lines += ["", "## GPU errors found", ""]
     lines += _gpu_errors(collected) or [_no_gpu_errors(collected)]
     lines += ["", "## Doctor's other findings", ""]
-    lines += [f"- {r.host} `{r.name}` {r.status.value}: {r.message}"
-              for r in (collected.doctor.results if collected.doctor else [])
-              if r.status in (Status.FAIL, Status.WARN)] or ["None."]
+    findings = hostrange.hosts_by(  # what several nodes share, said once
+        ((r.name, r.status.value, r.message), r.host)
+        for r in (collected.doctor.results if collected.doctor else [])
+        if r.status in (Status.FAIL, Status.WARN))
+    lines += [f"- {hostrange.fold(hosts)} `{name}` {status}: {message}"
+              for (name, status, message), hosts in findings.items()] or ["None."]
     lines += _slurm(collected)
     lines += ["", "## What is where", "",
               "- `nodes/NODE/`: `doctor.json`, `nvidia-smi-q.txt`, `nvidia-smi-topo.txt`, "

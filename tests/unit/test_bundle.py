@@ -34,7 +34,9 @@ def test_the_summary_names_the_first_failure_the_lost_node_and_differing_fields(
                          failure)
     doctor = DoctorReport(("node1", "node2"), ("driver",), (
         CheckResult("driver", "node2", Status.FAIL, "driver 535 differs from 550"),
-        CheckResult("xid", "node1", Status.WARN, "1 Xid errors in the kernel log")),
+        CheckResult("xid", "node1", Status.WARN, "1 Xid errors in the kernel log"),
+        CheckResult("sudo", "node1", Status.WARN, "sudo asks for a password"),
+        CheckResult("sudo", "node2", Status.WARN, "sudo asks for a password")),
         summary={"driver": {"550.54": ["node1"], "535.104": ["node2"]},
                  "torch": {"2.13.0": ["node1", "node2"]}})
     nodes = {"node1": NodeBundle("node1", {"kernel-gpu.txt":
@@ -50,6 +52,7 @@ def test_the_summary_names_the_first_failure_the_lost_node_and_differing_fields(
     assert "torch" not in text.split("## Fields that differ")[1].split("##")[0]
     assert "- node1: Xid 79 on GPU 0000:18:00" in text
     assert "- node1: doctor `xid`: 1 Xid errors in the kernel log" in text
+    assert "- node[1-2] `sudo` WARN: sudo asks for a password\n" in text  # said once
 
 
 def test_a_job_that_ended_well_has_its_nodes_folded_by_state() -> None:
