@@ -37,7 +37,7 @@ from gpucluster.ssh_config import SshConfig
 from gpucluster.yaml_lines import LineDict, LineList
 
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # fullmatch: no "\n" tail
-_DOTTED_NUMBERS = re.compile(r"[0-9.]+")
+_DOTTED_NUMBERS = re.compile(r"[0-9]+(\.[0-9]*)+")  # not "01": an ssh_config alias may be
 
 
 class Validator:

@@ -103,6 +103,7 @@ hosts:
     ("hosts:\n  - name: a[1-2]\n    address: 10.0.0.[255-256]\n",
      ":3: address '10.0.0.256' is not an IP address"),
     ("hosts: [10.0.0.5, 10.0.0.300]\n", ":1: host name '10.0.0.300' is not an IP address"),
+    ("hosts:\n  - name: a\n    address: '10.0.0.'\n", ":3: address '10.0.0.' is not an IP"),
     ("hosts:\n  - name: gpu[01-04]\n    address: 10.0.0.[1-3]\n", ":2: 4 names but 3 addresses"),
     ("hosts:\n  - name: gpu[04-01]\n", ":2: bad host range in name"),
     ("hosts:\n  - address: 10.0.0.1\n", ":2: host entry has no `name`"),
