@@ -97,7 +97,9 @@ class JobStore:
             matches = [i for i in ids if i == job_id] or [
                 i for i in ids if i.startswith(job_id) or i.endswith(job_id)]
             if len(matches) != 1:
-                what = "matches no job" if not matches else f"is ambiguous ({len(matches)} jobs)"
+                named = ", ".join(matches[-3:]) + (", ..." if len(matches) > 3 else "")
+                what = "matches no job" if not matches else (
+                    f"is ambiguous ({len(matches)} jobs: {named})")
                 slurm = f"; a Slurm job is slurm-{job_id}" if job_id.isdigit() else ""
                 raise GpuclusterError(f"job {job_id!r} {what} (fix: gpucluster jobs lists "
                                       f"them{slurm})")

@@ -166,8 +166,8 @@ def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
     assert store.load("last").id == ids[1]  # as bundle, logs, stop... are told it
     assert store.load(ids[0][-4:]).id == ids[0]
     assert store.load(ids[0]).args == ["--x"]
-    with pytest.raises(GpuclusterError, match="ambiguous"):
-        store.load(ids[0][:8])
+    with pytest.raises(GpuclusterError, match=rf"ambiguous \(2 jobs: {ids[0]}, {ids[1]}\)"):
+        store.load(ids[0][:8])  # named, so the next try can pick one
     with pytest.raises(GpuclusterError, match="matches no job"):
         store.load("nope")
 
