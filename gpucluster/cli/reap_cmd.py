@@ -77,7 +77,9 @@ def reap(
             ended = core.end(session, loaded, listed, foreign, grace)
     failed = False
     payload: dict[str, Any] = {"schema": 1, "dry_run": not yes, "nodes": []}
-    quiet = [host for host, node in listed.items() if not node.processes and not node.error]
+    quiet = [host for host, node in listed.items()
+             if not node.processes and not node.error and not node.no_gpus]
+    gpu_less = [host for host, node in listed.items() if node.no_gpus]
     for host, node in listed.items():
         done = ended.get(host)
         left = {p.pid: why for p, why in done.left} if done else {}
@@ -85,13 +87,16 @@ def reap(
         failed = failed or bool(node.error) or bool(left) or bool(done and done.error)
         payload["nodes"].append({
             "host": host, "error": node.error or (done.error if done else "") or None,
+            "no_gpus": node.no_gpus,
             "freed_mib": done.freed_mib if done else 0,
             "processes": [{**_process_json(p), "ended": p.pid in mine and p.pid not in left,
                            "left": left.get(p.pid)} for p in node.processes]})
-        if not json_output and host not in quiet:
+        if not json_output and host not in quiet and host not in gpu_less:
             _print_node(err, host, node, done, left, mine, yes, foreign)
     if quiet and not json_output:  # one line for all of them, not one per node
         err.print(f"{escape(hostrange.fold(quiet))}: no GPU processes")
+    if gpu_less and not json_output:
+        err.print(f"{escape(hostrange.fold(gpu_less))}: no GPUs (no nvidia-smi there)")
     if json_output:
         out.file.write(json.dumps(payload, indent=2) + "\n")
     if failed:

@@ -27,6 +27,7 @@ class NodeProcesses:
     host: str
     processes: tuple[GpuProcess, ...] = ()
     error: str = ""  # nvidia-smi's or the connection's, when nothing could be listed
+    no_gpus: bool = False  # no nvidia-smi there: a CPU node, with nothing to list
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _list_on(connection: Connection, inventory: Inventory) -> NodeProcesses:
         return NodeProcesses(connection.host, error=(done.stderr.strip()[-300:] or
                                                      f"exit {done.exit_code}"))
     return NodeProcesses(connection.host, tuple(process_of(p) for p in payload["processes"]),
-                         str(payload.get("error") or ""))
+                         str(payload.get("error") or ""), bool(payload.get("no_gpus")))
 
 
 def list_processes(session: Session, inventory: Inventory,

@@ -136,6 +136,8 @@ def gpu_indexes():
 def processes(jobs_dir, node):
     try:
         rows = apps_now()
+    except FileNotFoundError:  # no NVIDIA driver (a CPU node): no GPU for anything to hold
+        return {"error": "", "processes": [], "no_gpus": True}
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
         return {"error": str(error), "processes": []}
     indexes = gpu_indexes() if rows else {}

@@ -570,3 +570,21 @@ def test_the_live_view_takes_c_to_switch_and_q_to_quit(tmp_path: Path) -> None:
         os.close(leader)
     assert code == 0
     assert modes & termios.ECHO and modes & termios.ICANON
+
+
+def test_a_node_without_nvidia_smi_has_no_gpus_to_reap_not_an_error(tmp_path: Path) -> None:
+    """A CPU node in the inventory (a login node, torch_device: cpu) made `reap` fail
+    with `[Errno 2] No such file or directory: 'nvidia-smi'` and exit 1, every time."""
+    listed = subprocess.run(
+        [sys.executable, str(template_dir() / "observe" / "node_gpus.py"), "processes",
+         str(tmp_path / "jobs"), "node3"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": str(tmp_path)}, check=True)  # no nvidia-smi on PATH
+    payload = json.loads(listed.stdout.strip().splitlines()[-1])
+    assert payload == {"error": "", "processes": [], "no_gpus": True}
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text(f"cluster: {{python: {sys.executable}}}\nhosts: [localhost]\n")
+    reaped = subprocess.run([sys.executable, "-m", "gpucluster", "reap", "-i", str(inventory)],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env={**os.environ, "PATH": str(tmp_path)}, check=False)
+    assert reaped.returncode == 0, reaped.stderr
+    assert reaped.stderr == "localhost: no GPUs (no nvidia-smi there)\n"
