@@ -269,8 +269,9 @@ def _alerts(port: int) -> list[dict]:
 
 
 # The panels of NVIDIA's "NVIDIA DCGM Exporter Dashboard" (Grafana 12239, in
-# dcgm-exporter's grafana/), but for its tensor core panel: DCGM's profiling counters
-# are not nvidia-smi's to read.
+# dcgm-exporter's grafana/) but those on DCGM's profiling counters, which are not
+# nvidia-smi's to read: its earlier revisions, which pick a node by `instance`, and the
+# current one, which picks it by `Hostname`.
 DASHBOARD_PANELS = (
     'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
     'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
@@ -279,7 +280,17 @@ DASHBOARD_PANELS = (
     'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
     'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
     'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+    'max(DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, uuid)',
+    'avg(DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname", gpu=~"$gpu"})',
+    'max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, '
+    'uuid)',
+    'sum(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (gpu))',
+    'max(DCGM_FI_DEV_SM_CLOCK{Hostname=~"$Hostname", gpu=~"$gpu"} * 1000000) by (Hostname, '
+    'UUID, gpu)',
+    'max(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, '
+    'GPU_I_ID, GPU_I_PROFILE)',
 )
+OWN_DASHBOARD = Path(__file__).parents[2] / "examples" / "grafana" / "gpucluster.json"
 
 
 def _label_values(port: int, label: str, metric: str) -> list[str]:
@@ -299,6 +310,37 @@ def _query(port: int, promql: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
     with urllib.request.urlopen(url, timeout=5) as answer:
         return json.loads(answer.read())["data"]["result"]
+
+
+def _dashboard_queries(path: Path) -> Iterator[tuple[str, str, str]]:
+    """Each query of a Grafana dashboard: its row's title, its panel's, its PromQL."""
+    row = ""
+    for panel in json.loads(path.read_text())["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        for target in panel.get("targets", []):
+            yield row, panel["title"], target["expr"]
+
+
+def _check_own_dashboard(port: int, cluster: Sandbox, job: str) -> None:
+    """examples/grafana/gpucluster.json as Grafana would ask, every node and the job
+    picked: each panel answers (Slurm's none: no Slurm is set up from here), the job's
+    panels a series per rank, and node3's staged heat is counted."""
+    answers: dict[str, list[dict]] = {}
+    for row, title, expr in _dashboard_queries(OWN_DASHBOARD):
+        answer = _query(port, expr.replace("$Hostname", ".*").replace("$job_id", job))
+        assert bool(answer) != (row == "Slurm"), (row, title, expr, answer)
+        answers[title] = answer
+    for title in ("GPU utilisation by rank", "GPU memory by rank"):
+        assert sorted(int(s["metric"]["rank"]) for s in answers[title]) == list(range(6)), \
+            (title, answers[title])
+    assert answers["Nodes up"][0]["value"][1] == "3", answers["Nodes up"]
+    assert answers["GPUs in jobs"][0]["value"][1] == "6", answers["GPUs in jobs"]
+    assert answers["GPUs held down"][0]["value"][1] == str(GPUS), answers["GPUs held down"]
+    assert {s["metric"]["Hostname"] for s in answers["GPU utilisation"]} == set(cluster.nodes)
+    one = _query(port, next(e for _, t, e in _dashboard_queries(OWN_DASHBOARD)
+                            if t == "GPU utilisation").replace("$Hostname", "node2"))
+    assert [s["metric"]["Hostname"] for s in one] == ["node2"] * GPUS, one
 
 
 def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
@@ -343,10 +385,14 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
             cluster.nodes
         for node in cluster.nodes:
             for panel in DASHBOARD_PANELS:
-                promql = panel.replace("$instance", node).replace("$gpu", ".*")
+                promql = panel.replace("$instance", node).replace("$Hostname", node) \
+                    .replace("$gpu", ".*")
                 answer = _query(prometheus_port, promql)
                 assert len(answer) == (1 if panel.startswith(("avg", "sum")) else GPUS), \
                     (promql, answer)
+        assert _label_values(prometheus_port, "Hostname", "DCGM_FI_DEV_FB_FREE") == \
+            cluster.nodes  # the current revision's node picker
+        _check_own_dashboard(prometheus_port, cluster, job)
         # An idle GPU's SM clock is the capture's idle one (345 MHz), in Hz on the panel.
         idle = _query(prometheus_port, 'DCGM_FI_DEV_SM_CLOCK{gpu=~"[2-7]"} * 1000000')
         assert sorted({s["value"][1] for s in idle}) == ["345000000"] and \
