@@ -159,9 +159,10 @@ def exporter(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """Serve the whole cluster's GPU metrics for Prometheus, from the controller: DCGM
-    exporter's metric names and labels (NVIDIA's Grafana dashboard works unchanged), plus
-    gpucluster_* metrics for jobs and ranks, NIC rates and node staleness. Nothing is
-    installed on the nodes. Runs until Ctrl-C."""
+    exporter's metric names and labels (NVIDIA's Grafana dashboard reads them), plus
+    gpucluster_* metrics for jobs and ranks, NIC rates and node staleness;
+    examples/grafana/ has a dashboard for all of them. Nothing is installed on the nodes.
+    Runs until Ctrl-C."""
     import threading
 
     from gpucluster.observe.exporter import ClusterCollector, endpoint, listening

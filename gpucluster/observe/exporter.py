@@ -1,6 +1,6 @@
 """`gpucluster exporter`: the samplers' latest frames as Prometheus metrics, under DCGM
-exporter's names and labels (so that NVIDIA's Grafana dashboard works unchanged) plus
-gpucluster_* metrics for jobs and ranks, NIC rates and staleness."""
+exporter's names and labels (so that NVIDIA's Grafana dashboard reads them, but for its
+profiling panels) plus gpucluster_* metrics for jobs and ranks, NIC rates and staleness."""
 
 from __future__ import annotations
 
