@@ -3,15 +3,14 @@ logs_cmd)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
+from gpucluster.cli.attach import attach
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -33,13 +32,12 @@ from gpucluster.cli.options import (
 from gpucluster.cli.views import common
 from gpucluster.cli.views import launch as view
 from gpucluster.env_names import is_env_name
-from gpucluster.errors import EXIT_FAILED, GpuclusterError, Interrupted
+from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
-    from gpucluster.launch.jobs import JobRecord, JobStore
-    from gpucluster.launch.model import JobOutcome, NodeState
-    from gpucluster.remote.session import Session
+    from gpucluster.launch.jobs import JobStore
+    from gpucluster.launch.model import NodeState
 
 GraceOption = Annotated[float, typer.Option(
     "--grace", min=0, metavar="SECONDS",
@@ -298,36 +296,3 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
                                   f"letters, digits and _ (fix: e.g. --env NCCL_DEBUG=INFO)")
         env[name] = value
     return env
-
-
-def attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
-            err: Console, live: bool, fail_fast: bool, grace: float,
-            nodes: list[str] | None = None, json_output: bool = False) -> None:
-    from gpucluster.launch import logsearch
-    from gpucluster.launch.follow import follow
-
-    outcome: JobOutcome
-    printer = view.line_printer(sys.stderr if json_output else sys.stdout)
-    try:
-        outcome = follow(session, inventory, record, store, printer,
-                         live=live, fail_fast=fail_fast, stop_on_interrupt=fail_fast,
-                         grace_s=grace, nodes=nodes,
-                         on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: {why}[/]"))
-    except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
-        raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
-    # Nodes that no longer have the job sent nothing: what the controller kept of their
-    # logs is shown instead, and said to be the copy.
-    gone = frozenset(n for n, s in outcome.states.items() if s.state == "missing")
-    kept = logsearch.merged(store, [record], logsearch.LogFilter(nodes=gone)) if gone else []
-    for line in kept:
-        printer(line.node, None if line.rank is None else str(line.rank), line.text)
-    if kept:
-        err.print(f"{hostrange.fold(line.node for line in kept)}: job {record.id} "
-                  f"is gone from the node; its lines above are the controller's copy")
-    view.print_outcome(err, outcome, store)
-    if json_output:
-        common.print_json(stdout_console(), view.outcome_payload(outcome, store))
-    if live:
-        raise typer.Exit(outcome.exit_code)  # followed to the end: the job's exit code
-    if any(s.state in ("unreachable", "missing") for s in outcome.states.values()):
-        raise typer.Exit(EXIT_FAILED)

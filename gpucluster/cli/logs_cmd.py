@@ -11,7 +11,8 @@ import typer
 
 from gpucluster import hostrange
 from gpucluster.cli import slurm_jobs
-from gpucluster.cli.launch_cmd import JobArgument, attach, job_store
+from gpucluster.cli.attach import attach
+from gpucluster.cli.launch_cmd import JobArgument, job_store
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -48,6 +49,10 @@ def logs(
                                         "2026-11-30T13:05.")] = None,
     until: Annotated[str | None, typer.Option(
         "--until", metavar="WHEN", help="Only lines until then (same forms).")] = None,
+    tail: Annotated[int | None, typer.Option(
+        "--tail", "-n", min=0, metavar="N",
+        help="Only the last N lines across the nodes, in time order (of those the other "
+             "options keep); with -f, then the lines that come.")] = None,
     all_jobs: Annotated[bool, typer.Option(
         "--all-jobs", help="Every job the controller has logs of, merged in time order "
                            "(from its copies: nothing is fetched).")] = False,
@@ -62,7 +67,8 @@ def logs(
     Also saved, one file per node, under .gpucluster/jobs/JOB/.
 
     With --grep, --rank, --since, --until, --all-jobs or --json, the lines are fetched,
-    filtered and merged in time order across nodes, each with its time.
+    filtered and merged in time order across nodes, each with its time (and --tail keeps
+    the last of them).
 
     JOB slurm-ID is a Slurm job: its output file (slurm-ID.out), read from its batch node."""
     from gpucluster.launch import logsearch
@@ -71,7 +77,7 @@ def logs(
     loaded = load_inventory(inventory)
     slurm_id = slurm_job(job)
     if slurm_id is not None:
-        if any(x is not None for x in (node, rank, grep, since, until)) or all_jobs \
+        if any(x is not None for x in (node, rank, grep, since, until, tail)) or all_jobs \
                 or json_output:
             raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown as it is: "
                                   f"only -f applies (fix: gpucluster logs {job} | grep ...)")
@@ -90,7 +96,8 @@ def logs(
             raise GpuclusterError("--all-jobs reads every job the controller has: not with "
                                   "a JOB or -f (fix: drop one)")
         records = [store.load(i) for i in store.ids()]
-        _print(logsearch.merged(store, records, keep), json_output, across_jobs=True)
+        _print(_last(logsearch.merged(store, records, keep), tail), json_output,
+               across_jobs=True)
         return
     record = store.load(job)
     world = sum(record.nproc_per_node.values())
@@ -110,13 +117,13 @@ def logs(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         if not searching:
             attach(session, loaded, store, record, stderr_console(), live=follow_live,
-                   fail_fast=False, grace=0, nodes=nodes)
+                   fail_fast=False, grace=0, nodes=nodes, tail=tail)
             return
         from gpucluster.launch.follow import follow
 
         follow(session, loaded, record, store, live=False, fail_fast=False,
                stop_on_interrupt=False, nodes=nodes)
-    found = logsearch.merged(store, [record], keep)
+    found = _last(logsearch.merged(store, [record], keep), tail)
     _print(found, json_output)
     if not found:
         print(_nothing_matched(store, record, keep), file=sys.stderr)
@@ -173,6 +180,10 @@ def _ranks(text: str) -> list[int]:
                                   f"the job's ranks, e.g. 0-15)")
         ranks.extend(range(int(low), last + 1))
     return ranks
+
+
+def _last(lines: list[LogLine], tail: int | None) -> list[LogLine]:
+    return lines if tail is None else lines[max(len(lines) - tail, 0):]
 
 
 def _print(lines: list[LogLine], json_output: bool, across_jobs: bool = False) -> None:

@@ -98,21 +98,27 @@ def _stamps(path: Path) -> list[float]:
 
 
 def _node_lines(store: JobStore, record: JobRecord, node: str) -> Iterator[LogLine]:
-    """The node's lines, the rotated part first. A line without a stamp of its own (a
-    node without bash, an older job) takes the previous one's, else the job's start."""
+    """The node's lines, the rotated part first, their stamps never going back (so that
+    a merge keeps each node's own order, and a tail of it is each node's last lines). A
+    line without a stamp of its own (a node without bash, an older job) takes the
+    previous one's, else the job's start; but lines past the last stamp of a running
+    job, which the stamper (a poll every 0.2 s) had not reached, were written before the
+    copy: they take its time, as the newest lines they are."""
     log = store.node_log(record.id, node)
+    last = record.started_at
     for path in (log.with_name(log.name + ROTATED_SUFFIX), log):
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
+            copied = path.stat().st_mtime
         except OSError:
             continue
         stamps = _stamps(path.with_name(path.name + TIMES_SUFFIX))
-        last = record.started_at
         for index, line in enumerate(text.splitlines()):
-            stamp = stamps[index] if index < len(stamps) and stamps[index] else last
-            last = stamp
+            # 0.0: a stamp missing, or no stamps at all; past them: not stamped yet
+            own = stamps[index] if index < len(stamps) else copied if stamps else 0.0
+            last = max(own or last, last)
             rank, message = split_rank(line)
-            yield LogLine(stamp, record.id, node, int(rank) if rank else None, message)
+            yield LogLine(last, record.id, node, int(rank) if rank else None, message)
 
 
 def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter) -> list[LogLine]:

@@ -61,6 +61,12 @@ def _ranks(node: str) -> list[int]:
     return found
 
 
+def events_of(cluster: Sandbox, job: str, rank: int) -> list[dict]:
+    lines = gpucluster("logs", "-i", str(cluster.inventory), job, "--rank", str(rank),
+                       "--json")
+    return [json.loads(line) for line in lines.stdout.splitlines()]
+
+
 def _environ(pid: int) -> dict[str, str]:
     entries = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
     return dict(e.split("=", 1) for e in entries if "=" in e)
@@ -129,6 +135,20 @@ def test_launch_debug_sets_the_variables_on_every_rank(cluster: Sandbox,
                f"no -w)" in elsewhere.stderr, elsewhere.stderr
         nothing = gpucluster("logs", "-i", str(cluster.inventory), job, "--grep", "no-such")
         assert nothing.stdout == "" and f"no line of job {job} matches" in nothing.stderr
+        # --tail: the last lines across the nodes in time order, as plain `logs` shows
+        # lines, or of a search's; the job is stopped first, so that no line comes between.
+        assert gpucluster("stop", "-i", str(cluster.inventory), job).code == 0
+        everything = gpucluster("logs", "-i", str(cluster.inventory), job, "--since", "1h")
+        timed = everything.stdout.splitlines()
+        last = gpucluster("logs", "-i", str(cluster.inventory), job, "-n", "4")
+        assert last.code == 0 and last.stdout.splitlines() == \
+            [line.split(" ", 1)[1] for line in timed[-4:]], (last.stdout, timed[-6:])
+        searched = gpucluster("logs", "-i", str(cluster.inventory), job, "--rank", "3",
+                              "--tail", "2", "--json")
+        assert [json.loads(e) for e in searched.stdout.splitlines()] == events_of(
+            cluster, job, rank=3)[-2:]
+        nothing = gpucluster("logs", "-i", str(cluster.inventory), job, "-n", "0")
+        assert nothing.code == 0 and nothing.stdout == "", nothing.stdout
         # Each line's stamp came with the log, in the same session: the copy has them.
         for node in cluster.nodes:
             copy = cluster.inventory.parent / ".gpucluster" / "jobs" / job / f"{node}.log"

@@ -450,12 +450,33 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
             [sys.executable, "-m", "gpucluster", "logs", "-i", inventory, "-f", job[-4:]],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         wait_for_ranks(follower, 6)
+        tailing = subprocess.Popen(  # the last 3 lines so far, then what comes
+            [sys.executable, "-m", "gpucluster", "logs", "-i", inventory, "-f", "-n", "3",
+             job], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert tailing.stdout is not None
+        first = tailing.stdout.readline()
+        assert first, tailing.stderr.read() if tailing.stderr else ""  # the tail came
+        time.sleep(6)  # ...and more lines after it (an epoch a second or two)
         stopped = gpucluster("stop", "-i", inventory, job, "--grace", "5")
         assert stopped.code == 0, stopped.stderr
         assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
         code, _, stderr, _ = finish(follower, 30)
         assert f"job {job}: stopped on node[1-3]" in stderr
         assert code == 1  # a stopped job did not succeed
+        # Read on through the buffer readline() filled: communicate() reads the pipe
+        # under it, and the lines buffered after `first` would be lost.
+        code = tailing.wait(timeout=30)
+        tailed, stderr = tailing.stdout.read(), tailing.stderr.read()  # type: ignore[union-attr]
+        assert code == 1 and f"job {job}: stopped on node[1-3]" in stderr, stderr
+        # Each node's lines in it are the end of that node's whole log: none twice, none
+        # missed between the tail and the live part (only rank 0 prints its epochs).
+        whole = gpucluster("logs", "-i", inventory, job).stdout.splitlines()
+        tailed_lines = [first.rstrip("\n"), *tailed.splitlines()]
+        assert len(tailed_lines) > 3, tailed_lines
+        for node in cluster.nodes:
+            own = [line for line in tailed_lines if line.startswith(f"[{node}/")]
+            log = [line for line in whole if line.startswith(f"[{node}/")]
+            assert own == log[len(log) - len(own):], (node, own, log)
         again = gpucluster("stop", "-i", inventory, job)  # nothing to stop: it says so
         assert again.code == 0, again.stderr
         assert again.stdout.strip() == \

@@ -4,6 +4,7 @@ JSON; and the per-node copy's size cap."""
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from pathlib import Path
 
@@ -46,10 +47,33 @@ def test_lines_of_all_nodes_merge_in_time_order_and_filter(tmp_path: Path) -> No
 
 
 def test_a_line_without_its_own_stamp_takes_the_one_before(tmp_path: Path) -> None:
-    store, record = _job(tmp_path, {"node1": [(101.0, "[0]:a"), (102.5, "[0]:b")]})
-    store.node_log(JOB, "node1").write_text("[0]:a\n[0]:b\n[0]:c\n")  # c: not stamped yet
-    assert [line.time for line in merged(store, [record], LogFilter())] == [101.0, 102.5,
-                                                                            102.5]
+    store, record = _job(tmp_path, {"node1": [(101.0, "[0]:a"), ("-", "[0]:b")],
+                                    "node2": [(101.5, "[2]:x")]})
+    store.node_log(JOB, "node2").with_name("node2.log.times").unlink()  # no bash there
+    assert [(line.node, line.time) for line in merged(store, [record], LogFilter())] == [
+        ("node2", 100.0), ("node1", 101.0), ("node1", 101.0)]  # node2: the job's start
+
+
+def test_lines_the_stamper_has_not_reached_are_as_new_as_the_copy(tmp_path: Path) -> None:
+    """A running job's newest lines, copied before the stamper (a poll every 0.2 s)
+    stamped them, took the stamp before theirs: a merge put them among older lines of
+    other nodes, and `logs -n` showed one rank's line but not the line written before it
+    on the same node."""
+    store, record = _job(tmp_path, {"node1": [(101.0, "[0]:a"), (102.5, "[1]:b")],
+                                    "node2": [(105.0, "[2]:x")]})
+    copy = store.node_log(JOB, "node1")
+    copy.write_text("[0]:a\n[1]:b\n[0]:c\n")  # c: not stamped yet
+    os.utime(copy, (110.0, 110.0))
+    assert [(line.text, line.time) for line in merged(store, [record], LogFilter())] == [
+        ("a", 101.0), ("b", 102.5), ("x", 105.0), ("c", 110.0)]
+
+
+def test_a_node_keeps_its_own_order_when_its_clock_steps_back(tmp_path: Path) -> None:
+    store, record = _job(tmp_path, {"node1": [(101.0, "[0]:a"), (104.0, "[0]:b"),
+                                              (102.0, "[0]:c")],
+                                    "node2": [(103.0, "[2]:x")]})
+    assert [line.text for line in merged(store, [record], LogFilter())] == ["a", "x", "b",
+                                                                            "c"]
 
 
 def test_ecs_fields_for_log_shippers() -> None:

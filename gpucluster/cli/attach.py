@@ -1,0 +1,102 @@
+"""Following a job's logs from the CLI (`launch`, `logs`): every node's lines as they
+come, or only the last few and then what comes, and how the job ended."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+from gpucluster import hostrange
+from gpucluster.cli.options import stdout_console
+from gpucluster.cli.views import common
+from gpucluster.cli.views import launch as view
+from gpucluster.errors import EXIT_FAILED, Interrupted
+
+if TYPE_CHECKING:
+    from gpucluster.inventory import Inventory
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.logsearch import LogLine
+    from gpucluster.launch.model import JobOutcome, OutputCallback
+    from gpucluster.remote.session import Session
+
+
+def attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
+           err: Console, live: bool, fail_fast: bool, grace: float,
+           nodes: list[str] | None = None, json_output: bool = False,
+           tail: int | None = None) -> None:
+    """Every node's log (live: until the job ends), then how the job ended. With `tail`,
+    only the last `tail` lines so far across the nodes, in time order; live, then the
+    lines that come after them."""
+    from gpucluster.launch import logsearch
+    from gpucluster.launch.follow import follow
+
+    outcome: JobOutcome
+    printer = view.line_printer(sys.stderr if json_output else sys.stdout)
+    shown: list[LogLine] = []
+    try:
+        if tail is not None:
+            outcome, sent = _show_tail(session, inventory, store, record, nodes, tail,
+                                       printer, shown)
+            printer = _skipping(printer, sent)  # a live follow streams them all again
+        if tail is None or live:
+            outcome = follow(session, inventory, record, store, printer,
+                             live=live, fail_fast=fail_fast, stop_on_interrupt=fail_fast,
+                             grace_s=grace, nodes=nodes,
+                             on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: "
+                                                               f"{why}[/]"))
+    except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
+        raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
+    # Nodes that no longer have the job sent nothing: what the controller kept of their
+    # logs is shown instead (with `tail`, it was among the lines shown), said to be the copy.
+    gone = frozenset(n for n, s in outcome.states.items() if s.state == "missing")
+    kept = ([] if tail is not None else
+            logsearch.merged(store, [record], logsearch.LogFilter(nodes=gone)) if gone else [])
+    for line in kept:
+        printer(line.node, None if line.rank is None else str(line.rank), line.text)
+    from_copy = [line.node for line in kept or shown if line.node in gone]
+    if from_copy:
+        err.print(f"{hostrange.fold(from_copy)}: job {record.id} "
+                  f"is gone from the node; its lines above are the controller's copy")
+    view.print_outcome(err, outcome, store)
+    if json_output:
+        common.print_json(stdout_console(), view.outcome_payload(outcome, store))
+    if live:
+        raise typer.Exit(outcome.exit_code)  # followed to the end: the job's exit code
+    if any(s.state in ("unreachable", "missing") for s in outcome.states.values()):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _show_tail(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
+               nodes: list[str] | None, tail: int, printer: OutputCallback,
+               shown: list[LogLine]) -> tuple[JobOutcome, Counter[str]]:
+    """The controller's copy brought up to date, its last `tail` lines printed (into
+    `shown` too); how the job stands, and how many lines each node sent."""
+    from gpucluster.launch import logsearch
+    from gpucluster.launch.follow import follow
+
+    sent: Counter[str] = Counter()
+    outcome = follow(session, inventory, record, store, lambda node, _, __: sent.update(
+        [node]), live=False, fail_fast=False, stop_on_interrupt=False, nodes=nodes)
+    lines = logsearch.merged(store, [record], logsearch.LogFilter(
+        nodes=frozenset(nodes) if nodes else None))
+    shown.extend(lines[max(len(lines) - tail, 0):])
+    for line in shown:
+        printer(line.node, None if line.rank is None else str(line.rank), line.text)
+    return outcome, sent
+
+
+def _skipping(printer: OutputCallback, counts: Counter[str]) -> OutputCallback:
+    """`printer`, but for each node's first `counts[node]` lines. Each node's lines come
+    from a thread of its own, so no two threads count down the same node."""
+    left = dict(counts)
+
+    def write(node: str, rank: str | None, text: str) -> None:
+        if left.get(node, 0) > 0:
+            left[node] -= 1
+            return
+        printer(node, rank, text)
+    return write
