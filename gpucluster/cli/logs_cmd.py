@@ -80,7 +80,8 @@ def logs(
         if any(x is not None for x in (node, rank, grep, since, until, tail)) or all_jobs \
                 or json_output:
             raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown as it is: "
-                                  f"only -f applies (fix: gpucluster logs {job} | grep ...)")
+                                  f"only -f applies (fix: gpucluster logs {job} | grep ..., "
+                                  f"or | tail -n N)")
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             slurm_jobs.output(session, loaded, slurm_id, live=follow_live)
         return

@@ -124,10 +124,11 @@ def test_logs_without_follow_shows_the_output_so_far_and_returns(
 def test_a_slurm_jobs_output_takes_no_search_options(tmp_path: Path) -> None:
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
-    done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--grep", "loss")
-    assert done.code == 2 and done.stderr.strip() == (
-        "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: only "
-        "-f applies (fix: gpucluster logs slurm-4 | grep ...)")
+    for option in (["--grep", "loss"], ["-n", "5"]):
+        done = gpucluster("logs", "-i", str(inventory), "slurm-4", *option)
+        assert done.code == 2 and done.stderr.strip() == (
+            "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: "
+            "only -f applies (fix: gpucluster logs slurm-4 | grep ..., or | tail -n N)")
 
 
 def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -> None:
