@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-KeyWait = Callable[[float], "str | None"]
+KeyWait = Callable[[float], str | None]  # the key pressed, or None
 
 
 @contextlib.contextmanager
