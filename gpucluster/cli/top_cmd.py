@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpucluster import hostrange
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -29,7 +30,7 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.wording import counted
 
 if TYPE_CHECKING:
-    from gpucluster.inventory import Host
+    from gpucluster.inventory import Host, Inventory
     from gpucluster.observe.slurm_queue import QueuePoller
     from gpucluster.observe.streams import ClusterStreams
     from gpucluster.remote.session import Session
@@ -49,6 +50,9 @@ def top(
         "--compact", help="A line per node, not per GPU (the live view does so by itself "
         "when a line per GPU would not fit the terminal).")] = False,
     json_output: JsonOption = False,
+    job: Annotated[str | None, typer.Option(
+        "--job", "-j", metavar="JOB", help="Only the nodes this job runs on: its id, a "
+        "unique part of it, or last.")] = None,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
     ask_sudo_pass: AskSudoPassOption = False,
@@ -69,6 +73,8 @@ def top(
 
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
+    if job is not None:
+        selected = _job_nodes(loaded, selected, job, hosts or group)
     out = stdout_console()
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session, \
@@ -98,6 +104,22 @@ def top(
             _live(streams, slurm, interval, compact)
         except KeyboardInterrupt:
             return
+
+
+def _job_nodes(inventory: Inventory, selected: list[Host], job: str,
+               narrowed: str | None) -> list[Host]:
+    """Of the selected hosts, those the job runs on (in the inventory's order)."""
+    from gpucluster.cli.launch_cmd import job_store
+
+    record = job_store(inventory).load(job)
+    chosen = [h for h in selected if h.name in record.hosts]
+    if not chosen:
+        where = f"none of them in -w/-g {narrowed}" if narrowed else \
+            f"none of them in {inventory.path} now"
+        raise GpuclusterError(f"job {record.id} ran on {hostrange.fold(record.hosts)}, "
+                              f"{where} (fix: gpucluster top without --job, or -w with "
+                              f"the job's nodes)")
+    return chosen
 
 
 def _batch(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,

@@ -124,8 +124,11 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
                 ranks[process["rank"]] = node["host"]
     assert sorted(ranks) == list(range(6))
     assert all(len({r for r, h in ranks.items() if h == host}) == 2 for host in cluster.nodes)
-    # -w selects hosts.
+    # -w selects hosts; --job the job's, among them.
     assert [n["host"] for n in top_once(cluster, "-w", "node2")["nodes"]] == ["node2"]
+    assert [n["host"] for n in top_once(cluster, "--job", job[-4:])["nodes"]] == cluster.nodes
+    assert [n["host"] for n in top_once(cluster, "-j", "last", "-w", "node[2-3]")[
+        "nodes"]] == ["node2", "node3"]
     # A line per node: each node's two ranks of the job
     compact = gpucluster("top", "-i", str(cluster.inventory), "--once", "--compact")
     assert compact.code == 0, compact.stderr

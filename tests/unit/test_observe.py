@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpucluster.observe.exporter import ClusterCollector
@@ -588,3 +589,27 @@ def test_a_node_without_nvidia_smi_has_no_gpus_to_reap_not_an_error(tmp_path: Pa
                             env={**os.environ, "PATH": str(tmp_path)}, check=False)
     assert reaped.returncode == 0, reaped.stderr
     assert reaped.stderr == "localhost: no GPUs (no nvidia-smi there)\n"
+
+
+def test_top_job_picks_the_nodes_the_job_runs_on(tmp_path: Path) -> None:
+    from gpucluster.cli.launch_cmd import job_store
+    from gpucluster.cli.top_cmd import _job_nodes
+    from gpucluster.errors import GpuclusterError
+    from gpucluster.inventory import load
+    from gpucluster.launch.jobs import JobRecord
+
+    path = tmp_path / "c.yaml"
+    path.write_text("hosts:\n" + "".join(f"  - {{name: node{i}, address: 10.0.0.{i}}}\n"
+                                         for i in range(1, 4)))
+    inventory = load(path)
+    job = "20261204-000324-d082"
+    job_store(inventory).save(JobRecord(job, "t.py", [], ["node3", "node2", "gone"], "/c",
+                                        "/j", 100.0, {"node2": 2, "node3": 2}))
+    picked = _job_nodes(inventory, inventory.select(), "d082", None)
+    assert [h.name for h in picked] == ["node2", "node3"]  # the inventory's order
+    assert [h.name for h in _job_nodes(inventory, inventory.select("node[1-2]"), "last",
+                                       "node[1-2]")] == ["node2"]
+    with pytest.raises(GpuclusterError, match=re.escape(
+            f"job {job} ran on gone,node[2-3], none of them in -w/-g node1 (fix: gpucluster "
+            f"top without --job, or -w with the job's nodes)")):
+        _job_nodes(inventory, inventory.select("node1"), job, "node1")
