@@ -77,13 +77,13 @@ def logs(
     loaded = load_inventory(inventory)
     slurm_id = slurm_job(job)
     if slurm_id is not None:
-        if any(x is not None for x in (node, rank, grep, since, until, tail)) or all_jobs \
+        if any(x is not None for x in (node, rank, grep, since, until)) or all_jobs \
                 or json_output:
             raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown as it is: "
-                                  f"only -f applies (fix: gpucluster logs {job} | grep ..., "
-                                  f"or | tail -n N)")
+                                  f"only -f and -n apply (fix: gpucluster logs {job} | grep "
+                                  f"...)")
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            slurm_jobs.output(session, loaded, slurm_id, live=follow_live)
+            slurm_jobs.output(session, loaded, slurm_id, live=follow_live, tail=tail)
         return
     store = job_store(loaded)
     keep = logsearch.LogFilter(

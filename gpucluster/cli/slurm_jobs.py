@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from gpucluster.slurm.queue import QueuedJob
 
 
-def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> None:
-    """The job's output to stdout: until it ends (`live`, then exit 1 unless it
-    COMPLETED), else what it has written so far; its state on stderr. Ctrl-C stops
-    following, never the job."""
+def output(session: Session, inventory: Inventory, job_id: str, live: bool,
+           tail: int | None = None) -> None:
+    """The job's output to stdout (from its last `tail` lines when given): until it ends
+    (`live`, then exit 1 unless it COMPLETED), else what it has written so far; its state
+    on stderr. Ctrl-C stops following, never the job."""
     from gpucluster.slurm.follow import follow, unknown_job
 
     def show(text: str) -> None:
@@ -36,7 +37,7 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool) -> N
     try:
         ended = follow(session, inventory, job_id, show,
                        lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"),
-                       live=live)
+                       live=live, tail=tail)
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (gpucluster stop "
                           f"slurm-{job_id} ends it)") from None

@@ -89,10 +89,10 @@ def job_info(connection: Connection, job_id: str) -> JobInfo | str:
 def follow(session: Session, inventory: Inventory, job_id: str,
            on_output: Callable[[str], None],
            on_status: Callable[[str], None] = lambda status: None,
-           live: bool = True) -> JobInfo:
+           live: bool = True, tail: int | None = None) -> JobInfo:
     """Stream the job's output to `on_output` until it ends (or, not `live`, what it has
-    written so far), and each change of its state to `on_status` while it has not
-    ended; its last JobInfo."""
+    written so far), from its last `tail` lines when given, and each change of its state
+    to `on_status` while it has not ended; its last JobInfo."""
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -115,7 +115,11 @@ def follow(session: Session, inventory: Inventory, job_id: str,
         if live and not info.ended and info.status != last.status:
             on_status(info.status)
         host = by_name.get(info.batch_host)
-        while host is not None and info.stdout:  # what the node has written since
+        if tail is not None and host is not None and info.stdout:
+            start = _last_lines_at(session, host, info.stdout, tail)
+            if start is not None:  # else not written yet: the next poll asks again
+                offset, tail = start, None
+        while host is not None and info.stdout and tail is None:  # what the node has written since
             chunk = _read_from(session, host, info.stdout, offset)
             offset += len(chunk)
             on_output(decoder.decode(chunk))
@@ -126,6 +130,20 @@ def follow(session: Session, inventory: Inventory, job_id: str,
             on_output(decoder.decode(b"", final=True))
             return info
         time.sleep(POLL_S)
+
+
+def _last_lines_at(session: Session, host: Host, path: str, lines: int) -> int | None:
+    """Where the file's last `lines` lines begin (measured in one shell, so that a line
+    written meanwhile cannot shift it); None while it cannot be read."""
+    quoted = shlex.quote(path)
+    try:
+        done = session.connection(host).run(
+            f"[ -r {quoted} ] || exit 3; size=$(wc -c < {quoted}); "
+            f"echo $(( size - $(head -c \"$size\" {quoted} | tail -n {lines} | wc -c) ))",
+            POLL_TIMEOUT_S)
+    except RemoteError:
+        return None
+    return int(done.stdout) if done.ok and done.stdout.strip().isdigit() else None
 
 
 def _read_from(session: Session, host: Host, path: str, offset: int) -> bytes:

@@ -240,6 +240,9 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     shown = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}")
     assert shown.code == 0 and shown.stdout == output, shown.stdout + shown.stderr
     assert f"Slurm job {job} completed" in shown.stderr
+    last = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}", "-n", "2")
+    assert last.code == 0 and last.stdout == "".join(output.splitlines(keepends=True)[-2:]), \
+        last.stdout
     # Slurm requeues a job (as it does when one of its nodes fails), here onto a node
     # the first start did not have: the output of both starts is kept, the new node
     # fetches the checkpoints from one that has them, and the second start resumes from

@@ -119,16 +119,22 @@ def test_logs_without_follow_shows_the_output_so_far_and_returns(
     shown: list[str] = []
     info = follow(session, session.inventory, "9", shown.append, live=False)
     assert "".join(shown) == "epoch 1\n" and info.state == "RUNNING" and not info.ended
+    # -n: from the start of its last lines (a last line without its newline is one)
+    out.write_text("epoch 1\nepoch 2\nepoch 3\nepo")
+    for lines, expected in ((2, "epoch 3\nepo"), (9, "epoch 1\nepoch 2\nepoch 3\nepo"),
+                            (0, "")):
+        shown.clear()
+        follow(session, session.inventory, "9", shown.append, live=False, tail=lines)
+        assert "".join(shown) == expected, (lines, shown)
 
 
 def test_a_slurm_jobs_output_takes_no_search_options(tmp_path: Path) -> None:
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
-    for option in (["--grep", "loss"], ["-n", "5"]):
-        done = gpucluster("logs", "-i", str(inventory), "slurm-4", *option)
-        assert done.code == 2 and done.stderr.strip() == (
-            "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: "
-            "only -f applies (fix: gpucluster logs slurm-4 | grep ..., or | tail -n N)")
+    done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--grep", "loss")
+    assert done.code == 2 and done.stderr.strip() == (
+        "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: "
+        "only -f and -n apply (fix: gpucluster logs slurm-4 | grep ...)")
 
 
 def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -> None:
