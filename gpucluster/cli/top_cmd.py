@@ -30,7 +30,7 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.wording import counted
 
 if TYPE_CHECKING:
-    from gpucluster.inventory import Host, Inventory
+    from gpucluster.inventory import Host
     from gpucluster.observe.slurm_queue import QueuePoller
     from gpucluster.observe.streams import ClusterStreams
     from gpucluster.remote.session import Session
@@ -52,7 +52,7 @@ def top(
     json_output: JsonOption = False,
     job: Annotated[str | None, typer.Option(
         "--job", "-j", metavar="JOB", help="Only the nodes this job runs on: its id, a "
-        "unique part of it, or last.")] = None,
+        "unique part of it, last, or slurm-ID for a Slurm job.")] = None,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
     ask_sudo_pass: AskSudoPassOption = False,
@@ -73,53 +73,77 @@ def top(
 
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
-    if job is not None:
-        selected = _job_nodes(loaded, selected, job, hosts or group)
     out = stdout_console()
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
-                      ask_sudo_pass) as session, \
-            _sudo_checked(session, selected, "top"), \
-            ClusterStreams(session, loaded, selected, interval) as streams, \
-            polled_where_set_up(session, loaded) as slurm:
-        streams.wait_first(max(h.connect_timeout or 10.0 for h in selected) + 20.0)
-        if once:
-            if slurm is not None:
-                slurm.wait_first(QUERY_TIMEOUT_S)
-            snapshot = take(streams, slurm)
-            if json_output:
-                out.file.write(json.dumps(to_json(snapshot), indent=2) + "\n")
-            else:
-                out.print(render(snapshot, out, compact))
-            if any(n.sample is None for n in snapshot.nodes):
-                raise typer.Exit(EXIT_FAILED)
-            return
-        try:
-            if json_output:
-                while True:
-                    out.file.write(json.dumps(to_json(take(streams, slurm))) + "\n")
-                    out.file.flush()
-                    time.sleep(interval)
-            if not out.is_terminal:
-                _batch(streams, slurm, interval, compact)
-            _live(streams, slurm, interval, compact)
-        except KeyboardInterrupt:
-            return
+                      ask_sudo_pass) as session:
+        if job is not None:
+            selected = _job_nodes(session, selected, job, hosts or group)
+        with _sudo_checked(session, selected, "top"), \
+                ClusterStreams(session, loaded, selected, interval) as streams, \
+                polled_where_set_up(session, loaded) as slurm:
+            streams.wait_first(max(h.connect_timeout or 10.0 for h in selected) + 20.0)
+            if once:
+                if slurm is not None:
+                    slurm.wait_first(QUERY_TIMEOUT_S)
+                snapshot = take(streams, slurm)
+                if json_output:
+                    out.file.write(json.dumps(to_json(snapshot), indent=2) + "\n")
+                else:
+                    out.print(render(snapshot, out, compact))
+                if any(n.sample is None for n in snapshot.nodes):
+                    raise typer.Exit(EXIT_FAILED)
+                return
+            try:
+                if json_output:
+                    while True:
+                        out.file.write(json.dumps(to_json(take(streams, slurm))) + "\n")
+                        out.file.flush()
+                        time.sleep(interval)
+                if not out.is_terminal:
+                    _batch(streams, slurm, interval, compact)
+                _live(streams, slurm, interval, compact)
+            except KeyboardInterrupt:
+                return
 
 
-def _job_nodes(inventory: Inventory, selected: list[Host], job: str,
+def _job_nodes(session: Session, selected: list[Host], job: str,
                narrowed: str | None) -> list[Host]:
-    """Of the selected hosts, those the job runs on (in the inventory's order)."""
+    """Of the selected hosts, those the job runs on (in the inventory's order): one of
+    ours from its record, a Slurm job from scontrol on the Slurm controller."""
     from gpucluster.cli.launch_cmd import job_store
+    from gpucluster.slurm.queue import slurm_job
 
-    record = job_store(inventory).load(job)
-    chosen = [h for h in selected if h.name in record.hosts]
+    inventory = session.inventory
+    slurm_id = slurm_job(job)
+    if slurm_id is None:
+        record = job_store(inventory).load(job)
+        name, nodes = f"job {record.id} ran", record.hosts
+    else:
+        name, nodes = f"Slurm job {slurm_id} runs", _slurm_nodes(session, slurm_id)
+    chosen = [h for h in selected if h.name in nodes]
     if not chosen:
         where = f"none of them in -w/-g {narrowed}" if narrowed else \
             f"none of them in {inventory.path} now"
-        raise GpuclusterError(f"job {record.id} ran on {hostrange.fold(record.hosts)}, "
-                              f"{where} (fix: gpucluster top without --job, or -w with "
-                              f"the job's nodes)")
+        raise GpuclusterError(f"{name} on {hostrange.fold(nodes)}, {where} (fix: "
+                              f"gpucluster top without --job, or -w with the job's nodes)")
     return chosen
+
+
+def _slurm_nodes(session: Session, job_id: str) -> list[str]:
+    """The nodes Slurm runs the job on; a job not running is one line saying so."""
+    from gpucluster.slurm.follow import job_info, unknown_job
+    from gpucluster.slurm.submit import submit_host
+
+    info = job_info(session.connection(submit_host(session.inventory)), job_id)
+    if isinstance(info, str):
+        raise GpuclusterError(f"Slurm job {job_id}: scontrol did not answer: {info} (fix: "
+                              f"try again; squeue -j {job_id} on a node shows it)")
+    if info.state == "":
+        raise unknown_job(job_id, "fix: gpucluster jobs lists Slurm's queue")
+    if info.state != "RUNNING" or not info.nodes:
+        raise GpuclusterError(f"Slurm job {job_id} is {info.status}: it runs on no node "
+                              f"now (fix: gpucluster top without --job)")
+    return hostrange.expand_list(info.nodes)
 
 
 def _batch(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,

@@ -338,6 +338,10 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     assert topped.code == 0, topped.stderr
     assert topped.json()["slurm"] == {"up": True, "error": None,
                                       "jobs": {"PENDING": 0, "RUNNING": 1}}, topped.stdout
+    itself = gpucluster("top", "-i", str(cluster.inventory), "--once", "--json", "-j",
+                        f"slurm-{running}")  # only the job's node
+    assert itself.code == 0 and [n["host"] for n in itself.json()["nodes"]] == ["node2"], \
+        itself.stdout + itself.stderr
     # jobs lists Slurm's queue; stop slurm-ID cancels the job and waits for its end.
     listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json")
     queued = {j["id"]: j for j in listed.json()["slurm"]}

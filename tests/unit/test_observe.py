@@ -597,19 +597,22 @@ def test_top_job_picks_the_nodes_the_job_runs_on(tmp_path: Path) -> None:
     from gpucluster.errors import GpuclusterError
     from gpucluster.inventory import load
     from gpucluster.launch.jobs import JobRecord
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
 
     path = tmp_path / "c.yaml"
     path.write_text("hosts:\n" + "".join(f"  - {{name: node{i}, address: 10.0.0.{i}}}\n"
                                          for i in range(1, 4)))
     inventory = load(path)
+    session = Session(inventory, SshOptions(tmp_path / "known_hosts"))  # never connects
     job = "20261204-000324-d082"
     job_store(inventory).save(JobRecord(job, "t.py", [], ["node3", "node2", "gone"], "/c",
                                         "/j", 100.0, {"node2": 2, "node3": 2}))
-    picked = _job_nodes(inventory, inventory.select(), "d082", None)
+    picked = _job_nodes(session, inventory.select(), "d082", None)
     assert [h.name for h in picked] == ["node2", "node3"]  # the inventory's order
-    assert [h.name for h in _job_nodes(inventory, inventory.select("node[1-2]"), "last",
+    assert [h.name for h in _job_nodes(session, inventory.select("node[1-2]"), "last",
                                        "node[1-2]")] == ["node2"]
     with pytest.raises(GpuclusterError, match=re.escape(
             f"job {job} ran on gone,node[2-3], none of them in -w/-g node1 (fix: gpucluster "
             f"top without --job, or -w with the job's nodes)")):
-        _job_nodes(inventory, inventory.select("node1"), job, "node1")
+        _job_nodes(session, inventory.select("node1"), job, "node1")

@@ -251,3 +251,22 @@ def test_top_sums_up_slurms_queue_or_says_why_it_cannot() -> None:
     # Where Slurm is not set up from here: not a word about it, and null.
     assert "Slurm" not in summary_line(Snapshot(0.0, 1.0, ())).plain
     assert to_json(Snapshot(0.0, 1.0, ()))["slurm"] is None
+
+
+def test_top_job_slurm_id_picks_the_nodes_slurm_runs_it_on(session: Session,
+                                                           tmp_path: Path) -> None:
+    from gpucluster.cli.top_cmd import _job_nodes
+
+    hosts = session.inventory.select()
+    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a "
+                                   "ExitCode=0:0 NodeList=a Reason=None'\n")
+    assert [h.name for h in _job_nodes(session, hosts, "slurm-12", None)] == ["a"]
+    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=b "
+                                   "ExitCode=0:0 NodeList=b Reason=None'\n")
+    with pytest.raises(GpuclusterError, match=r"^Slurm job 12 runs on b, none of them in "):
+        _job_nodes(session, hosts, "slurm-12", None)
+    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=PENDING BatchHost= "
+                                   "ExitCode=0:0 NodeList= Reason=Resources'\n")
+    with pytest.raises(GpuclusterError, match=r"^Slurm job 12 is pending \(Resources\): "
+                                              r"it runs on no node now \(fix: "):
+        _job_nodes(session, hosts, "slurm-12", None)
