@@ -39,8 +39,8 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     shown: list[LogLine] = []
     try:
         if tail is not None:
-            outcome, sent = _show_tail(session, inventory, store, record, nodes, tail,
-                                       printer, shown)
+            outcome, sent, shown = _show_tail(session, inventory, store, record, nodes,
+                                              tail, printer)
             printer = _skipping(printer, sent)  # a live follow streams them all again
         if tail is None or live:
             outcome = follow(session, inventory, record, store, printer,
@@ -53,10 +53,10 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     # Nodes that no longer have the job sent nothing: what the controller kept of their
     # logs is shown instead (with `tail`, it was among the lines shown), said to be the copy.
     gone = frozenset(n for n, s in outcome.states.items() if s.state == "missing")
-    kept = ([] if tail is not None else
-            logsearch.merged(store, [record], logsearch.LogFilter(nodes=gone)) if gone else [])
-    for line in kept:
-        printer(line.node, None if line.rank is None else str(line.rank), line.text)
+    kept: list[LogLine] = []
+    if gone and tail is None:
+        kept = logsearch.merged(store, [record], logsearch.LogFilter(nodes=gone))
+    _print_lines(printer, kept)
     from_copy = [line.node for line in kept or shown if line.node in gone]
     if from_copy:
         err.print(f"{hostrange.fold(from_copy)}: job {record.id} "
@@ -71,10 +71,10 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
 
 
 def _show_tail(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
-               nodes: list[str] | None, tail: int, printer: OutputCallback,
-               shown: list[LogLine]) -> tuple[JobOutcome, Counter[str]]:
-    """The controller's copy brought up to date, its last `tail` lines printed (into
-    `shown` too); how the job stands, and how many lines each node sent."""
+               nodes: list[str] | None, tail: int,
+               printer: OutputCallback) -> tuple[JobOutcome, Counter[str], list[LogLine]]:
+    """The controller's copy brought up to date and its last `tail` lines printed: how
+    the job stands, how many lines each node sent, and the lines printed."""
     from gpucluster.launch import logsearch
     from gpucluster.launch.follow import follow
 
@@ -83,10 +83,14 @@ def _show_tail(session: Session, inventory: Inventory, store: JobStore, record: 
         [node]), live=False, fail_fast=False, stop_on_interrupt=False, nodes=nodes)
     lines = logsearch.merged(store, [record], logsearch.LogFilter(
         nodes=frozenset(nodes) if nodes else None))
-    shown.extend(lines[max(len(lines) - tail, 0):])
-    for line in shown:
+    shown = lines[max(len(lines) - tail, 0):]
+    _print_lines(printer, shown)
+    return outcome, sent, shown
+
+
+def _print_lines(printer: OutputCallback, lines: list[LogLine]) -> None:
+    for line in lines:
         printer(line.node, None if line.rank is None else str(line.rank), line.text)
-    return outcome, sent
 
 
 def _skipping(printer: OutputCallback, counts: Counter[str]) -> OutputCallback:
