@@ -30,7 +30,7 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.wording import counted
 
 if TYPE_CHECKING:
-    from gpucluster.inventory import Host
+    from gpucluster.inventory import Host, Inventory
     from gpucluster.observe.slurm_queue import QueuePoller
     from gpucluster.observe.streams import ClusterStreams
     from gpucluster.remote.session import Session
@@ -69,15 +69,19 @@ def top(
     from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.snapshot import take, to_json
     from gpucluster.observe.streams import ClusterStreams
-    from gpucluster.slurm.queue import QUERY_TIMEOUT_S
+    from gpucluster.slurm.queue import QUERY_TIMEOUT_S, slurm_job
 
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
+    slurm_id = slurm_job(job)
+    if job is not None and slurm_id is None:  # ours: from its record, before any prompt
+        selected = _job_nodes(loaded, selected, job, hosts or group)
     out = stdout_console()
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
-        if job is not None:
-            selected = _job_nodes(session, selected, job, hosts or group)
+        if slurm_id is not None:
+            selected = _on_nodes(f"Slurm job {slurm_id} runs", _slurm_nodes(session, slurm_id),
+                                 loaded, selected, hosts or group)
         with _sudo_checked(session, selected, "top"), \
                 ClusterStreams(session, loaded, selected, interval) as streams, \
                 polled_where_set_up(session, loaded) as slurm:
@@ -106,20 +110,19 @@ def top(
                 return
 
 
-def _job_nodes(session: Session, selected: list[Host], job: str,
+def _job_nodes(inventory: Inventory, selected: list[Host], job: str,
                narrowed: str | None) -> list[Host]:
-    """Of the selected hosts, those the job runs on (in the inventory's order): one of
-    ours from its record, a Slurm job from scontrol on the Slurm controller."""
+    """Of the selected hosts, those a job of ours ran on, from its record."""
     from gpucluster.cli.launch_cmd import job_store
-    from gpucluster.slurm.queue import slurm_job
 
-    inventory = session.inventory
-    slurm_id = slurm_job(job)
-    if slurm_id is None:
-        record = job_store(inventory).load(job)
-        name, nodes = f"job {record.id} ran", record.hosts
-    else:
-        name, nodes = f"Slurm job {slurm_id} runs", _slurm_nodes(session, slurm_id)
+    record = job_store(inventory).load(job)
+    return _on_nodes(f"job {record.id} ran", record.hosts, inventory, selected, narrowed)
+
+
+def _on_nodes(name: str, nodes: list[str], inventory: Inventory, selected: list[Host],
+              narrowed: str | None) -> list[Host]:
+    """Of the selected hosts, those in `nodes` (in the inventory's order); none is one
+    line naming where the job is (`name`: "job ... ran")."""
     chosen = [h for h in selected if h.name in nodes]
     if not chosen:
         where = f"none of them in -w/-g {narrowed}" if narrowed else \

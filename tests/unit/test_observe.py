@@ -21,6 +21,7 @@ from gpucluster.observe.exporter import ClusterCollector
 from gpucluster.observe.model import NodeSample, bus_key, parse_frame
 from gpucluster.observe.snapshot import NodeView, Snapshot, to_json
 from gpucluster.templating import template_dir
+from tests.cli import gpucluster
 
 JOB = "20261130-120000-abcd"
 
@@ -597,22 +598,24 @@ def test_top_job_picks_the_nodes_the_job_runs_on(tmp_path: Path) -> None:
     from gpucluster.errors import GpuclusterError
     from gpucluster.inventory import load
     from gpucluster.launch.jobs import JobRecord
-    from gpucluster.remote.session import Session
-    from gpucluster.remote.ssh import SshOptions
 
     path = tmp_path / "c.yaml"
     path.write_text("hosts:\n" + "".join(f"  - {{name: node{i}, address: 10.0.0.{i}}}\n"
                                          for i in range(1, 4)))
     inventory = load(path)
-    session = Session(inventory, SshOptions(tmp_path / "known_hosts"))  # never connects
     job = "20261204-000324-d082"
     job_store(inventory).save(JobRecord(job, "t.py", [], ["node3", "node2", "gone"], "/c",
                                         "/j", 100.0, {"node2": 2, "node3": 2}))
-    picked = _job_nodes(session, inventory.select(), "d082", None)
+    picked = _job_nodes(inventory, inventory.select(), "d082", None)
     assert [h.name for h in picked] == ["node2", "node3"]  # the inventory's order
-    assert [h.name for h in _job_nodes(session, inventory.select("node[1-2]"), "last",
+    assert [h.name for h in _job_nodes(inventory, inventory.select("node[1-2]"), "last",
                                        "node[1-2]")] == ["node2"]
     with pytest.raises(GpuclusterError, match=re.escape(
             f"job {job} ran on gone,node[2-3], none of them in -w/-g node1 (fix: gpucluster "
             f"top without --job, or -w with the job's nodes)")):
-        _job_nodes(session, inventory.select("node1"), job, "node1")
+        _job_nodes(inventory, inventory.select("node1"), job, "node1")
+    # An unknown job is refused before any password is asked for.
+    done = gpucluster("top", "-i", str(path), "-j", "nope", "--ask-pass", stdin="secret\n")
+    assert done.code == 2 and done.stderr.strip() == (
+        "gpucluster: error: job 'nope' matches no job (fix: gpucluster jobs lists them)"), \
+        done.stderr

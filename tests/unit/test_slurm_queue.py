@@ -255,18 +255,21 @@ def test_top_sums_up_slurms_queue_or_says_why_it_cannot() -> None:
 
 def test_top_job_slurm_id_picks_the_nodes_slurm_runs_it_on(session: Session,
                                                            tmp_path: Path) -> None:
-    from gpucluster.cli.top_cmd import _job_nodes
+    from gpucluster.cli.top_cmd import _slurm_nodes
 
-    hosts = session.inventory.select()
     stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a "
-                                   "ExitCode=0:0 NodeList=a Reason=None'\n")
-    assert [h.name for h in _job_nodes(session, hosts, "slurm-12", None)] == ["a"]
-    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=b "
-                                   "ExitCode=0:0 NodeList=b Reason=None'\n")
-    with pytest.raises(GpuclusterError, match=r"^Slurm job 12 runs on b, none of them in "):
-        _job_nodes(session, hosts, "slurm-12", None)
+                                   "ExitCode=0:0 NodeList=a,b[1-2] Reason=None'\n")
+    assert _slurm_nodes(session, "12") == ["a", "b1", "b2"]
     stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=PENDING BatchHost= "
                                    "ExitCode=0:0 NodeList= Reason=Resources'\n")
     with pytest.raises(GpuclusterError, match=r"^Slurm job 12 is pending \(Resources\): "
                                               r"it runs on no node now \(fix: "):
-        _job_nodes(session, hosts, "slurm-12", None)
+        _slurm_nodes(session, "12")
+    # Through the CLI: a job on none of the inventory's nodes is one line.
+    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=b "
+                                   "ExitCode=0:0 NodeList=b Reason=None'\n")
+    done = gpucluster("top", "-i", str(session.inventory.path), "--once", "-j", "slurm-12")
+    assert done.code == 2 and done.stderr.strip() == (
+        f"gpucluster: error: Slurm job 12 runs on b, none of them in "
+        f"{session.inventory.path} now (fix: gpucluster top without --job, or -w with the "
+        f"job's nodes)"), done.stderr
