@@ -81,9 +81,8 @@ def _show_tail(session: Session, inventory: Inventory, store: JobStore, record: 
     sent: Counter[str] = Counter()
     outcome = follow(session, inventory, record, store, lambda node, _, __: sent.update(
         [node]), live=False, fail_fast=False, stop_on_interrupt=False, nodes=nodes)
-    lines = logsearch.merged(store, [record], logsearch.LogFilter(
-        nodes=frozenset(nodes) if nodes else None))
-    shown = lines[max(len(lines) - tail, 0):]
+    shown = logsearch.merged(store, [record], logsearch.LogFilter(
+        nodes=frozenset(nodes) if nodes else None), last=tail)
     _print_lines(printer, shown)
     return outcome, sent, shown
 

@@ -97,7 +97,7 @@ def logs(
             raise GpuclusterError("--all-jobs reads every job the controller has: not with "
                                   "a JOB or -f (fix: drop one)")
         records = [store.load(i) for i in store.ids()]
-        _print(_last(logsearch.merged(store, records, keep), tail), json_output,
+        _print(logsearch.merged(store, records, keep, last=tail), json_output,
                across_jobs=True)
         return
     record = store.load(job)
@@ -124,7 +124,7 @@ def logs(
 
         follow(session, loaded, record, store, live=False, fail_fast=False,
                stop_on_interrupt=False, nodes=nodes)
-    found = _last(logsearch.merged(store, [record], keep), tail)
+    found = logsearch.merged(store, [record], keep, last=tail)
     _print(found, json_output)
     if not found:
         print(_nothing_matched(store, record, keep), file=sys.stderr)
@@ -181,10 +181,6 @@ def _ranks(text: str) -> list[int]:
                                   f"the job's ranks, e.g. 0-15)")
         ranks.extend(range(int(low), last + 1))
     return ranks
-
-
-def _last(lines: list[LogLine], tail: int | None) -> list[LogLine]:
-    return lines if tail is None else lines[max(len(lines) - tail, 0):]
 
 
 def _print(lines: list[LogLine], json_output: bool, across_jobs: bool = False) -> None:

@@ -121,11 +121,14 @@ def _node_lines(store: JobStore, record: JobRecord, node: str) -> Iterator[LogLi
             yield LogLine(last, record.id, node, int(rank) if rank else None, message)
 
 
-def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter) -> list[LogLine]:
-    """Every kept line of these jobs, in time order (a node's own order within a stamp)."""
+def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,
+           last: int | None = None) -> list[LogLine]:
+    """Every kept line of these jobs, in time order (a node's own order within a stamp);
+    only the `last` of them when given."""
     lines = [line for record in records for node in record.hosts
              for line in _node_lines(store, record, node) if keep.keeps(line)]
-    return sorted(lines, key=lambda line: line.time)  # stable: per-node order kept
+    lines.sort(key=lambda line: line.time)  # stable: per-node order kept
+    return lines if last is None else lines[max(len(lines) - last, 0):]
 
 
 def ecs(line: LogLine) -> dict[str, Any]:

@@ -44,6 +44,9 @@ def test_lines_of_all_nodes_merge_in_time_order_and_filter(tmp_path: Path) -> No
     assert [line.text for line in window] == ["Traceback: RuntimeError boom"]
     assert [line.rank for line in merged(store, [record], LogFilter(
         nodes=frozenset({"node2"})))] == [2, 3]
+    assert [line.rank for line in merged(store, [record], LogFilter(), last=2)] == [3, None]
+    assert merged(store, [record], LogFilter(), last=0) == []
+    assert merged(store, [record], LogFilter(), last=99) == every
 
 
 def test_a_line_without_its_own_stamp_takes_the_one_before(tmp_path: Path) -> None:
