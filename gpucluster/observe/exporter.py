@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -171,15 +175,55 @@ def listening(address: str, port: int) -> Iterator[CollectorRegistry]:
     rather than after every node's connection."""
     registry = CollectorRegistry(auto_describe=False)
     try:
-        server, _ = start_http_server(port, addr=address, registry=registry)
+        server = _server(address, port, _routes(make_wsgi_app(registry)))
     except OSError as error:
         raise GpuclusterError(f"--listen {endpoint(address, port)}: cannot serve there: "
                               f"{_why_not(error, port)}") from None
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield registry
     finally:
         server.shutdown()
         server.server_close()
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+LANDING = (b"<html><head><title>gpucluster exporter</title></head><body>"
+           b"<h1>gpucluster exporter</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>")
+
+
+def _routes(metrics: WsgiApp) -> WsgiApp:
+    """/metrics, a landing page at / (as node_exporter has), 404 elsewhere:
+    prometheus-client's own app answers every path with the metrics, so a mistyped
+    `metrics_path` would scrape without a word instead of failing."""
+    def route(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [LANDING]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"404 not found: the metrics are at /metrics\n"]
+    return route
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape on the exporter's terminal."""
+
+
+def _server(address: str, port: int, app: WsgiApp) -> WSGIServer:
+    """A threaded WSGI server on ADDRESS:PORT, of the address family the address is
+    (an IPv6 one too), as prometheus-client's start_http_server makes it."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # a scrape in flight does not hold the exit
+        address_family = family
+
+    return make_server(str(sockaddr[0]), port, app, Server, handler_class=_Quiet)
 
 
 def endpoint(address: str, port: int) -> str:

@@ -191,6 +191,7 @@ def test_dcgm_series_carry_hpc_job_as_dcgm_exporters_job_mapping_does() -> None:
 
 
 def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None:
+    import urllib.error
     import urllib.request
 
     import pytest
@@ -215,6 +216,15 @@ def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None
         registry.register(ClusterCollector(_Streams()))  # type: ignore[arg-type]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
             assert 'gpucluster_node_up{Hostname="node1"} 1.0' in page.read().decode()
+        # Only there: a landing page links to it, and any other path is not found, so
+        # that a mistyped metrics_path fails its scrape instead of passing.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+            landing = page.read().decode()
+        assert 'href="/metrics"' in landing and "gpucluster_node_up" not in landing
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metric", timeout=5)
+        assert missing.value.code == 404
+        assert "the metrics are at /metrics" in missing.value.read().decode()
     with pytest.raises(ConnectionRefusedError):  # closed: nothing listens there any more
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
