@@ -53,6 +53,10 @@ def check_request(request: LaunchRequest) -> tuple[dict[str, workdir.LocalFile],
                               f"{request.workdir}, which is what the nodes get (fix: run "
                               f"launch from the script's project, or -C DIR with a "
                               f"directory that holds it)")
+    if candidate.is_dir():
+        raise GpuclusterError(f"{request.script} is a directory, not a script (fix: name the "
+                              f"script in it, e.g. {script / 'train.py'}, or -m PACKAGE to "
+                              f"run a package's __main__.py)")
     if relative is None or not candidate.is_file():
         raise GpuclusterError(f"{request.script}: no such file in {request.workdir} "
                               f"(fix: give the script's path inside the work directory)")

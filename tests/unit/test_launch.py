@@ -431,6 +431,10 @@ def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: 
             check_request(request(outside))
     with pytest.raises(GpuclusterError, match=r"src/none\.py: no such file in"):
         check_request(request("src/none.py"))
+    for directory in ("src", ".", str(tmp_path)):  # inside the work dir or not
+        with pytest.raises(GpuclusterError, match=rf"^{re.escape(directory)} is a directory, "
+                                                  r"not a script \(fix: name the script in "):
+            check_request(request(directory))
     with pytest.raises(GpuclusterError, match=r"skip/t\.py is excluded from the sync"):
         check_request(request("skip/t.py"))
     # A link to a script outside: the nodes would get the link, not the script.
