@@ -22,12 +22,15 @@ def template_dir() -> Path:
 def _environment() -> jinja2.Environment:
     import jinja2  # here, not above: ~25 ms of every command's start-up, for the few that render
 
+    from gpucluster.template_cache import bytecode_cache
+
     environment = jinja2.Environment(  # noqa: S701 - shell and config files, not HTML
         loader=jinja2.FileSystemLoader(template_dir()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        bytecode_cache=bytecode_cache(),
     )
     environment.filters["quote"] = lambda value: shlex.quote(str(value))
     return environment
