@@ -26,10 +26,10 @@ class TolerantCache(jinja2.FileSystemBytecodeCache):
 
 
 def bytecode_cache() -> jinja2.BytecodeCache | None:
-    """jinja2's per-user directory under the temp dir (`_jinja2-cache-UID`): it makes it
-    0700 and refuses one that another user owns or can write, since its entries are
-    unpickled and run. Where it is refused, or cannot be made, templates are compiled as
-    before."""
+    """jinja2's per-user directory under the temp dir (`_jinja2-cache-UID`): it makes and
+    keeps it 0700, and refuses one that another user owns or a link in its place, since
+    its entries are unpickled and run. Where it is refused, or cannot be made, templates
+    are compiled as before."""
     try:
         return TolerantCache()
     except (OSError, RuntimeError):
