@@ -194,8 +194,6 @@ def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None
     import urllib.error
     import urllib.request
 
-    import pytest
-
     from gpucluster.errors import GpuclusterError
     from gpucluster.observe.exporter import listening
 
