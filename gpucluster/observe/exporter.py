@@ -9,12 +9,12 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from gpucluster.errors import GpuclusterError
@@ -215,12 +215,12 @@ class _Quiet(WSGIRequestHandler):
 
 def _server(address: str, port: int, app: WsgiApp) -> WSGIServer:
     """A threaded WSGI server on ADDRESS:PORT, of the address family the address is
-    (an IPv6 one too), as prometheus-client's start_http_server makes it."""
+    (an IPv6 one too): prometheus-client's own server class, as its start_http_server
+    makes it, which takes no app of ours."""
     family, _, _, _, sockaddr = socket.getaddrinfo(
         address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
 
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True  # a scrape in flight does not hold the exit
+    class Server(ThreadingWSGIServer):
         address_family = family
 
     return make_server(str(sockaddr[0]), port, app, Server, handler_class=_Quiet)
