@@ -22,6 +22,7 @@ def template_dir() -> Path:
 def _environment() -> jinja2.Environment:
     import jinja2  # here, not above: ~25 ms of every command's start-up, for the few that render
 
+    from gpucluster.remote.connection import shell_path
     from gpucluster.template_cache import bytecode_cache
 
     environment = jinja2.Environment(  # noqa: S701 - shell and config files, not HTML
@@ -33,6 +34,8 @@ def _environment() -> jinja2.Environment:
         bytecode_cache=bytecode_cache(),
     )
     environment.filters["quote"] = lambda value: shlex.quote(str(value))
+    # A path on the nodes (cluster.python, work_dir): quoted, its leading ~/ expanded there.
+    environment.filters["node_path"] = lambda value: shell_path(str(value))
     return environment
 
 

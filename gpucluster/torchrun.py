@@ -6,6 +6,7 @@ exact rendezvous path jobs use."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,16 @@ class TorchrunSpec:
     # This node's cluster address: the rank-0 agent gives it to the workers for their
     # store (else its hostname, which peers may not resolve: the job then hangs)
     local_addr: str | None = None
+
+
+def command_line(argv: Sequence[str], as_is: Mapping[str, str] | None = None) -> str:
+    """`torchrun_argv`'s words as one shell line, each quoted: the program's with its
+    leading ~/ left for the node's shell to expand (cluster.torchrun may start so), and a
+    word in `as_is` replaced by its given shell form (a variable the node expands)."""
+    shown = as_is or {}
+    return " ".join(shown[word] if word in shown else
+                    shell_path(word) if index == 0 else shlex.quote(word)
+                    for index, word in enumerate(argv))
 
 
 def nproc_for(host: Host, override: int | None) -> int:

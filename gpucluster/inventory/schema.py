@@ -70,6 +70,31 @@ def _login(value: Any) -> str:
     return text
 
 
+def _from_root_or_home(text: str, example: str) -> str:
+    """A path on the nodes: from / or from the node user's home (~/, which the node's shell
+    expands). A relative one would mean the home in a plain SSH command and the work dir
+    inside a job, so it is refused rather than guessed."""
+    if text == "~" or text.startswith(("/", "~/")):
+        return text
+    if text.startswith("~"):
+        raise ValueError("start it with / or ~/ (the node user's home): ~NAME/ is not "
+                         "expanded")
+    raise ValueError(f"start it with / or ~/ (the node user's home), e.g. {example}")
+
+
+def _node_dir(value: Any) -> str:
+    text = _text(value)
+    return _from_root_or_home(text, f"~/{text}")
+
+
+def _node_program(value: Any) -> str:
+    """A name the nodes' PATH finds, or a path as `_from_root_or_home` takes it."""
+    text = _text(value)
+    if "/" not in text:
+        return text
+    return _from_root_or_home(text, f"~/{text} (or a name on the nodes' PATH)")
+
+
 def _connection(value: Any) -> str:
     if value not in ("auto", "ssh", "local"):
         raise ValueError("use one of: auto, ssh, local")
@@ -132,11 +157,11 @@ def _cluster_name(value: Any) -> str:
 CLUSTER_KEYS: dict[str, tuple[str, Converter]] = {
     "name": ("name", _cluster_name),
     "rendezvous_port": ("port", _port),
-    "python": ("string", _text),
-    "torchrun": ("string", _text),
+    "python": ("program", _node_program),
+    "torchrun": ("program", _node_program),
     "env": ("mapping", _env),
     "image": ("string", _text),
-    "work_dir": ("string", _text),
+    "work_dir": ("directory", _node_dir),
     "known_hosts": ("string", _text),
     "ssh_config": ("string", _text),
     "connect_timeout": ("seconds", _seconds),
@@ -163,7 +188,8 @@ HOST_KEYS: dict[str, tuple[str, Converter]] = {
 DEFAULTS_KEYS = {k: v for k, v in HOST_KEYS.items() if k not in ("name", "address", "spare")}
 # Keys a host may set to null to drop what `defaults` gave it.
 NULLABLE_KEYS = frozenset({"jump_host", "identity_file", "gpus", "gpu_model"})
-# Paths on the controller; paths on nodes (python, work_dir) are left as written.
+# Paths on the controller; paths on nodes (python, work_dir) are left as written, for the
+# node's shell to expand a leading ~/.
 PATH_KEYS = frozenset({"known_hosts", "ssh_config", "identity_file"})
 SMOKE_KEYS: dict[str, tuple[str, Converter]] = {
     "min_busbw_gbps": ("number", _positive_number),

@@ -31,6 +31,7 @@ from gpucluster.state import exclusive
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
     TorchrunSpec,
+    command_line,
     interface_exports,
     node_images_dir,
     nproc_for,
@@ -265,8 +266,7 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                                            host.jobs_use_gpus,
                                            names)
     # Every word quoted, except the log dir, which the node's shell expands.
-    command = " ".join(TORCHRUN_LOG_DIR_SHELL if word == TORCHRUN_LOG_DIR else
-                       shlex.quote(word) for word in argv)
+    command = command_line(argv, {TORCHRUN_LOG_DIR: TORCHRUN_LOG_DIR_SHELL})
     if container is not None:
         command = node_scripts.container_command(container, command, images_dir)
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None

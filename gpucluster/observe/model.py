@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster import clock_events
+from gpucluster.remote.connection import shell_path
 from gpucluster.templating import script_text
 
 
@@ -106,7 +107,7 @@ EXTRA_GPU_KEYS = ("sm_clock", "mem_clock", "mem_temp", "mem_util", "enc_util", "
 def node_gpus_command(python: str, *args: str) -> str:
     """The node script (templates/observe/node_gpus.py) run by the node's `python`; `args`
     go as given, each already quoted (or a shell expression the node expands)."""
-    return (f"{shlex.quote(python)} -u -c {shlex.quote(script_text('observe/node_gpus.py'))} "
+    return (f"{shell_path(python)} -u -c {shlex.quote(script_text('observe/node_gpus.py'))} "
             + " ".join(args))
 
 

@@ -134,7 +134,9 @@ def eval_stdin_lines(count: str) -> str:
 
 
 def shell_path(path: str) -> str:
-    """Quote a path; a leading ~/ stays expandable by the remote shell."""
+    """Quote a path; a leading ~/ (or ~ alone) stays expandable by the remote shell."""
+    if path == "~":
+        return '"$HOME"'
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])
     return shlex.quote(path)

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO
 
 from gpucluster.remote.connection import (
@@ -56,6 +57,7 @@ class LocalConnection:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # so a timeout can end the whole process group
+            cwd=_home(),
         )
         with self._lock:
             self._running.add(process)
@@ -118,6 +120,14 @@ def _pump(splitters: dict[IO[bytes], LineSplitter], deadline: float) -> None:
                     splitters[key.fileobj].feed(data)  # type: ignore[index]
                 else:
                     selector.unregister(key.fileobj)
+
+
+def _home() -> str:
+    """Where the command runs: the user's home, as sshd starts it (or / where there is
+    none), so a relative path means the same on this machine as over SSH, and never
+    whatever directory gpucluster was started in."""
+    home = Path("~").expanduser()
+    return str(home) if home.is_dir() else "/"
 
 
 def _feed(pipe: IO[bytes], stdin: Stdin, prefix: bytes) -> None:

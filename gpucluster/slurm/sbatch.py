@@ -5,7 +5,6 @@ node, the inventory's env, NCCL/gloo on the cluster interface, the image when as
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from gpucluster.templating import render
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
     TorchrunSpec,
+    command_line,
     node_images_dir,
     nproc_for,
     torchrun_argv,
@@ -67,7 +67,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     argv[endpoint] = f"{HEAD_ADDRESS}:{cluster.rendezvous_port}"
     expanded = {"$SLURM_NNODES", argv[endpoint], spec.rendezvous_id, NODE_ADDRESS}
     # Slurm's variables expand on the node; every other word is quoted.
-    command = " ".join(f'"{w}"' if w in expanded else shlex.quote(w) for w in argv)
+    command = command_line(argv, {word: f'"{word}"' for word in expanded})
     env = {**cluster.env, **(request.env or {})}
     container = None
     if request.image:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import statistics
 import uuid
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from gpucluster.remote.session import Session
 from gpucluster.torchrun import (
     JOB_VARIABLE,
     TorchrunSpec,
+    command_line,
     interface_exports,
     nproc_for,
     torchrun_argv,
@@ -79,7 +79,7 @@ def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int
     spec = TorchrunSpec(rendezvous_id, nproc, SCRIPT,
                         ("--sizes", sizes, "--iterations", str(iterations)),
                         join_timeout_s=JOIN_TIMEOUT_S, local_addr=host.address)
-    argv = " ".join(shlex.quote(part) for part in torchrun_argv(inventory, spec))
+    argv = command_line(torchrun_argv(inventory, spec))
     return (f"cd {shell_path(inventory.cluster.work_dir)} && "
             + interface_exports(host, inventory.cluster.env)
             + f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}; exec {argv}")

@@ -200,7 +200,7 @@ def test_sections_survive_garbage_and_truncation() -> None:
 def test_the_real_probe_runs_here_and_quotes_inventory_paths(tmp_path: Path) -> None:
     target = tmp_path / "pwned"
     path = tmp_path / "inventory.yaml"
-    path.write_text(f"cluster:\n  python: 'python3; touch {target}'\n"
+    path.write_text(f"cluster:\n  python: '/usr/bin/python3; touch {target}'\n"
                     f"  work_dir: '~/no such dir/$(touch {target})'\nhosts: [localhost]\n")
     loaded = inventory_module.load(path)
     sent = time.time()
@@ -213,6 +213,28 @@ def test_the_real_probe_runs_here_and_quotes_inventory_paths(tmp_path: Path) -> 
     assert found.ok_text("python") is None  # the odd path is looked up literally
     assert found.df_available_bytes("disk") is not None  # nearest existing parent
     assert found.clock_offset_s is not None and abs(found.clock_offset_s) < 5
+
+
+def test_paths_from_the_home_are_the_node_users_wherever_gpucluster_was_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    tools = home / "v env" / "bin"
+    tools.mkdir(parents=True)
+    for name in ("python", "torchrun"):
+        (tools / name).write_text("#!/bin/sh\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "inventory.yaml"
+    path.write_text("cluster:\n  python: ~/v env/bin/python\n  torchrun: ~/v env/bin/torchrun\n"
+                    "hosts: [localhost]\n")
+    script = probe.render_probe(inventory_module.load(path), frozenset({"python", "torchrun"}))
+    here = LocalConnection("localhost")
+    found = probe.parse_facts(here.run(script, timeout=60).stdout, time.time())
+    assert found.ok_text("python") == f"{tools}/python"
+    assert found.ok_text("torchrun") == f"{tools}/torchrun"
+    # As sshd does: a command starts in the home, not in the directory gpucluster runs in.
+    assert here.run("pwd", timeout=10).stdout.strip() == str(home)
 
 
 def test_torch_versions_are_cached_and_a_slow_first_import_is_stopped_and_named(

@@ -130,10 +130,29 @@ hosts:
     ("slurm:\n  srun_ports: 100-50\nhosts: [a]\n", ":2: slurm.srun_ports has a bad port range"),
     ("slurm:\n  node_timeout: 5\nhosts: [a]\n", ":2: slurm.node_timeout has a bad node timeout "
      "value 5 (fix: use whole seconds from 10 to 3600"),
+    # Relative to the home over SSH, to the work dir inside a job: never guessed.
+    ("cluster:\n  work_dir: jobs\nhosts: [a]\n", ":2: cluster.work_dir has a bad directory "
+     "value 'jobs' (fix: start it with / or ~/ (the node user's home), e.g. ~/jobs)"),
+    ("cluster:\n  torchrun: venv/bin/torchrun\nhosts: [a]\n", ":2: cluster.torchrun has a "
+     "bad program value 'venv/bin/torchrun' (fix: start it with / or ~/ (the node user's "
+     "home), e.g. ~/venv/bin/torchrun (or a name on the nodes' PATH))"),
+    ("cluster:\n  python: ./py\nhosts: [a]\n", ":2: cluster.python has a bad program"),
+    ("cluster:\n  work_dir: ~bob/jobs\nhosts: [a]\n", "~NAME/ is not expanded"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(
         write(tmp_path, text))
+
+
+def test_node_paths_from_the_root_or_the_home_and_programs_on_the_path(tmp_path: Path
+                                                                     ) -> None:
+    loaded = inventory.load(write(tmp_path, "cluster:\n  work_dir: ~/jobs\n"
+                                  "  python: ~/v env/bin/python\n  torchrun: torchrun2\n"
+                                  "hosts: [a]\n"))
+    assert (loaded.cluster.work_dir, loaded.cluster.python, loaded.cluster.torchrun) == (
+        "~/jobs", "~/v env/bin/python", "torchrun2")
+    assert inventory.load(write(tmp_path, "cluster:\n  work_dir: /srv/jobs\nhosts: [a]\n")
+                ).cluster.work_dir == "/srv/jobs"
 
 
 def test_unparsable_yaml_names_the_line(tmp_path: Path) -> None:

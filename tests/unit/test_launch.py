@@ -23,7 +23,7 @@ from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import FirstFailure, LaunchRequest, NodeState, parse_state
 from gpucluster.launch.request import check_nproc, check_request
 from gpucluster.launch.start import large_files_note, sync_summary
-from gpucluster.torchrun import TorchrunSpec, torchrun_argv
+from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
 from tests.cli import gpucluster
 
 
@@ -283,6 +283,24 @@ def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     image = node_scripts.Container("reg/my img:1", "gpucluster-job1", True, [])
     assert node_scripts.image_check(image, "/srv/images") == (
         "${GPC_SUDO:+sudo -n} \"$GPC_RT\" image inspect 'reg/my img:1' >/dev/null 2>&1")
+
+
+def test_a_torchrun_under_the_home_is_found_there_and_every_other_word_kept(
+        tmp_path: Path) -> None:
+    tools = tmp_path / "v env" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "$0" "$@"\n')
+    (tools / "torchrun").chmod(0o755)
+    path = tmp_path / "inventory.yaml"
+    path.write_text("cluster:\n  torchrun: ~/v env/bin/torchrun\nhosts: [a]\n")
+    argv = torchrun_argv(inventory_module.load(path),
+                         TorchrunSpec("job1", 1, "train.py", ("~/x", "$HOME", "a b")))
+    line = command_line(argv, {"job1": '"$JOB"'})
+    words = subprocess.run(["/bin/sh", "-c", line], env={"HOME": str(tmp_path), "JOB": "j"},
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert words[0] == f"{tools}/torchrun"
+    assert words[words.index("--rdzv-id") + 1] == "j"
+    assert words[-4:] == ["train.py", "~/x", "$HOME", "a b"]
 
 
 def test_more_processes_than_gpus_is_refused_where_jobs_use_gpus(tmp_path: Path) -> None:
