@@ -138,6 +138,10 @@ hosts:
      "home), e.g. ~/venv/bin/torchrun (or a name on the nodes' PATH))"),
     ("cluster:\n  python: ./py\nhosts: [a]\n", ":2: cluster.python has a bad program"),
     ("cluster:\n  work_dir: ~bob/jobs\nhosts: [a]\n", "~NAME/ is not expanded"),
+    ("cluster:\n  rendezvous_port: 22\nhosts: [n1, n2]\n", ":2: cluster.rendezvous_port 22 "
+     "is the SSH port of n[1-2] (fix: use a free port, e.g. 29500)"),
+    ("slurm:\n  srun_ports: 29000-29999\nhosts: [a]\n", ":2: cluster.rendezvous_port 29500 "
+     "is inside slurm.srun_ports 29000-29999 (fix: use a port outside that range"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(
