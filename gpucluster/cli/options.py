@@ -146,6 +146,9 @@ def write_output(output: Path | None, text: str, mode: int = 0o644) -> None:
 
 def chosen_image(inventory: Inventory, image: str | None, container: bool) -> str | None:
     """--image, else with --container the inventory's cluster.image; None: on the host."""
+    if image is not None and not image.strip():  # `--image "$IMAGE"` with it unset
+        raise GpuclusterError("--image '': no image named (fix: give --image NAME, or leave "
+                              "it out to run on the hosts)")
     chosen = image or (inventory.cluster.image if container else None)
     if container and chosen is None:
         raise GpuclusterError(f"{inventory.path}: --container needs cluster.image in the "

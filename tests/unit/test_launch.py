@@ -364,6 +364,9 @@ def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
     container = gpucluster("launch", "-i", str(inventory), "--container", "train.py",
                            cwd=str(tmp_path))
     assert container.code == 2 and "needs cluster.image" in container.stderr
+    unset = gpucluster("launch", "-i", str(inventory), "--image", "", "train.py",
+                       cwd=str(tmp_path))  # `--image "$IMAGE"`, the variable unset
+    assert unset.code == 2 and unset.stderr.startswith("gpucluster: error: --image '': no im")
     no_jobs = gpucluster("logs", "-i", str(inventory))
     assert no_jobs.code == 2 and "no jobs recorded" in no_jobs.stderr
 
