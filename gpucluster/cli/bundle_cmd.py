@@ -61,7 +61,7 @@ def bundle(
     loaded = load_inventory(inventory, hosts, group)
     store = job_store(loaded)
     slurm_id = slurm_job(job)
-    record = store.load(job) if job and slurm_id is None else None
+    record = store.load(job) if job is not None and slurm_id is None else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     named = record.id if record else (f"slurm-{slurm_id}" if slurm_id else "")
     target = archive_target(output, f"{BUNDLE_PREFIX}{named + '-' if named else ''}{stamp}"

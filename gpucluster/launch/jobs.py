@@ -91,6 +91,9 @@ class JobStore:
         if not ids:
             raise GpuclusterError(f"no jobs recorded in {self.root} (fix: start one with "
                                   f"gpucluster launch, from beside the same inventory)")
+        if job_id is not None and not job_id.strip():  # `stop "$JOB"`, the variable unset
+            raise GpuclusterError(f"job {job_id!r}: no job named (fix: an id or a unique "
+                                  f"part of it, or last; gpucluster jobs lists them)")
         if job_id is None or job_id == "last":
             chosen = ids[-1]
         else:

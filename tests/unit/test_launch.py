@@ -170,6 +170,12 @@ def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
         store.load(ids[0][:8])  # named, so the next try can pick one
     with pytest.raises(GpuclusterError, match="matches no job"):
         store.load("nope")
+    # `stop "$JOB"` with the variable unset: '' is a part of every id, but names no job.
+    alone = JobStore(tmp_path / "alone")
+    alone.save(store.load(ids[0]))
+    for empty in ("", " "):
+        with pytest.raises(GpuclusterError, match=rf"^job '{empty}': no job named \(fix: "):
+            alone.load(empty)
 
 
 def test_node_states_from_the_scripts_lines() -> None:
