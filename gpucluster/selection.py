@@ -8,9 +8,17 @@ from collections.abc import Sequence
 from gpucluster.errors import GpuclusterError
 
 
-def comma_list(value: str | None) -> list[str] | None:
-    """`a, b,,c` -> ['a', 'b', 'c']; None when the option was not given."""
-    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+def comma_list(value: str | None, option: str) -> list[str] | None:
+    """`a, b,,c` -> ['a', 'b', 'c']; None when the option was not given. Given with no
+    name in it (`--only "$STEPS"`, the variable unset) is an error: taken for not given,
+    `provision --only ''` ran every step, the firewall's included."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise GpuclusterError(f"{option} {value!r} names nothing (fix: give names separated "
+                              f"by commas, or leave {option} out)")
+    return names
 
 
 def select(known: Sequence[str], only: Sequence[str] | None, skip: Sequence[str] | None,

@@ -54,7 +54,7 @@ def doctor(
     if list_checks:
         print_check_list(stdout_console())
         return
-    selected = select_checks(comma_list(only), comma_list(skip))
+    selected = select_checks(comma_list(only, "--only"), comma_list(skip, "--skip"))
     loaded = load_inventory(inventory, hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session, \

@@ -58,6 +58,8 @@ def provision(
     from gpucluster.provision import runner
 
     loaded = load_inventory(inventory)
+    named = (comma_list(only, "--only"), comma_list(skip, "--skip"),
+             comma_list(with_, "--with"))
     console = stdout_console()
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
@@ -67,8 +69,7 @@ def provision(
             if any(r.outcome.value == "failed" for r in results):
                 raise typer.Exit(EXIT_FAILED)
             return
-        steps = runner.select_steps(comma_list(only), comma_list(skip), comma_list(with_),
-                                    loaded)
+        steps = runner.select_steps(*named, loaded)
         with common.byte_progress(stderr_console()) as on_bytes:
             report = runner.provision(session, loaded, steps, dry_run, force,
                                       on_image_progress=on_bytes, verify=verify)

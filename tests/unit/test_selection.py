@@ -24,5 +24,8 @@ def test_unknown_names_are_one_error_listing_the_known() -> None:
 
 
 def test_comma_list() -> None:
-    assert comma_list(" a, b,,c ") == ["a", "b", "c"]
-    assert comma_list(None) is None
+    assert comma_list(" a, b,,c ", "--only") == ["a", "b", "c"]
+    assert comma_list(None, "--only") is None
+    for nothing in ("", " , "):  # `--only "$STEPS"` with the variable unset: not "all"
+        with pytest.raises(GpuclusterError, match=rf"^--only {nothing!r} names nothing "):
+            comma_list(nothing, "--only")
