@@ -88,10 +88,10 @@ def logs(
     store = job_store(loaded)
     keep = logsearch.LogFilter(
         logsearch.parse_pattern(grep) if grep is not None else None,
-        logsearch.parse_when(since, "--since") if since else None,
-        logsearch.parse_when(until, "--until") if until else None,
-        frozenset(hostrange.expand(node)) if node else None,
-        frozenset(_ranks(rank)) if rank else None)
+        logsearch.parse_when(since, "--since") if since is not None else None,
+        logsearch.parse_when(until, "--until") if until is not None else None,
+        _nodes(node) if node is not None else None,
+        frozenset(_ranks(rank)) if rank is not None else None)
     if all_jobs:
         if job is not None or follow_live:
             raise GpuclusterError("--all-jobs reads every job the controller has: not with "
@@ -167,6 +167,14 @@ def _nothing_matched(store: JobStore, record: JobRecord, keep: LogFilter) -> str
 
 
 MAX_RANK = (1 << 20) - 1  # far beyond any world torchrun starts; bounds the set built
+
+
+def _nodes(text: str) -> frozenset[str]:
+    nodes = frozenset(hostrange.expand_list(text))
+    if not nodes:  # `-w "$NODE"` with the variable unset: never "every node"
+        raise GpuclusterError(f"--hosts {text!r} names no host (fix: one of the job's nodes, "
+                              f"e.g. node2, or no --hosts for all of them)")
+    return nodes
 
 
 def _ranks(text: str) -> list[int]:

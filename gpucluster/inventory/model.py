@@ -126,6 +126,9 @@ class Inventory:
         """Hosts named by a range list (`gpu[01-04],login1`) and/or in a group."""
         selected = list(self.hosts)
         if group is not None:
+            if not group.strip():  # `-g "$GROUP"` with the variable unset
+                raise GpuclusterError(f"--group {group!r} names no group (fix: a group of "
+                                      f"{self.path.name}, or no --group for every host)")
             if group not in self.groups:
                 raise GpuclusterError(f"{self.path}: no group {group!r} "
                                       f"({self._groups_fix(group)})")

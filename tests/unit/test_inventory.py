@@ -237,6 +237,8 @@ def test_selection_by_range_and_group(tmp_path: Path) -> None:
     # `-w "$NODES"` with the variable empty ran on nothing and said nothing, exit 0
     with pytest.raises(GpuclusterError, match=r"--hosts '' names no host \(fix: "):
         loaded.select("")
+    with pytest.raises(GpuclusterError, match=r"--group '' names no group \(fix: "):
+        loaded.select(group="")
     # An unclosed bracket was no piece of the list at all: "names no host", not the typo
     for typo in ("n[1-", "n1],n2"):
         with pytest.raises(GpuclusterError, match=rf"^--hosts '{re.escape(typo)}': unbalanced "
