@@ -62,6 +62,11 @@ def bundle(
     store = job_store(loaded)
     slurm_id = slurm_job(job)
     record = store.load(job) if job is not None and slurm_id is None else None
+    if record is not None:  # never another cluster's machine of the same name
+        from gpucluster.launch.control import hosts_of
+
+        selected = {h.name for h in loaded.hosts}
+        hosts_of(loaded, record, [n for n in record.hosts if n in selected])
     stamp = time.strftime("%Y%m%d-%H%M%S")
     named = record.id if record else (f"slurm-{slurm_id}" if slurm_id else "")
     target = archive_target(output, f"{BUNDLE_PREFIX}{named + '-' if named else ''}{stamp}"

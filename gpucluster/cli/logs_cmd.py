@@ -109,7 +109,7 @@ def logs(
         raise GpuclusterError(f"job {record.id} did not run on {hostrange.fold(unknown)} "
                               f"(fix: --hosts with one of {hostrange.fold(record.hosts)})")
     nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
-    _check_still_listed(loaded, store, record, nodes or record.hosts)
+    _check_askable(loaded, store, record, nodes or record.hosts)
     searching = any(x is not None for x in (grep, since, until, rank)) or json_output
     if searching and follow_live:
         raise GpuclusterError("-f shows the lines as they come, unfiltered: not with --grep, "
@@ -130,20 +130,22 @@ def logs(
         print(_nothing_matched(store, record, keep), file=sys.stderr)
 
 
-def _check_still_listed(inventory: Inventory, store: JobStore, record: JobRecord,
+def _check_askable(inventory: Inventory, store: JobStore, record: JobRecord,
                         nodes: list[str]) -> None:
-    """A node the inventory no longer lists (the cluster shrank) cannot be asked: say
-    which, and how to read the others and that node's copy here."""
-    listed = {h.name for h in inventory.hosts}
-    gone = [n for n in nodes if n not in listed]
-    if not gone:
+    """A node this inventory cannot ask about the job (the cluster shrank, or another
+    cluster's inventory beside this one): say why, and how to read the others and that
+    node's copy here."""
+    from gpucluster.launch.control import elsewhere
+
+    away = elsewhere(inventory, record, nodes)
+    if not away:
         return
-    others = [n for n in nodes if n in listed]
-    copies = [str(store.node_log(record.id, n)) for n in gone
+    others = [n for n in nodes if n not in away]
+    copies = [str(store.node_log(record.id, n)) for n in away
               if store.node_log(record.id, n).exists()]
     raise GpuclusterError(
-        f"job {record.id} ran on {hostrange.fold(gone)}, which {inventory.path} no longer "
-        f"lists (fix: the inventory the job was started with"
+        f"job {record.id} cannot be read through this inventory: {'; '.join(away.values())} "
+        f"(fix: {record.started_with()}"
         + (f", or -w {hostrange.fold(others)} for the others" if others else "")
         + (f"; the copy kept here: {', '.join(copies)}" if copies else "") + ")")
 

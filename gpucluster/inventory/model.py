@@ -41,6 +41,11 @@ class Host:
         return self.connection == "local"
 
     @property
+    def endpoint(self) -> str:
+        """Where it is reached: its address, and its port unless 22."""
+        return self.address if self.port == 22 else f"{self.address}:{self.port}"
+
+    @property
     def jobs_use_gpus(self) -> bool:
         """Jobs get this host's GPUs: one process per GPU, GPUs passed into containers."""
         return bool(self.gpus) and self.torch_device == "cuda"

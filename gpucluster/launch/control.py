@@ -46,15 +46,33 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
     return results
 
 
+def elsewhere(inventory: Inventory, record: JobRecord,
+              nodes: Sequence[str] | None = None) -> dict[str, str]:
+    """The job's nodes this inventory cannot ask about it, each with why: the cluster
+    shrank, or another inventory names another machine so (two clusters' inventories side
+    by side share .gpucluster/, and so the job records). Asking that machine would find
+    no trace of the job and call it gone while it runs on. The inventory the job was
+    started with, edited since (a node re-addressed), is taken at its word."""
+    listed = {h.name: h for h in inventory.hosts}
+    other_file = bool(record.inventory) and record.inventory != str(inventory.path.resolve())
+    why = {}
+    for node in (list(nodes) if nodes is not None else record.hosts):
+        host, then = listed.get(node), record.endpoints.get(node)
+        if host is None:
+            why[node] = f"{inventory.path.name} does not list {node}"
+        elif other_file and then is not None and host.endpoint != then:
+            why[node] = f"{node} ran it at {then}, {inventory.path.name} has it at {host.endpoint}"
+    return why
+
+
 def hosts_of(inventory: Inventory, record: JobRecord,
              nodes: Sequence[str] | None = None) -> list[Host]:
-    """The job's hosts as the inventory knows them now (a host since removed is an error)."""
+    """The job's hosts as the inventory knows them now (one it cannot ask is an error)."""
     wanted = list(nodes) if nodes is not None else record.hosts
-    missing = [n for n in wanted if n not in {h.name for h in inventory.hosts}]
-    if missing:
-        raise GpuclusterError(f"job {record.id} ran on {', '.join(missing)}, which the "
-                              f"inventory {inventory.path} no longer lists (fix: use the "
-                              f"inventory the job was started with)")
+    away = elsewhere(inventory, record, wanted)
+    if away:
+        raise GpuclusterError(f"job {record.id} cannot be reached through this inventory: "
+                              f"{'; '.join(away.values())} (fix: {record.started_with()})")
     return [inventory.host(n) for n in wanted]
 
 
@@ -62,8 +80,10 @@ def states(session: Session, inventory: Inventory,
            records: Sequence[JobRecord]) -> dict[str, dict[str, NodeState]]:
     """job id -> node -> state, one round trip per node for all jobs."""
     table: dict[str, dict[str, NodeState]] = {r.id: {} for r in records}
-    names = sorted({n for r in records for n in r.hosts} & {h.name for h in inventory.hosts})
-    by_node = {n: [r for r in records if n in r.hosts] for n in names}
+    # A node this inventory cannot ask about a job gets no state: "not in this inventory".
+    askable = {r.id: set(r.hosts) - set(elsewhere(inventory, r)) for r in records}
+    names = sorted(set().union(*askable.values()))
+    by_node = {n: [r for r in records if n in askable[r.id]] for n in names}
     jobs_dirs = {r.jobs_dir for r in records}
 
     def ask(connection: Connection) -> list[str]:

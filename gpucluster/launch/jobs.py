@@ -8,7 +8,7 @@ import re
 import secrets
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,20 @@ class JobRecord:
     env: dict[str, str] = field(default_factory=dict)  # the job's, secrets masked
     debug: bool = False  # started with launch --debug
     module: bool = False  # started with launch -m: script is a module name
+    inventory: str = ""  # the inventory it was started with (absolute)
+    # node -> where it was reached (address, :port unless 22): another cluster's inventory
+    # beside this one shares .gpucluster/ and may reuse the node names.
+    endpoints: dict[str, str] = field(default_factory=dict)
 
     def command(self) -> str:
         """What ran, as the user gave it: `train.py --lr 0.1` or `-m pkg.train ...`, each
         word quoted as a shell needs it (`'my run.py' 'a b'`), so that it can be pasted."""
         return shlex.join([*(["-m"] if self.module else []), self.script, *self.args])
+
+    def started_with(self) -> str:
+        """The fix for a node this inventory cannot ask about the job."""
+        return (f"-i {self.inventory}, the inventory it was started with" if self.inventory
+                else "the inventory the job was started with")
 
     def marker(self, node: str) -> str:
         """The environment value that tags every process of this job on `node`."""
@@ -110,8 +119,10 @@ class JobStore:
         path = self.directory(chosen) / "job.json"
         try:
             data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-            record = JobRecord(**data)
-        except (OSError, ValueError, TypeError) as error:
+            # Fields a newer gpucluster added are left out: a record stays readable.
+            known = {f.name for f in fields(JobRecord)}
+            record = JobRecord(**{k: v for k, v in data.items() if k in known})
+        except (OSError, ValueError, TypeError, AttributeError) as error:
             raise GpuclusterError(f"{path}: not a readable job record ({error}) (fix: "
                                   f"remove that job's directory)") from None
         # The id goes into node scripts and paths: only the directory's own name will do.

@@ -184,7 +184,9 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                         for h in inventory.hosts},
         image=request.image, attempt=request.attempt, run=request.run or "",
         checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"
-                       f"{request.run or job_id}", debug=request.debug, module=request.module)
+                       f"{request.run or job_id}", debug=request.debug, module=request.module,
+        inventory=str(inventory.path.resolve()),
+        endpoints={h.name: h.endpoint for h in inventory.hosts})
     record = dataclasses.replace(record, env=masked(env, request.secret_env))
     store.save(record)
     phase(f"starting job {record.id} (torchrun on {counted(len(inventory.hosts), 'node')})")

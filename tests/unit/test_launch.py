@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import re
 import shutil
@@ -857,7 +858,7 @@ def test_jobs_names_a_node_the_inventory_no_longer_lists() -> None:
     console = Console(width=200, record=True, file=io.StringIO())
     print_jobs(console, [record], {record.id: {n: NodeState(n, "stopped", None)
                                                for n in ("n1", "n2")}}, {})
-    assert "stopped: n[1-2], not in the inventory: n3" in console.export_text()
+    assert "stopped: n[1-2], not in this inventory: n3" in console.export_text()
 
 
 def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(
@@ -915,6 +916,38 @@ def test_prune_counts_checkpoints_by_their_files_not_empty_directories(tmp_path:
     assert sizes["a"] == "0" and int(sizes["b"]) >= 64 and sizes["c"] == "-", done.stdout
 
 
+def test_a_job_is_never_asked_for_on_another_clusters_machine_of_the_same_name(
+        tmp_path: Path) -> None:
+    """Two clusters' inventories side by side share .gpucluster/: `stop -i b.yaml` of a's
+    job asked b's n1, found nothing there and called the job stopped."""
+    from gpucluster.launch.control import hosts_of
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("hosts:\n  - {name: 'n[1-2]', address: '10.0.0.[1-2]'}\n")
+    b.write_text("hosts:\n  - {name: 'n[1-2]', address: '10.0.1.[1-2]', port: 2222}\n")
+    record = JobRecord("20261202-120000-abcd", "t.py", [], ["n1", "n2"], "/c", "/j", 0.0,
+                       {"n1": 1, "n2": 1}, inventory=str(a),
+                       endpoints={"n1": "10.0.0.1", "n2": "10.0.0.2"})
+    with pytest.raises(GpuclusterError) as caught:
+        hosts_of(inventory_module.load(b), record)
+    assert str(caught.value) == (
+        "job 20261202-120000-abcd cannot be reached through this inventory: n1 ran it at "
+        "10.0.0.1, b.yaml has it at 10.0.1.1:2222; n2 ran it at 10.0.0.2, b.yaml has it at "
+        f"10.0.1.2:2222 (fix: -i {a}, the inventory it was started with)")
+    assert [h.address for h in hosts_of(inventory_module.load(a), record)] == [
+        "10.0.0.1", "10.0.0.2"]
+    # Its own inventory, a node re-addressed since: taken at its word.
+    a.write_text("hosts:\n  - {name: n1, address: 10.0.0.1}\n  - {name: n2, address: 10.9.9.9}\n")
+    assert hosts_of(inventory_module.load(a), record)[1].address == "10.9.9.9"
+    # A record from before the fields, and one with a field from a newer gpucluster.
+    old = dataclasses.replace(record, inventory="", endpoints={})
+    assert len(hosts_of(inventory_module.load(b), old)) == 2
+    store = JobStore(tmp_path / ".gpucluster")
+    (store.save(record) / "job.json").write_text(json.dumps(
+        {**dataclasses.asdict(record), "from_the_future": 1}))
+    assert store.load(record.id) == record
+
+
 def test_logs_of_a_job_on_a_node_no_longer_listed_names_the_others_and_the_copy(
         tmp_path: Path) -> None:
     import subprocess
@@ -930,6 +963,7 @@ def test_logs_of_a_job_on_a_node_no_longer_listed_names_the_others_and_the_copy(
     result = subprocess.run([sys.executable, "-m", "gpucluster", "logs", "-i", str(inventory),
                              "last"], check=False, capture_output=True, text=True)
     assert (result.returncode, result.stderr) == (2, (
-        f"gpucluster: error: job {job_id} ran on n3, which {inventory} no longer lists "
-        f"(fix: the inventory the job was started with, or -w n[1-2] for the others; the "
+        f"gpucluster: error: job {job_id} cannot be read through this inventory: c.yaml "
+        f"does not list n3 (fix: the inventory the job was started with, or -w n[1-2] for "
+        f"the others; the "
         f"copy kept here: {store.node_log(job_id, 'n3')})\n"))

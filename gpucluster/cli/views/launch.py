@@ -137,8 +137,9 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
     rows = []
     for record in records:
         states = {node: table[record.id].get(node) for node in record.hosts}
-        # No state: the node is not in this inventory, so nobody asked it
-        by_state = hostrange.hosts_by(("not in the inventory" if state is None
+        # No state: this inventory does not list the node, or lists another machine by its
+        # name (control.elsewhere), so nobody asked it.
+        by_state = hostrange.hosts_by(("not in this inventory" if state is None
                                        else state.label, node)
                                       for node, state in states.items())
         summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
