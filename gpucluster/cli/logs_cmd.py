@@ -131,7 +131,7 @@ def logs(
 
 
 def _check_askable(inventory: Inventory, store: JobStore, record: JobRecord,
-                        nodes: list[str]) -> None:
+                   nodes: list[str]) -> None:
     """A node this inventory cannot ask about the job (the cluster shrank, or another
     cluster's inventory beside this one): say why, and how to read the others and that
     node's copy here."""
