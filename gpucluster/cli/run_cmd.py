@@ -61,6 +61,7 @@ def run(
 
         loaded = replace(loaded, cluster=replace(loaded.cluster, fanout=fanout))
     selected = loaded.select(hosts, group)
+    limit = timeout if timeout is not None else loaded.cluster.command_timeout
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
         from gpucluster.remote.sudo_check import require_sudo_password
@@ -69,7 +70,7 @@ def run(
         with common.host_progress(stderr_console(), len(selected), "hosts done") as advance:
             # The command's stdin is empty, as with `ssh -n`: a command that reads it ends
             # rather than waiting out its time limit for input that never comes.
-            result = session.run(selected, command, timeout=timeout, sudo=sudo, stdin=b"",
+            result = session.run(selected, command, timeout=limit, sudo=sudo, stdin=b"",
                                  env=loaded.cluster.env,
                                  on_done=lambda _host, _outcome: advance())
     console = stdout_console()
@@ -80,7 +81,6 @@ def run(
     summary = run_view.failure_summary(result)
     if summary is not None:
         if not json_output:
-            limit = timeout if timeout is not None else loaded.cluster.command_timeout
             stderr_console().print(f"[bold red]{summary}[/]" + run_view.timeout_fix(
                 result, limit))
         raise typer.Exit(EXIT_FAILED)
