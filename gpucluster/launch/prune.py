@@ -16,7 +16,7 @@ from pathlib import Path
 from gpucluster import hostrange, reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
-from gpucluster.launch.control import states
+from gpucluster.launch.control import elsewhere, states
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.logsearch import duration_s
 from gpucluster.launch.supervisor import supervisor_of
@@ -114,10 +114,18 @@ def _ended(session: Session, inventory: Inventory, store: JobStore,
            records: Sequence[JobRecord], skipped: list[tuple[str, str]]) -> list[JobRecord]:
     """The records whose every node answers that nothing of the job runs there."""
     table = states(session, inventory, records) if records else {}
+    listed = {h.name for h in inventory.hosts}
     ended = []
     for record in records:
+        # Listed here, but another machine: another cluster's inventory beside this one.
+        moved = [n for n in elsewhere(inventory, record) if n in listed]
         if supervisor_of(store, record.id) is not None:
             skipped.append((record.id, "its recovery supervisor still runs"))
+            continue
+        if moved:
+            skipped.append((record.id, f"it ran on another {hostrange.fold(moved)} than "
+                                       f"{inventory.path.name} lists (fix: "
+                                       f"{record.started_with()})"))
             continue
         by_state = hostrange.hosts_by((s.state, n) for n, s in table[record.id].items())
         if "running" in by_state:

@@ -781,6 +781,26 @@ def test_prune_forgets_ended_jobs_and_never_a_running_one(cluster: Sandbox,
         assert all("node3 did not answer" in kept.get(j, "") for j in on_node3), kept
         assert all((recorded / j).is_dir() for j in on_node3)
 
+        # Another cluster's inventory beside this one, the same names on other machines:
+        # nothing is pruned or stopped through it.
+        hosts = [dict(h) for h in cluster.data["hosts"]]
+        addresses = [h["address"] for h in hosts]
+        for host, address in zip(hosts, addresses[1:] + addresses[:1], strict=True):
+            host["address"] = address
+        other = cluster.write_inventory(cluster.inventory.parent / "other.yaml", hosts=hosts)
+        through = gpucluster("prune", "-i", str(other), "--older-than", "0", "--yes", "--json")
+        assert through.code == 0, through.stderr
+        kept = {s["job"]: s["why"] for s in json.loads(through.stdout)["skipped"]}
+        assert sorted(kept) == sorted([*ended, running]), kept
+        for why in kept.values():  # the inventory each was started with: never other.yaml
+            started_with = re.search(r"than other\.yaml lists \(fix: -i (\S+), the inventory "
+                                     r"it was started with\)", why)
+            assert started_with and Path(started_with[1]).name != "other.yaml", why
+            assert Path(started_with[1]).is_file(), why
+        refused = gpucluster("stop", "-i", str(other), running)
+        assert refused.code == 2 and "cannot be reached through this inventory" in \
+            refused.stderr, refused.stderr
+
         removed = gpucluster("prune", "-i", inventory, "--older-than", "0", "--yes", "--json")
         assert removed.code == 0, removed.stderr
         assert all(j["removed"] and not j["checkpoints_removed"]
