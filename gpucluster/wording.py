@@ -8,6 +8,11 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
+def endpoint(address: str, port: int) -> str:
+    """`10.0.0.1:22`, `[fd00::1]:22`: an IPv6 address in brackets, so the port stays apart."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 def size(count: int) -> str:
     """Bytes in binary units, one decimal where it says something: `7.2 KiB`, `64 KiB`,
     `286.1 MiB`."""

@@ -214,9 +214,10 @@ def exporter(
     Runs until Ctrl-C."""
     import threading
 
-    from gpucluster.observe.exporter import ClusterCollector, endpoint, listening
+    from gpucluster.observe.exporter import ClusterCollector, listening
     from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.streams import ClusterStreams
+    from gpucluster.wording import endpoint
 
     address, _, port = listen.rpartition(":")
     address = address.removeprefix("[").removesuffix("]")

@@ -10,6 +10,7 @@ from pathlib import Path
 from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError, HostRangeError
 from gpucluster.ssh_config import DEFAULT_SSH_CONFIG
+from gpucluster.wording import endpoint
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Host:
     @property
     def endpoint(self) -> str:
         """Where it is reached: its address, and its port unless 22."""
-        return self.address if self.port == 22 else f"{self.address}:{self.port}"
+        return self.address if self.port == 22 else endpoint(self.address, self.port)
 
     @property
     def jobs_use_gpus(self) -> bool:

@@ -22,6 +22,7 @@ from gpucluster.observe.model import Gpu, NodeSample
 from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.snapshot import NodeView, take
 from gpucluster.observe.streams import ClusterStreams
+from gpucluster.wording import endpoint
 
 GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
 # name, help (DCGM exporter's default-counters.csv), the frame's value
@@ -226,8 +227,6 @@ def _server(address: str, port: int, app: WsgiApp) -> WSGIServer:
     return make_server(str(sockaddr[0]), port, app, Server, handler_class=_Quiet)
 
 
-def endpoint(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def _why_not(error: OSError, port: int) -> str:

@@ -939,6 +939,10 @@ def test_a_job_is_never_asked_for_on_another_clusters_machine_of_the_same_name(
     # Its own inventory, a node re-addressed since: taken at its word.
     a.write_text("hosts:\n  - {name: n1, address: 10.0.0.1}\n  - {name: n2, address: 10.9.9.9}\n")
     assert hosts_of(inventory_module.load(a), record)[1].address == "10.9.9.9"
+    v6 = tmp_path / "v6.yaml"
+    v6.write_text("hosts:\n  - {name: n1, address: 'fd00::1', port: 2222}\n")
+    # The port stays apart from an IPv6 address.
+    assert inventory_module.load(v6).hosts[0].endpoint == "[fd00::1]:2222"
     # A record from before the fields, and one with a field from a newer gpucluster.
     old = dataclasses.replace(record, inventory="", endpoints={})
     assert len(hosts_of(inventory_module.load(b), old)) == 2
