@@ -10,7 +10,7 @@ import re
 from collections.abc import Hashable, Iterable
 from typing import TypeVar
 
-from gpucluster.errors import HostRangeError
+from gpucluster.errors import GpuclusterError, HostRangeError
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 _MAX_EXPANSION = 100_000  # a typo like node[1-999999999] must not eat the memory
@@ -65,6 +65,20 @@ def expand(pattern: str) -> list[str]:
     if len(values) * len(rests) > _MAX_EXPANSION:  # counted before anything is built
         raise HostRangeError(f"host range {pattern!r} expands to too many names", _TOO_MANY)
     return [head + value + rest for value in values for rest in rests]
+
+
+def hosts_option(patterns: str) -> list[str]:
+    """A `--hosts` value's names, in order; a typo, or a value naming nothing (`-w
+    "$NODES"` with the variable unset: never "every host"), is a one-line error."""
+    try:
+        wanted = expand_list(patterns)
+    except HostRangeError as error:
+        raise GpuclusterError(f"--hosts {patterns!r}: {error.reason} (fix: {error.fix})"
+                              ) from None
+    if not wanted:
+        raise GpuclusterError(f"--hosts {patterns!r} names no host (fix: a host list such as "
+                              f"node[1-2], or no --hosts for every host)")
+    return wanted
 
 
 def expand_list(patterns: str) -> list[str]:

@@ -90,7 +90,7 @@ def logs(
         logsearch.parse_pattern(grep) if grep is not None else None,
         logsearch.parse_when(since, "--since") if since is not None else None,
         logsearch.parse_when(until, "--until") if until is not None else None,
-        _nodes(node) if node is not None else None,
+        frozenset(hostrange.hosts_option(node)) if node is not None else None,
         frozenset(_ranks(rank)) if rank is not None else None)
     if all_jobs:
         if job is not None or follow_live:
@@ -169,14 +169,6 @@ def _nothing_matched(store: JobStore, record: JobRecord, keep: LogFilter) -> str
 
 
 MAX_RANK = (1 << 20) - 1  # far beyond any world torchrun starts; bounds the set built
-
-
-def _nodes(text: str) -> frozenset[str]:
-    nodes = frozenset(hostrange.expand_list(text))
-    if not nodes:  # `-w "$NODE"` with the variable unset: never "every node"
-        raise GpuclusterError(f"--hosts {text!r} names no host (fix: one of the job's nodes, "
-                              f"e.g. node2, or no --hosts for all of them)")
-    return nodes
 
 
 def _ranks(text: str) -> list[int]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpucluster import hostrange
-from gpucluster.errors import GpuclusterError, HostRangeError
+from gpucluster.errors import GpuclusterError
 from gpucluster.ssh_config import DEFAULT_SSH_CONFIG
 from gpucluster.wording import endpoint
 
@@ -141,15 +141,7 @@ class Inventory:
             members = set(self.groups[group])
             selected = [h for h in selected if h.name in members]
         if patterns is not None:
-            try:
-                wanted = hostrange.expand_list(patterns)
-            except HostRangeError as error:
-                raise GpuclusterError(f"--hosts {patterns!r}: {error.reason} (fix: "
-                                      f"{error.fix})") from None
-            if not wanted:  # `-w "$NODES"` with the variable unset: never "run on none"
-                raise GpuclusterError(f"--hosts {patterns!r} names no host (fix: a host "
-                                      f"list such as node[1-2], or no --hosts for every "
-                                      f"host)")
+            wanted = hostrange.hosts_option(patterns)
             names = {h.name for h in self.hosts}
             unknown = [n for n in wanted if n not in names]
             if unknown:
