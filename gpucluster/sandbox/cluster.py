@@ -62,8 +62,10 @@ def up(spec: SandboxSpec, inventory_path: Path,
     if previous is not None and "spec" not in previous:
         previous = None  # an `up` that failed early: only the targets it made count
     if previous is not None and previous["spec"]["subnet"] != spec.subnet:
-        raise SandboxError(f"sandbox {spec.name!r} is up on {previous['spec']['subnet']}; "
-                           f"run `gpucluster sandbox down --name {spec.name}` first")
+        subnet = previous['spec']['subnet']
+        raise SandboxError(f"sandbox {spec.name!r} is up on {subnet}: to repair or restage it, "
+                           f"add --subnet {subnet}; to move it, run "
+                           f"`gpucluster sandbox down --name {spec.name}` first")
     _check_subnet_free(spec)
     _check_inventory_writable(inventory_path, previous)
     sandbox = node.sandbox_dir(spec.name)
