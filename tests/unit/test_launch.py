@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,47 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
                              check=False)
     assert checked.returncode == 0, checked.stderr
     assert record.id in text
+
+
+def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) -> None:
+    """The leader is recorded once it has exec'd: between the fork and the exec its
+    environ is the start script's own, without the marker, and a follow or `jobs`
+    looking then took the job for ended (node3 printed nothing and stayed "running" in
+    a CI run). Looked at the moment the pid is written, before any round trip could
+    hide the gap (it was bare in about one look of five)."""
+    import shlex
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+                                 code_dir=shlex.quote(str(tmp_path)))
+    look = ('leader=$(cat "$job/leader.pid"); '
+            'grep -q -s -z -x -F -e "GPUCLUSTER_JOB=$GPUCLUSTER_JOB" "/proc/$leader/environ" '
+            '&& echo carries || echo bare')
+    # A large environment (conda, modules) makes the exec, and so the gap, longer.
+    padded = {**os.environ, **{f"GPC_PAD{index}": "x" * 100_000 for index in range(15)}}
+    looks, leaders = [], []
+    try:
+        for index in range(30):  # a node each: start refuses a node that runs a job
+            script = node_scripts.start_script(record, f"n{index}", "sleep 5", "", False,
+                                               None)
+            recorded = 'echo "$leader" > "$job/leader.pid"\n'
+            assert script.count(recorded) == 1
+            ran = subprocess.run(["sh", "-c", script.replace(recorded, recorded + look + "\n")],
+                                 capture_output=True, text=True, timeout=20, check=True,
+                                 env=padded)
+            leaders.append(int(ran.stdout.split("@@gpc started ")[1].split()[0]))
+            looks.append(ran.stdout.split()[0])
+    finally:
+        for leader in leaders:  # each leader heads a session (setsid) of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, 9)
+        for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
+            with contextlib.suppress(OSError):
+                for _ in range(50):
+                    if not Path(cgroup.read_text().strip(), "cgroup.procs").read_text():
+                        break
+                    time.sleep(0.05)
+                Path(cgroup.read_text().strip()).rmdir()
+    assert looks == ["carries"] * 30
 
 
 def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
