@@ -7,6 +7,7 @@ everything via .ci/run).
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -58,6 +59,16 @@ class Sandbox:
         finally:
             self.node_exec(node, "if [ -e ~/.bashrc.gpc-test ]; then mv -f ~/.bashrc.gpc-test "
                                  "~/.bashrc; else rm -f ~/.bashrc; fi")
+
+    def restage(self, *flags: str) -> None:
+        """`sandbox up` again on this live sandbox with `flags`, a fault staged (none: as
+        it was made); its inventory is rewritten as it was."""
+        subnet = ipaddress.ip_network(f"{next(iter(self.addresses.values()))}/24",
+                                      strict=False)  # a sandbox's subnet is a /24
+        up = gpucluster("sandbox", "up", "--name", self.name, "--subnet", str(subnet),
+                        "--nodes", str(len(self.nodes)), *flags, "--write-inventory",
+                        str(self.inventory), timeout=120)
+        assert up.code == 0, up.stdout + up.stderr
 
     def write_inventory(self, path: Path, **changes: object) -> Path:
         """A copy of the sandbox inventory with some top-level sections replaced."""

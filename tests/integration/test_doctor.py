@@ -24,13 +24,6 @@ def _results(payload: dict) -> dict[tuple[str, str], dict]:
     return {(r["check"], r["host"]): r for r in payload["results"]}
 
 
-def _up(sandbox: Sandbox, *flags: str) -> None:
-    done = gpucluster("sandbox", "up", "--name", sandbox.name, "--subnet", "198.19.0.0/24",
-                      "--nodes", "4", "--write-inventory", str(sandbox.inventory), *flags,
-                      timeout=120)
-    assert done.code == 0, done.stderr
-
-
 @pytest.fixture(scope="module")
 def resolvable(sandbox: Sandbox) -> Iterator[Sandbox]:
     """Every node knows every peer (what provision will do), removed afterwards."""
@@ -84,7 +77,7 @@ def test_list_and_selection() -> None:
 def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
     """Several problems at once, each on its own node; one doctor run judges them all."""
     sandbox = resolvable
-    _up(sandbox, "--driver", "node3=535.104.05", "--gpus", "node2=4", "--gpus", "node4=0")
+    sandbox.restage("--driver", "node3=535.104.05", "--gpus", "node2=4", "--gpus", "node4=0")
     rule = "INPUT -p tcp --dport 29500 -j DROP"
     sandbox.node_exec("node1", f"iptables -A {rule}")
     sandbox.node_exec("node2", f"sed -i '/^{sandbox.addresses['node3']} node3 /d' /etc/hosts")
@@ -108,7 +101,7 @@ def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
         sandbox.node_exec("node1", f"iptables -D {rule}")
         node3 = f"{sandbox.addresses['node3']} node3 {HOSTS_MARK}"
         sandbox.node_exec("node2", f"echo '{node3}' >> /etc/hosts")
-        _up(sandbox)
+        sandbox.restage()
 
 
 def test_staged_problems_exit_1(staged: tuple[Sandbox, dict, int]) -> None:
@@ -186,7 +179,7 @@ def test_duplicate_hostname_and_dead_node(resolvable: Sandbox) -> None:
         assert results[("driver", "node1")]["status"] == "OK"  # the others were checked
     finally:
         sandbox.node_exec("node2", "hostname node2")
-        _up(sandbox)
+        sandbox.restage()
 
 
 def test_a_slow_login_script_is_named_on_its_node(resolvable: Sandbox) -> None:
@@ -212,7 +205,7 @@ def test_a_hung_node_times_out_while_the_others_are_reported(resolvable: Sandbox
     # (a cold first import can take longer than the short --timeout below on a busy box).
     warm = gpucluster("doctor", "-i", str(sandbox.inventory), "--json", timeout=120)
     assert all(f["torch"] for f in warm.json()["facts"].values()), warm.stdout
-    _up(sandbox, "--driver", "node2=hung")  # its nvidia-smi never answers
+    sandbox.restage("--driver", "node2=hung")  # its nvidia-smi never answers
     try:
         # The hung node's nvidia-smi is cut by the probe only after 15 s per call, so any
         # --timeout under 15 s ends it; 10 s leaves the healthy nodes a wide margin.
@@ -231,4 +224,4 @@ def test_a_hung_node_times_out_while_the_others_are_reported(resolvable: Sandbox
         for node in ("node1", "node3", "node4"):
             assert results[("driver", node)]["status"] == "OK", results[("ssh", node)]
     finally:
-        _up(sandbox)
+        sandbox.restage()

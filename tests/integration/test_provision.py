@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpucluster import hostrange
 from tests.cli import gpucluster
-from tests.sandbox import Sandbox, busybox_image
+from tests.sandbox import Sandbox, busybox_image, start_sandbox
 
 pytestmark = pytest.mark.sandbox
 
@@ -33,20 +32,10 @@ WATCHED = "/etc/hosts /root/.ssh/authorized_keys /root/.ssh/known_hosts /root/.s
           "/root/.ssh/gpucluster_ed25519"
 
 
-def _up(inventory: Path, *flags: str) -> None:
-    done = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "3",
-                      "--write-inventory", str(inventory), *flags, timeout=120)
-    assert done.code == 0, done.stderr
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    inventory = tmp_path_factory.mktemp("provision") / "cluster.yaml"
-    gpucluster("sandbox", "down", "--name", NAME)
-    _up(inventory)
-    data = yaml.safe_load(inventory.read_text())
-    sandbox = Sandbox(NAME, inventory, [h["name"] for h in data["hosts"]],
-                      {h["name"]: h["address"] for h in data["hosts"]}, data)
+    sandbox = start_sandbox(tmp_path_factory.mktemp("provision") / "cluster.yaml", NAME,
+                            SUBNET, 3)
     for node in sandbox.nodes:  # a real firewall: default drop, SSH allowed
         sandbox.node_exec(node, f"{FIREWALL}; echo '10.9.9.9 keep-me' >> /etc/hosts")
     try:
@@ -314,7 +303,7 @@ def test_a_node_dying_mid_run_fails_alone_and_a_rerun_completes(cluster: Sandbox
     assert outcomes[("hosts", "node3")] == "failed"
     assert outcomes[("hosts", "node1")] == "changed" and outcomes[("hosts", "node2")] == "changed"
 
-    _up(cluster.inventory)  # node3 comes back (same keys, same files)
+    cluster.restage()  # node3 comes back (same keys, same files)
     code, again = _provision(cluster, "--skip", "parity")
     outcomes = _outcomes(again)
     assert code == 0, again
@@ -344,7 +333,7 @@ def test_a_node_that_does_not_answer_fails_every_step_after_one_wait(cluster: Sa
 
 
 def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None:
-    _up(cluster.inventory, "--driver", "node2=535.104.05")
+    cluster.restage("--driver", "node2=535.104.05")
     try:
         for node in cluster.nodes:  # leave work to do, to prove the gate changes nothing
             cluster.node_exec(node, "sed -i '/BEGIN gpucluster/,/END gpucluster/d' /etc/hosts")
@@ -360,7 +349,7 @@ def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None
         code, forced = _provision(cluster, "--force")
         assert code == 0 and _outcomes(forced)[("hosts", "node2")] == "changed"
     finally:
-        _up(cluster.inventory)
+        cluster.restage()
 
 
 @pytest.fixture(scope="module")
@@ -542,7 +531,7 @@ def test_smoke_with_a_node_that_does_not_answer_is_not_run_and_says_why(cluster:
 
 
 def test_smoke_names_the_node_with_a_slow_link(cluster: Sandbox) -> None:
-    _up(cluster.inventory, "--link-rate", "node3=20mbit")
+    cluster.restage("--link-rate", "node3=20mbit")
     try:
         result = gpucluster("smoke", "-i", str(cluster.inventory), "--json",
                             "--sizes", "65536", timeout=300)
@@ -550,7 +539,7 @@ def test_smoke_names_the_node_with_a_slow_link(cluster: Sandbox) -> None:
         assert list(payload["slow"]) == ["node3"], payload["per_node"]
         assert payload["slow"]["node3"].startswith("link to the head")
     finally:
-        _up(cluster.inventory)
+        cluster.restage()
 
 
 def test_ufw_rules_are_added_once_and_undone_exactly(cluster: Sandbox) -> None:

@@ -133,7 +133,7 @@ def test_a_node_whose_gpus_the_hardware_slows_does_not_rejoin(cluster: Sandbox,
                                                                project: Path) -> None:
     """After a failure, node4's GPUs held down by heat keep it out: its ranks would set
     the pace of the whole job."""
-    restage(cluster, "--clock-slowdown", "node4=hw_thermal")
+    cluster.restage("--clock-slowdown", "node4=hw_thermal")
     try:
         process = start(cluster, project, "train.py", "--", "--epochs", "5",
                         "--fail-at-epoch", "1")
@@ -146,14 +146,7 @@ def test_a_node_whose_gpus_the_hardware_slows_does_not_rejoin(cluster: Sandbox,
         assert "node4 quarantined for the rest of the run: clocks" in stderr
         assert leftovers(cluster) == []
     finally:
-        restage(cluster)
-
-
-def restage(cluster: Sandbox, *flags: str) -> None:
-    """`sandbox up` on the live sandbox with `flags` (none: as it was made)."""
-    up = gpucluster("sandbox", "up", "--name", NAME, "--subnet", SUBNET, "--nodes", "4",
-                    *flags, "--write-inventory", str(cluster.inventory), timeout=120)
-    assert up.code == 0, up.stderr
+        cluster.restage()
 
 
 def power_off(node: str) -> None:
@@ -173,7 +166,7 @@ def power_on(cluster: Sandbox, node: str) -> None:
     for chain in ("INPUT", "OUTPUT"):
         subprocess.run(["ip", "netns", "exec", f"{NAME}-{node}", "iptables", "-D", chain,
                         "-j", "DROP"], check=False)
-    restage(cluster)
+    cluster.restage()
 
 
 def test_a_spare_takes_a_powered_off_nodes_place_with_the_checkpoints(
