@@ -40,10 +40,17 @@ from gpucluster.torchrun import (
 from gpucluster.wording import counted, size
 
 # Doctor's checks that decide whether a job can start: no job of ours still running,
-# no process holding a GPU, and the rendezvous port free on the head and reachable.
+# the GPUs the inventory promises answering, none held by a process, and the rendezvous
+# port free on the head and reachable. The GPU checks read what gpu-processes reads: the
+# probe is no larger for them. Without them a node whose driver had failed started its
+# ranks, which died at CUDA's first call; under --recover that cost a whole attempt.
 # ssh: a node that does not answer refuses the launch at once, named with doctor's remedy
 # (else the sync's second connect waited its timeout again, then failed as "sync").
-PREFLIGHT_CHECKS = ("ssh", "jobs", "gpu-processes", "rendezvous-port")
+PREFLIGHT_CHECKS = ("ssh", "jobs", "nvidia-smi", "gpu-count", "gpu-processes",
+                    "rendezvous-port")
+# Warnings that do not refuse a start: a slow login only slows it; GPU counts that
+# differ between nodes the inventory gives no count for are --nproc-per-node's business.
+STARTS_DESPITE_WARNING = ("ssh", "gpu-count")
 # Outside a container torchrun is the node's own: a node without it would end the job
 # on every node with exit code 127; the check refuses first, naming cluster.torchrun.
 HOST_PREFLIGHT_CHECKS = (*PREFLIGHT_CHECKS, "torchrun")
@@ -60,13 +67,13 @@ def preflight(session: Session, inventory: Inventory, shells: WaitingShells, cod
     """Doctor's job-readiness checks, and in the same round trip Slurm's view of the node
     (outside_slurm) and each node's listing of its copy of the work dir (for the sync),
     run in the shells that start the job next.
-    Everything not OK or SKIP refuses the launch, but a slow login (ssh's WARN): it only
-    slows the start."""
+    Everything not OK or SKIP refuses the launch, but STARTS_DESPITE_WARNING's warnings."""
     report = run_doctor(session, inventory, [REGISTRY[name] for name in checks],
                         rider=outside_slurm.rider() + workdir.listing_command(code_dir),
                         probe_via=shells.step)
     return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)
-             and not (r.name == "ssh" and r.status is Status.WARN)], report.sections)
+             and not (r.name in STARTS_DESPITE_WARNING and r.status is Status.WARN)],
+            report.sections)
 
 
 def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
@@ -144,7 +151,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      request: LaunchRequest, phase: Callable[[str], None],
                      env: dict[str, str], shells: WaitingShells,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
-    phase("checking nodes (running jobs, GPU processes, rendezvous port"
+    phase("checking nodes (running jobs, GPUs and their processes, rendezvous port"
           + ("" if request.image else ", torchrun") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, shells, code_dir,

@@ -250,6 +250,39 @@ def test_a_node_that_does_not_answer_refuses_the_launch_at_once(cluster: Sandbox
     assert job_processes(cluster) == {}
 
 
+def test_a_node_whose_gpus_do_not_answer_refuses_the_launch(cluster: Sandbox,
+                                                            project: Path) -> None:
+    """Its ranks would die at CUDA's first call (the sandbox's run on the CPU and would
+    not): refused before anything starts, with doctor's findings and the way on."""
+    cluster.restage("--driver", "node3=failed")
+    try:
+        refused = gpucluster("launch", "-i", str(cluster.inventory), "train.py",
+                             cwd=str(project))
+    finally:
+        cluster.restage()
+    message = " ".join(refused.stderr.split())
+    assert refused.code == 1, message
+    assert "FAIL nvidia-smi node3: NVIDIA-SMI has failed because it couldn't communicate " \
+           "with the NVIDIA driver" in message, message
+    assert "node3 not ready for a new job (fix what the findings say, or start on the " \
+           "others only: -w node[1-2])" in message and "nothing was started" in message
+    # The inventory promises more GPUs than node2 has: refused too; counts that differ
+    # where the inventory says nothing only warn (doctor's), and the job starts.
+    hosts = [dict(h) for h in cluster.data["hosts"]]
+    hosts[1]["gpus"] = 16
+    promised = cluster.write_inventory(cluster.inventory.with_name("promised.yaml"),
+                                       hosts=hosts)
+    try:
+        short = gpucluster("launch", "-i", str(promised), "--nproc-per-node", "1",
+                           "train.py", cwd=str(project))
+    finally:
+        promised.unlink()
+    message = " ".join(short.stderr.split())
+    assert short.code == 1 and "FAIL gpu-count node2: 8 GPUs found, inventory expects 16" \
+        in message, message
+    assert job_processes(cluster) == {}
+
+
 def test_a_torchrun_missing_on_the_nodes_refuses_the_launch_naming_the_key(
         cluster: Sandbox, project: Path) -> None:
     text = cluster.inventory.read_text()

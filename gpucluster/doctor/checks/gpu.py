@@ -31,7 +31,8 @@ def runs_on_cpu(host: Host) -> bool:
     return host.torch_device == "cpu"
 
 
-@check("nvidia-smi", "gpu", "nvidia-smi is installed and can talk to the driver")
+@check("nvidia-smi", "gpu", "nvidia-smi is installed and can talk to the driver",
+       sections=("nvidia_smi_path", "gpus"))
 def nvidia_smi_present(context: Context) -> list[CheckResult]:
     results = []
     for host in context.answering():
@@ -55,7 +56,8 @@ def nvidia_smi_present(context: Context) -> list[CheckResult]:
     return results
 
 
-@check("gpu-count", "gpu", "GPU count matches the inventory's `gpus` and the other nodes")
+@check("gpu-count", "gpu", "GPU count matches the inventory's `gpus` and the other nodes",
+       sections=("nvidia_smi_path", "gpus"))
 def gpu_count(context: Context) -> list[CheckResult]:
     counts: dict[str, int] = {}
     results = []
