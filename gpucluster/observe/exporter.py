@@ -56,6 +56,10 @@ class ClusterCollector(Collector):
 
     def __init__(self, streams: ClusterStreams, slurm: QueuePoller | None = None) -> None:
         self.streams, self.slurm = streams, slurm
+        # The inventory's `gpus` per node, where it gives one: a node whose driver failed
+        # sends frames with no GPU, and only a count to compare with can say so.
+        self.expected_gpus = {h.name: h.gpus for h in streams.inventory.hosts
+                              if h.name in streams.nodes and h.gpus is not None}
 
     def collect(self) -> Iterator[Metric]:
         snapshot = take(self.streams, self.slurm)
@@ -72,6 +76,7 @@ class ClusterCollector(Collector):
                     family.add_sample(name, {**labels, **job}, float(value))
             yield family
         yield from _node_families(snapshot.nodes)
+        yield from _gpu_count_families(snapshot.nodes, self.expected_gpus)
         yield from _job_families(fresh)
         if snapshot.slurm is not None:
             yield from _slurm_families(snapshot.slurm)
@@ -114,6 +119,22 @@ def _node_families(nodes: tuple[NodeView, ...]) -> Iterator[Metric]:
             receive.add_metric([node.host, interface], float(rx))
             transmit.add_metric([node.host, interface], float(tx))
     yield from (up, age, load, receive, transmit)
+
+
+def _gpu_count_families(nodes: tuple[NodeView, ...], expected: dict[str, int]
+                        ) -> Iterator[Metric]:
+    answering = GaugeMetricFamily(
+        "gpucluster_node_gpus", "GPUs the node's nvidia-smi answers for (0 when it cannot "
+        "reach the driver); absent while the node is stale.", labels=["Hostname"])
+    promised = GaugeMetricFamily(
+        "gpucluster_node_gpus_expected", "GPUs the inventory's `gpus` gives the node (absent "
+        "where it gives none).", labels=["Hostname"])
+    for node in nodes:
+        if node.sample is not None and not node.stale:
+            answering.add_metric([node.host], float(len(node.sample.gpus)))
+        if node.host in expected:
+            promised.add_metric([node.host], float(expected[node.host]))
+    yield from (answering, promised)
 
 
 def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:

@@ -349,8 +349,12 @@ def _check_own_dashboard(port: int, cluster: Sandbox, job: str) -> None:
 def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
                                                 tmp_path: Path) -> None:
     exporter_port, prometheus_port = _free_port(), _free_port()
+    # The inventory promises node2 more GPUs than it has: one fell off the bus.
+    hosts = [dict(h) for h in cluster.data["hosts"]]
+    hosts[1]["gpus"] = GPUS + 1
+    promised = cluster.write_inventory(tmp_path / "promised.yaml", hosts=hosts)
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "gpucluster", "exporter", "-i", str(cluster.inventory),
+        [sys.executable, "-m", "gpucluster", "exporter", "-i", str(promised),
          "--listen", f"127.0.0.1:{exporter_port}"], stderr=subprocess.PIPE, text=True)
     config = _shipped_prometheus_config(tmp_path, exporter_port)
     prometheus = subprocess.Popen(
@@ -409,15 +413,18 @@ def test_a_real_prometheus_scrapes_the_exporter(cluster: Sandbox, job: str,
         assert sorted((s["metric"]["Hostname"], s["metric"]["gpu"]) for s in alert) == \
             [("node3", str(g)) for g in range(GPUS)]
         # The shipped alerts: node3's GPUs held down (pending: it waits 2 minutes to fire),
-        # and none of those that would mean trouble elsewhere.
+        # node2 short of a GPU, and none of those that would mean trouble elsewhere.
         held: set[tuple[str, str]] = set()
+        short: set[str] = set()
         deadline = time.monotonic() + 30
-        while not held and time.monotonic() < deadline:
+        while not (held and short) and time.monotonic() < deadline:
             time.sleep(1)
             alerts = _alerts(prometheus_port)
             held = {(a["Hostname"], a["gpu"]) for a in alerts
                     if a["alertname"] == "GpuclusterClocksHeldDown"}
+            short = {a["Hostname"] for a in alerts if a["alertname"] == "GpuclusterGpusMissing"}
         assert held == {("node3", str(g)) for g in range(GPUS)}, alerts
+        assert short == {"node2"}, alerts
         assert not {a["alertname"] for a in alerts} & {
             "GpuclusterNodeDown", "GpuclusterXidError", "GpuclusterUncorrectableEccErrors",
             "GpuclusterSlurmQueueUnread"}, alerts

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -144,9 +145,11 @@ class _Stream:
 class _Streams:
     interval_s = 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, expected_gpus: dict[str, int] | None = None) -> None:
         self.nodes = {"node1": _Stream(parse_frame(frame(xid=[["0000:18:00", 48]])), 0.3),
                       "node2": _Stream(parse_frame(frame()), 7.0)}
+        self.inventory = SimpleNamespace(hosts=[  # the inventory's `gpus`, where given
+            SimpleNamespace(name=name, gpus=gpus) for name, gpus in (expected_gpus or {}).items()])
 
 
 def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
@@ -171,6 +174,26 @@ def test_the_exporter_speaks_dcgm_names_and_leaves_stale_nodes_out() -> None:
     assert 'pid="99",rank="",user="alice"} 50.0' in text  # foreign, with its memory
     assert ('gpucluster_node_network_receive_bytes_per_second{Hostname="node1",'
             'interface="eth0"} 1000.0') in text
+
+
+def test_a_node_whose_driver_failed_is_counted_against_the_inventorys_gpus() -> None:
+    """Its frames come with no GPU: no DCGM series, nothing for an alert to see, but for
+    the count of GPUs answering beside the inventory's (GpuclusterGpusMissing)."""
+    failed = json.loads(frame(util=()))
+    failed.update(processes=[], error="NVIDIA-SMI has failed because it couldn't "
+                                      "communicate with the NVIDIA driver.")
+    streams = _Streams(expected_gpus={"node1": 2, "node3": 8, "elsewhere": 4})
+    streams.nodes["node3"] = _Stream(parse_frame(json.dumps(failed)), 0.3)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(streams))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    answering = dict(re.findall(r'^gpucluster_node_gpus\{Hostname="(\w+)"\} (\S+)$', text,
+                                re.M))
+    assert answering == {"node1": "2.0", "node3": "0.0"}  # node2 is stale: left out
+    expected = dict(re.findall(r'^gpucluster_node_gpus_expected\{Hostname="(\w+)"\} (\S+)$',
+                               text, re.M))
+    assert expected == {"node1": "2.0", "node3": "8.0"}  # node2: the inventory says none
+    assert 'Hostname="node3",UUID' not in text
 
 
 def test_dcgm_series_carry_hpc_job_as_dcgm_exporters_job_mapping_does() -> None:
