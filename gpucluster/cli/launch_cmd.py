@@ -255,7 +255,8 @@ def stop(
     if json_output:
         common.print_json(stdout_console(), view.stop_payload(record, results))
     else:
-        view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None)
+        view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None,
+                           newest_of_several=job in (None, "last") and len(store.ids()) > 1)
     if not view.stopped_cleanly(results):
         raise typer.Exit(EXIT_FAILED)
 

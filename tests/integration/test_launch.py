@@ -514,6 +514,12 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         assert again.code == 0, again.stderr
         assert again.stdout.strip() == \
             f"job {job} had already ended: nothing of it is left on node[1-3]"
+        newest = gpucluster("stop", "-i", inventory)  # not named: the newest, this one
+        several = len(list(recorded.iterdir())) > 1
+        assert " ".join(newest.stdout.split()) == (
+            f"job {job} had already ended: nothing of it is left on node[1-3]"
+            + ("; it is the newest job: another is stopped by its id (gpucluster jobs lists "
+               "them and their states)" if several else "")), newest.stdout
     finally:
         gpucluster("stop", "-i", inventory, job)
     assert job_processes(cluster) == {}
