@@ -44,7 +44,8 @@ def provision(
         "--verify", help="Test every node-to-node SSH pair even when nothing changed (a "
                          "run that changes the mesh always does).")] = False,
     undo: Annotated[str | None, typer.Option(
-        "--undo", metavar="STEP", help="Remove what a step added (firewall, slurm).")
+        "--undo", metavar="STEP",
+        help="Remove what a step added, exactly: ssh-mesh, hosts, firewall or slurm.")
     ] = None,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,

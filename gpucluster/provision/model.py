@@ -143,6 +143,14 @@ class Step:
         """After applying: a cluster-wide verification to report (empty: none)."""
         return {}
 
+    # What `--undo` says it did, counted: undo's list holds one item per unit.
+    undone = ("file cleaned", "files cleaned")
+
+    def undo(self, context: ProvisionContext, host: Host,
+             connection: LoggedConnection) -> list[str]:
+        """`--undo`: remove from this node exactly what the step added; what was done."""
+        raise NotImplementedError
+
     def note(self, context: ProvisionContext, host: Host) -> str:
         """Something the user should know about this node's result (empty: nothing)."""
         return ""

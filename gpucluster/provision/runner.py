@@ -46,7 +46,7 @@ STEP_TYPES: tuple[type[Step], ...] = (SshMeshStep, HostsStep, FirewallStep, Imag
                                       SlurmStep)
 STEP_NAMES = ("parity", *(s.name for s in STEP_TYPES), "smoke")
 OPTIONAL_STEPS = ("slurm",)  # in a run only with --with, or when the inventory asks
-UNDOABLE = ("firewall", "slurm")
+UNDOABLE = ("ssh-mesh", "hosts", "firewall", "slurm")
 
 
 @dataclass(frozen=True)
@@ -306,20 +306,19 @@ def _collect(step: str, result: FanoutResult[NodeResult]) -> dict[str, NodeResul
 
 
 def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
-    """`--undo firewall`: remove exactly the rules provision added; `--undo slurm`: stop
-    Slurm's and munge's daemons and remove the files the slurm step wrote."""
+    """`--undo STEP`: remove exactly what the step added on every node (the firewall's
+    rules; the mesh's key, line and blocks; the hosts block; Slurm's daemons and files)."""
     if what not in UNDOABLE:
-        raise GpuclusterError(f"--undo {what}: only {', '.join(UNDOABLE)} can be undone "
-                              f"(the hosts block and SSH mesh are harmless to keep)")
-    refusal = root_refusal(session, inventory, [what])
+        raise GpuclusterError(f"--undo {what}: not a step that can be undone (fix: one of "
+                              f"{', '.join(UNDOABLE)})")
+    state_dir = state_dir_for(inventory)
+    context = ProvisionContext(inventory, state_dir, dry_run=False)
+    step = next(kind() for kind in STEP_TYPES if kind.name == what)
+    refusal = root_refusal(session, inventory, [what] if step.needs_root(context) else [])
     if refusal:
         raise GpuclusterError(refusal)
-    state_dir = state_dir_for(inventory)
     log = CommandLog(new_log(state_dir / "logs", "undo-"))
-    context = ProvisionContext(inventory, state_dir, dry_run=False)
     run = _Run(session, inventory, log, context.down)
-    step = FirewallStep() if what == "firewall" else SlurmStep()
-    done = ("command", "commands") if what == "firewall" else ("path removed", "paths removed")
 
     def remove(host: Host, connection: LoggedConnection) -> NodeResult:
         try:
@@ -327,7 +326,7 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
         except GpuclusterError as error:
             return NodeResult(what, host.name, Outcome.FAILED, message=str(error))
         outcome = Outcome.CHANGED if undone else Outcome.OK
-        return NodeResult(what, host.name, outcome, message=counted(len(undone), *done)
+        return NodeResult(what, host.name, outcome, message=counted(len(undone), *step.undone)
                           if undone else f"nothing of the {what} step's to remove")
 
     result = run.each(remove)

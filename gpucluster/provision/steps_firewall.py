@@ -216,6 +216,8 @@ class FirewallStep(Step):
     name = "firewall"
     summary = "open the rendezvous port and NCCL/gloo ports to cluster addresses only"
 
+    undone = ("command", "commands")
+
     def needs_root(self, context: ProvisionContext) -> bool:
         return True
 

@@ -65,3 +65,13 @@ class HostsStep(Step):
         desired = files.with_block(current, self.block(context), at_top=True,
                                    name=context.inventory.cluster.name)
         files.write_atomically(connection, HOSTS_FILE, desired, "644", sudo=True)
+
+    def undo(self, context: ProvisionContext, host: Host,
+             connection: LoggedConnection) -> list[str]:
+        """The cluster's managed block goes; every other line stays as it is."""
+        current = files.read(connection, HOSTS_FILE)
+        kept = files.without_block(current or "", context.inventory.cluster.name)
+        if current is None or kept == current:
+            return []
+        files.write_atomically(connection, HOSTS_FILE, kept, "644", sudo=True)
+        return [HOSTS_FILE]

@@ -67,6 +67,8 @@ class SlurmStep(Step):
     summary = "munge, configless Slurm from the nodes' facts, verified with srun"
     cluster_wide = True
 
+    undone = ("path removed", "paths removed")
+
     def needs_root(self, context: ProvisionContext) -> bool:
         return True
 

@@ -25,6 +25,7 @@ from gpucluster.provision.model import (
     Step,
     hostnames,
 )
+from gpucluster.remote.connection import shell_path
 from gpucluster.remote.hostkeys import known_hosts_name
 from gpucluster.templating import render
 
@@ -172,6 +173,34 @@ class SshMeshStep(Step):
             if texts[path] != content or (path == private and current[path].mode != mode):
                 files.write_atomically(connection, path, content, mode,
                                        private=path == private)
+
+    def undo(self, context: ProvisionContext, host: Host,
+             connection: LoggedConnection) -> list[str]:
+        """The cluster key's files and its authorized_keys line, and the cluster's
+        known_hosts and ssh config blocks go; every other line and key stays. The
+        controller keeps its copy of the key: a later provision installs the same one."""
+        name = context.inventory.cluster.name
+        private = _private_key_path(context)
+        current = {path: state.text for path, state in
+                   self._current(context, connection).items()}
+        # The key's line is known by its blob: from the node's copy, or the controller's.
+        publics = [current[f"{private}.pub"] or "",
+                   cluster_key(context.state_dir, create=False, cluster_name=name)[1]]
+        blobs = {p.split()[1] for p in publics if len(p.split()) >= 2}
+        authorized = "\n".join(line for line in files.lines_of(current["~/.ssh/authorized_keys"])
+                               if not blobs & set(line.split()))
+        kept = {"~/.ssh/authorized_keys": authorized + ("\n" if authorized else ""),
+                "~/.ssh/known_hosts": files.without_block(current["~/.ssh/known_hosts"] or "",
+                                                          name),
+                "~/.ssh/config": files.without_block(current["~/.ssh/config"] or "", name)}
+        changed = [path for path, text in kept.items()
+                   if current[path] is not None and text != current[path]]
+        for path in changed:
+            files.write_atomically(connection, path, kept[path], "600")
+        gone = [path for path in (private, f"{private}.pub") if current[path] is not None]
+        if gone:
+            connection.run("rm -f " + " ".join(shell_path(path) for path in gone), timeout=30)
+        return changed + gone
 
     def verify(self, context: ProvisionContext, each: Each) -> dict[str, dict[str, str]]:
         """Every ordered pair: can this node log in to the peer (host key verified, key

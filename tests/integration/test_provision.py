@@ -161,11 +161,14 @@ def test_the_pair_test_names_a_pair_that_cannot_log_in(cluster: Sandbox) -> None
 def test_a_second_cluster_on_the_same_nodes_keeps_apart(cluster: Sandbox,
                                                        tmp_path: Path) -> None:
     """The same nodes in a second inventory with its own cluster.name: its provision and
-    its undo leave the first cluster's key, blocks and firewall rules alone."""
+    its undo leave the first cluster's key, blocks and firewall rules alone; undone, the
+    second leaves every file as it found it."""
     settings = {**cluster.data["cluster"], "name": "second"}
     second = cluster.write_inventory(tmp_path / "second.yaml", cluster=settings)
     first_rules = cluster.node_exec("node2", "iptables -S INPUT").stdout
     assert "--comment gpucluster" in first_rules  # the first cluster is provisioned
+    fingerprint = "md5sum /etc/hosts /root/.ssh/*"
+    first_files = {node: cluster.node_exec(node, fingerprint).stdout for node in cluster.nodes}
     try:
         done = gpucluster("provision", "-i", str(second), "--json", "--only",
                           "ssh-mesh,hosts,firewall", timeout=180)
@@ -179,6 +182,13 @@ def test_a_second_cluster_on_the_same_nodes_keeps_apart(cluster: Sandbox,
         undone = gpucluster("provision", "-i", str(second), "--undo", "firewall")
         assert undone.code == 0, undone.stderr
         assert cluster.node_exec("node2", "iptables -S INPUT").stdout == first_rules
+        nodes = hostrange.fold(cluster.nodes)
+        for step, said in (("hosts", "1 file cleaned"), ("ssh-mesh", "5 files cleaned")):
+            undone = gpucluster("provision", "-i", str(second), "--undo", step)
+            assert undone.stdout == f"{nodes} {step}: changed ({said})\n", undone.stderr
+        # The key, its authorized_keys line and the three blocks are gone, byte for byte.
+        assert {node: cluster.node_exec(node, fingerprint).stdout
+                for node in cluster.nodes} == first_files
         code, payload = _provision(cluster, "--only", "ssh-mesh,hosts,firewall")
         assert code == 0 and set(_outcomes(payload).values()) == {"already ok"}, payload
     finally:
