@@ -151,6 +151,9 @@ class Step:
         """`--undo`: remove from this node exactly what the step added; what was done."""
         raise NotImplementedError
 
+    def forget(self, context: ProvisionContext) -> None:
+        """Once `--undo` succeeded on every node: what the controller keeps of the step."""
+
     def note(self, context: ProvisionContext, host: Host) -> str:
         """Something the user should know about this node's result (empty: nothing)."""
         return ""

@@ -36,6 +36,7 @@ from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult, H
 from gpucluster.remote.session import Session
 from gpucluster.reports import Section
 from gpucluster.selection import select
+from gpucluster.slurm.queue import set_up_from_here
 from gpucluster.state import exclusive, new_log, state_dir_for
 from gpucluster.wording import counted
 
@@ -91,12 +92,13 @@ def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None,
 
 
 def slurm_settings(inventory: Inventory, steps: Sequence[str]) -> SlurmSettings | None:
-    """Slurm's settings when Slurm is part of the cluster: its step runs, or the
-    inventory enables it (then the firewall keeps its ports open even in a run of
-    `--only firewall`)."""
-    if "slurm" in steps:
+    """Slurm's settings when Slurm is part of the cluster: its step runs, the inventory
+    enables it, or an earlier `provision --with slurm` set it up and no `--undo slurm`
+    took it down. The firewall then keeps its ports open in any run: a plain provision
+    after `--with slurm` used to close them under the running daemons."""
+    if "slurm" in steps or set_up_from_here(inventory):
         return inventory.slurm or SlurmSettings()
-    return inventory.slurm if _slurm_enabled(inventory) else None
+    return None
 
 
 def _slurm_enabled(inventory: Inventory) -> bool:
@@ -332,5 +334,7 @@ def undo(session: Session, inventory: Inventory, what: str) -> list[NodeResult]:
     result = run.each(remove)
     failed = [NodeResult(what, n, Outcome.FAILED, message=f.message)
               for n, f in result.failures.items()]
+    if not failed and all(r.outcome is not Outcome.FAILED for r in result.values.values()):
+        step.forget(context)
     order = {h.name: i for i, h in enumerate(inventory.hosts)}
     return sorted([*result.values.values(), *failed], key=lambda r: order[r.host])

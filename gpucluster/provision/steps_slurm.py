@@ -284,3 +284,8 @@ class SlurmStep(Step):
         if not result.ok:
             raise GpuclusterError(f"undo failed: {result.stderr.strip()[-300:]}")
         return result.stdout.split()
+
+    def forget(self, context: ProvisionContext) -> None:
+        """The controller's munge key says Slurm is set up from here (jobs, top and the
+        exporter ask its queue; the firewall keeps its ports): gone with Slurm."""
+        (context.state_dir / "slurm" / "munge.key").unlink(missing_ok=True)

@@ -173,6 +173,12 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     assert f"-s {cluster.addresses['node1']}/32 -p tcp -m multiport --dports " \
            f"29500,6817,6818,61000:61999," in rules
     assert f"-s {cluster.addresses['node2']}/32" not in rules
+    # A provision without --with slurm keeps them: Slurm is set up from here (it used
+    # to close them under the running daemons).
+    kept = gpucluster("provision", "-i", str(cluster.inventory), "--only", "firewall",
+                      "--json", timeout=120)
+    assert {r["outcome"] for r in kept.json()["results"]} == {"already ok"}, kept.stdout
+    assert cluster.node_exec("node2", "iptables -S INPUT").stdout == rules
     # One munge key, the cluster's, 0400 munge:munge on every node.
     key = (cluster.inventory.parent / ".gpucluster" / "slurm" / "munge.key").read_bytes()
     for node in cluster.nodes:
@@ -394,3 +400,12 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                                           "/var/lib/slurm/slurmd/conf-cache 2>/dev/null",
                                     check=False).stdout
         assert present == "", f"{node}: {present}"
+    # ...nor the controller's record of it: the queue is not asked for, and the next
+    # provision closes Slurm's ports.
+    assert not (cluster.inventory.parent / ".gpucluster" / "slurm" / "munge.key").exists()
+    listed = gpucluster("jobs", "-i", str(cluster.inventory))
+    assert listed.code == 0 and "Slurm" not in listed.stdout + listed.stderr, listed.stderr
+    closed = gpucluster("provision", "-i", str(cluster.inventory), "--only", "firewall",
+                        "--json", timeout=120)
+    assert {r["outcome"] for r in closed.json()["results"]} == {"changed"}, closed.stdout
+    assert "6817" not in cluster.node_exec("node2", "iptables -S INPUT").stdout
