@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -176,6 +177,7 @@ def test_a_file_is_read_byte_for_byte_and_a_missing_one_says_so(
 class _NoNodes:
     def __init__(self) -> None:
         self.interval_s, self.nodes = 1.0, {}
+        self.inventory = SimpleNamespace(hosts=[])
 
 
 def test_the_exporter_serves_slurms_queue_and_drops_it_when_squeue_stops_answering(
