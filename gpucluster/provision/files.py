@@ -121,11 +121,13 @@ def with_block(current: str | None, block_lines: list[str], at_top: bool = False
 
 
 def without_block(current: str, name: str = "gpucluster") -> str:
+    """`current` without cluster `name`'s managed block; as it is when it has none."""
     begin, finish = markers(name)
     lines = lines_of(current)
-    if begin in lines and finish in lines[lines.index(begin):]:
-        start = lines.index(begin)
-        del lines[start:lines.index(finish, start) + 1]
+    if not (begin in lines and finish in lines[lines.index(begin):]):
+        return current
+    start = lines.index(begin)
+    del lines[start:lines.index(finish, start) + 1]
     return "\n".join(lines) + ("\n" if lines else "")
 
 

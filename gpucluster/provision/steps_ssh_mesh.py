@@ -184,12 +184,15 @@ class SshMeshStep(Step):
         current = {path: state.text for path, state in
                    self._current(context, connection).items()}
         # The key's line is known by its blob: from the node's copy, or the controller's.
+        controllers = context.state_dir / f"{key_name(name)}.pub"
         publics = [current[f"{private}.pub"] or "",
-                   cluster_key(context.state_dir, create=False, cluster_name=name)[1]]
+                   controllers.read_text() if controllers.exists() else ""]
         blobs = {p.split()[1] for p in publics if len(p.split()) >= 2}
-        authorized = "\n".join(line for line in files.lines_of(current["~/.ssh/authorized_keys"])
-                               if not blobs & set(line.split()))
-        kept = {"~/.ssh/authorized_keys": authorized + ("\n" if authorized else ""),
+        authorized = current["~/.ssh/authorized_keys"] or ""
+        lines = files.lines_of(authorized)
+        others = [line for line in lines if not blobs & set(line.split())]
+        kept = {"~/.ssh/authorized_keys": authorized if others == lines else
+                "\n".join(others) + ("\n" if others else ""),
                 "~/.ssh/known_hosts": files.without_block(current["~/.ssh/known_hosts"] or "",
                                                           name),
                 "~/.ssh/config": files.without_block(current["~/.ssh/config"] or "", name)}

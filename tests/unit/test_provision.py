@@ -378,6 +378,41 @@ def test_bytes_outside_the_block_survive_a_rewrite_exactly(tmp_path: Path) -> No
     assert "\ufffd" in files.diff("hosts", back, current)  # shown, not crashing a view
 
 
+def test_undoing_the_mesh_removes_its_key_line_and_blocks_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line is the cluster key's by the key itself, never by a word it shares with it;
+    a file that holds nothing of the mesh is not rewritten (its missing final newline
+    kept). The integration test checks the same on real nodes, byte for byte."""
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.provision.steps_ssh_mesh import SshMeshStep
+    from gpucluster.remote.local import LocalConnection
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the node's ~ (sshd's, LocalConnection's)
+    context = _context(tmp_path, "  - {name: a, address: 10.0.0.1}\n")
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir(mode=0o700)
+    public = "ssh-ed25519 AAAAC3NzaCLUSTER gpucluster-cluster"
+    mine = "ssh-ed25519 AAAAC3NzaMINE public key of alice, gpucluster-cluster ssh-ed25519"
+    (ssh / "gpucluster_ed25519").write_text("private\n")
+    (ssh / "gpucluster_ed25519.pub").write_text(public + "\n")
+    (ssh / "authorized_keys").write_text(f'{mine}\nfrom="10.0.0.1" {public}\n')
+    (ssh / "known_hosts").write_text(files.with_block("peer ssh-ed25519 AAAAPEER\n",
+                                                      ["a ssh-ed25519 AAAAA"]))
+    (ssh / "config").write_text("Host other\n  User bob")  # no block, no final newline
+    connection = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"))
+    step, host = SshMeshStep(), context.inventory.hosts[0]
+    undone = step.undo(context, host, connection)
+    assert sorted(undone) == ["~/.ssh/authorized_keys", "~/.ssh/gpucluster_ed25519",
+                              "~/.ssh/gpucluster_ed25519.pub", "~/.ssh/known_hosts"]
+    assert (ssh / "authorized_keys").read_text() == mine + "\n"
+    assert (ssh / "known_hosts").read_text() == "peer ssh-ed25519 AAAAPEER\n"
+    assert (ssh / "config").read_text() == "Host other\n  User bob"
+    assert sorted(p.name for p in ssh.iterdir()) == ["authorized_keys", "config", "known_hosts"]
+    (ssh / "authorized_keys").write_text(mine)  # nothing of the mesh left: untouched
+    assert step.undo(context, host, connection) == []
+    assert (ssh / "authorized_keys").read_text() == mine
+
+
 def test_image_file_hops_sharing_a_work_dir_each_rename_a_whole_copy(tmp_path: Path) -> None:
     import hashlib
     import os
