@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -261,9 +262,12 @@ def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
+    # faulthandler: SIGABRT dumps every thread's stack (a CI run once saw the exporter
+    # outlive SIGTERM by 20 s here, which never came back on its own).
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "gpucluster", "exporter", "-i", str(inventory), "--listen",
-         f"0.0.0.0:{port}"], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        [sys.executable, "-X", "faulthandler", "-m", "gpucluster", "exporter", "-i",
+         str(inventory), "--listen", f"0.0.0.0:{port}"], stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path)
     hung = threading.Timer(30, exporter.kill)  # a hang fails the test, not the suite
     hung.start()
     try:
@@ -272,7 +276,12 @@ def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
     finally:
         hung.cancel()
         exporter.terminate()
-        exporter.wait(timeout=20)
+        try:
+            exporter.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            exporter.send_signal(signal.SIGABRT)
+            stacks = exporter.communicate(timeout=20)[1]
+            raise AssertionError(f"the exporter outlived SIGTERM by 20 s:\n{stacks}") from None
     assert said[0].startswith(f"serving http://0.0.0.0:{port}/metrics for 1 node"), said
     assert said[1].startswith("note: 0.0.0.0 serves every network this machine is on"), said
 
