@@ -212,8 +212,6 @@ def exporter(
     gpucluster_* metrics for jobs and ranks, NIC rates and node staleness;
     examples/grafana/ has a dashboard for all of them. Nothing is installed on the nodes.
     Runs until Ctrl-C."""
-    import threading
-
     from gpucluster.observe.exporter import ClusterCollector, listening
     from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.streams import ClusterStreams
@@ -243,8 +241,12 @@ def exporter(
                       f"in plain HTTP, and the metrics name your nodes, jobs and users (fix: "
                       f"listen on the address only your Prometheus reaches, or let a "
                       f"firewall keep the port to it)[/]")
+        # Timed: the kernel hands a process's SIGTERM to any of its threads, and a main
+        # thread blocked on a lock without a timeout hears of one another thread took
+        # only when it wakes (a CI run found an exporter still serving an hour after it).
         try:
-            threading.Event().wait()
+            while True:
+                time.sleep(0.2)
         except KeyboardInterrupt:
             return
 

@@ -286,6 +286,48 @@ def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
     assert said[1].startswith("note: 0.0.0.0 serves every network this machine is on"), said
 
 
+def test_the_exporter_ends_on_a_sigterm_that_another_of_its_threads_took(
+        tmp_path: Path) -> None:
+    """The kernel hands a process's signal to any thread that does not block it. The
+    exporter's main thread waited on a lock without a timeout, which such a signal
+    never woke: a CI run found it serving an hour after its SIGTERM. Here the signal goes
+    to a thread other than the main one on purpose (tgkill)."""
+    import ctypes
+    import sys
+    import time
+
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-m", "gpucluster", "exporter", "-i",
+         str(inventory), "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE,
+        text=True, cwd=tmp_path)
+    try:
+        assert exporter.stderr is not None
+        assert exporter.stderr.readline().startswith("serving ")
+        time.sleep(0.5)  # into its wait
+        others = [int(t.name) for t in Path(f"/proc/{exporter.pid}/task").iterdir()
+                  if int(t.name) != exporter.pid]
+        assert others  # the server's and the sampler's threads
+        import platform
+        tgkill = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # its syscall number
+        assert ctypes.CDLL(None, use_errno=True).syscall(
+            tgkill, exporter.pid, others[0], signal.SIGTERM) == 0
+        try:
+            code = exporter.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            exporter.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+            raise AssertionError("SIGTERM did not end the exporter:\n"
+                                 + exporter.communicate(timeout=20)[1]) from None
+    finally:
+        exporter.kill()
+        exporter.wait()
+    assert code == 0
+
+
 def _fake_nvidia_smi(directory: Path, count: int, first: str = "") -> Path:
     """An `nvidia-smi` in `directory` replaying `count` H200s (shell `first` runs before
     it); the state file, whose path names its processes."""
