@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import shlex
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,9 +71,13 @@ def preflight(session: Session, inventory: Inventory, shells: WaitingShells, cod
     report = run_doctor(session, inventory, [REGISTRY[name] for name in checks],
                         rider=outside_slurm.rider() + workdir.listing_command(code_dir),
                         probe_via=shells.step)
-    return ([r for r in report.results if r.status not in (Status.OK, Status.SKIP)
-             and not (r.name in STARTS_DESPITE_WARNING and r.status is Status.WARN)],
-            report.sections)
+    return refusing(report.results), report.sections
+
+
+def refusing(results: Sequence[CheckResult]) -> list[CheckResult]:
+    """The findings that refuse a start: all but OK, SKIP and STARTS_DESPITE_WARNING's."""
+    return [r for r in results if r.status not in (Status.OK, Status.SKIP)
+            and not (r.name in STARTS_DESPITE_WARNING and r.status is Status.WARN)]
 
 
 def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:

@@ -266,8 +266,7 @@ def test_a_node_whose_gpus_do_not_answer_refuses_the_launch(cluster: Sandbox,
            "with the NVIDIA driver" in message, message
     assert "node3 not ready for a new job (fix what the findings say, or start on the " \
            "others only: -w node[1-2])" in message and "nothing was started" in message
-    # The inventory promises more GPUs than node2 has: refused too; counts that differ
-    # where the inventory says nothing only warn (doctor's), and the job starts.
+    # The inventory promises more GPUs than node2 has: refused too.
     hosts = [dict(h) for h in cluster.data["hosts"]]
     hosts[1]["gpus"] = 16
     promised = cluster.write_inventory(cluster.inventory.with_name("promised.yaml"),

@@ -301,6 +301,25 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
     assert looks == ["carries"] * 30
 
 
+def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
+        ) -> None:
+    """A slow login only slows the start, and GPU counts that differ where the inventory
+    gives none are --nproc-per-node's business; a GPU count short of the inventory's, a
+    driver that does not answer, or a job still running refuse it."""
+    from gpucluster.doctor.model import CheckResult, Status
+    from gpucluster.launch.start import refusing
+
+    found = [CheckResult("ssh", "n1", Status.WARN, "login took 4.1s"),
+             CheckResult("gpu-count", "n2", Status.WARN, "4 GPUs, the others 8"),
+             CheckResult("gpu-count", "n3", Status.FAIL, "7 GPUs found, inventory expects 8"),
+             CheckResult("nvidia-smi", "n4", Status.FAIL, "NVIDIA-SMI has failed"),
+             CheckResult("jobs", "n5", Status.WARN, "job 20261204-1 still running"),
+             CheckResult("gpu-processes", "n6", Status.OK, "no compute processes"),
+             CheckResult("nvidia-smi", "n7", Status.SKIP, "no GPUs expected here")]
+    assert [(r.name, r.host) for r in refusing(found)] == [
+        ("gpu-count", "n3"), ("nvidia-smi", "n4"), ("jobs", "n5")]
+
+
 def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text("cluster:\n  torchrun: /opt/v env/bin/torchrun\nhosts:\n"
