@@ -251,23 +251,34 @@ def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
-def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
-    """Plain HTTP naming the nodes, jobs and users: on 0.0.0.0 the user is told."""
-    import subprocess
-    import sys
-    import threading
-
+def _local_exporter(tmp_path: Path, address: str) -> tuple[subprocess.Popen[str], int]:
+    """The exporter of this machine alone (a `localhost` inventory) on a free port of
+    `address`, run with faulthandler: SIGABRT dumps every thread's stack."""
     inventory = tmp_path / "local.yaml"
     inventory.write_text("hosts: [localhost]\n")
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    # faulthandler: SIGABRT dumps every thread's stack (a CI run once saw the exporter
-    # outlive SIGTERM by 20 s here, which never came back on its own).
-    exporter = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "gpucluster", "exporter", "-i",
-         str(inventory), "--listen", f"0.0.0.0:{port}"], stderr=subprocess.PIPE, text=True,
-        cwd=tmp_path)
+         str(inventory), "--listen", f"{address}:{port}"], stderr=subprocess.PIPE,
+        text=True, cwd=tmp_path), port
+
+
+def _ended(exporter: subprocess.Popen[str], limit_s: float) -> int:
+    """Its exit code once it ends; past `limit_s`, a failure with every thread's stack."""
+    try:
+        return exporter.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        exporter.send_signal(signal.SIGABRT)
+        stacks = exporter.communicate(timeout=20)[1]
+        raise AssertionError(f"the exporter outlived SIGTERM by {limit_s:g} s:\n{stacks}"
+                             ) from None
+
+
+def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
+    """Plain HTTP naming the nodes, jobs and users: on 0.0.0.0 the user is told."""
+    exporter, port = _local_exporter(tmp_path, "0.0.0.0")  # noqa: S104 - what is tested
     hung = threading.Timer(30, exporter.kill)  # a hang fails the test, not the suite
     hung.start()
     try:
@@ -276,12 +287,7 @@ def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
     finally:
         hung.cancel()
         exporter.terminate()
-        try:
-            exporter.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            exporter.send_signal(signal.SIGABRT)
-            stacks = exporter.communicate(timeout=20)[1]
-            raise AssertionError(f"the exporter outlived SIGTERM by 20 s:\n{stacks}") from None
+        _ended(exporter, 20)
     assert said[0].startswith(f"serving http://0.0.0.0:{port}/metrics for 1 node"), said
     assert said[1].startswith("note: 0.0.0.0 serves every network this machine is on"), said
 
@@ -293,18 +299,10 @@ def test_the_exporter_ends_on_a_sigterm_that_another_of_its_threads_took(
     never woke: a CI run found it serving an hour after its SIGTERM. Here the signal goes
     to a thread other than the main one on purpose (tgkill)."""
     import ctypes
-    import sys
+    import platform
     import time
 
-    inventory = tmp_path / "local.yaml"
-    inventory.write_text("hosts: [localhost]\n")
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    exporter = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-m", "gpucluster", "exporter", "-i",
-         str(inventory), "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE,
-        text=True, cwd=tmp_path)
+    exporter, _ = _local_exporter(tmp_path, "127.0.0.1")
     try:
         assert exporter.stderr is not None
         assert exporter.stderr.readline().startswith("serving ")
@@ -312,16 +310,10 @@ def test_the_exporter_ends_on_a_sigterm_that_another_of_its_threads_took(
         others = [int(t.name) for t in Path(f"/proc/{exporter.pid}/task").iterdir()
                   if int(t.name) != exporter.pid]
         assert others  # the server's and the sampler's threads
-        import platform
         tgkill = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # its syscall number
         assert ctypes.CDLL(None, use_errno=True).syscall(
             tgkill, exporter.pid, others[0], signal.SIGTERM) == 0
-        try:
-            code = exporter.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            exporter.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
-            raise AssertionError("SIGTERM did not end the exporter:\n"
-                                 + exporter.communicate(timeout=20)[1]) from None
+        code = _ended(exporter, 10)
     finally:
         exporter.kill()
         exporter.wait()
