@@ -36,7 +36,7 @@ from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult, H
 from gpucluster.remote.session import Session
 from gpucluster.reports import Section
 from gpucluster.selection import select
-from gpucluster.slurm.queue import set_up_from_here
+from gpucluster.slurm.queue import enabled_in, set_up_from_here
 from gpucluster.state import exclusive, new_log, state_dir_for
 from gpucluster.wording import counted
 
@@ -85,7 +85,7 @@ def select_steps(only: Sequence[str] | None, skip: Sequence[str] | None,
         raise GpuclusterError(f"--with {', '.join(unknown)}: only {', '.join(OPTIONAL_STEPS)}"
                               f" can be added")
     wanted = set(with_ or [])
-    if inventory is not None and _slurm_enabled(inventory):
+    if inventory is not None and enabled_in(inventory):
         wanted.add("slurm")
     chosen = select(STEP_NAMES, only, skip, "step")
     return [s for s in chosen if s not in OPTIONAL_STEPS or s in wanted or only]
@@ -99,11 +99,6 @@ def slurm_settings(inventory: Inventory, steps: Sequence[str]) -> SlurmSettings 
     if "slurm" in steps or set_up_from_here(inventory):
         return inventory.slurm or SlurmSettings()
     return None
-
-
-def _slurm_enabled(inventory: Inventory) -> bool:
-    """The inventory's `slurm:` section asks every provision to include the step."""
-    return inventory.slurm is not None and inventory.slurm.enabled
 
 
 # Failures to connect that the same run would only meet again, after the same wait.

@@ -23,6 +23,7 @@ from gpucluster.provision.model import Change, Each, ProvisionContext, Step
 from gpucluster.remote.result import FailureKind, FanoutResult, RemoteError
 from gpucluster.slurm import config, verify
 from gpucluster.slurm.facts import NodeFacts, facts_script, install_command, missing, parse_facts
+from gpucluster.slurm.queue import kept_munge_key
 from gpucluster.slurm_states import is_healthy, problem_of
 from gpucluster.templating import render
 
@@ -38,7 +39,7 @@ def settings_of(context: ProvisionContext) -> SlurmSettings:
 
 def munge_key(state_dir: Path, create: bool) -> bytes | None:
     """The cluster's munge key, kept (0600) beside the cluster key; made once."""
-    path = state_dir / "slurm" / "munge.key"
+    path = kept_munge_key(state_dir)
     if not path.exists():
         if not create:
             return None
@@ -288,4 +289,4 @@ class SlurmStep(Step):
     def forget(self, context: ProvisionContext) -> None:
         """The controller's munge key says Slurm is set up from here (jobs, top and the
         exporter ask its queue; the firewall keeps its ports): gone with Slurm."""
-        (context.state_dir / "slurm" / "munge.key").unlink(missing_ok=True)
+        kept_munge_key(context.state_dir).unlink(missing_ok=True)

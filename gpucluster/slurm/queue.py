@@ -8,6 +8,7 @@ import re
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
@@ -41,11 +42,22 @@ def slurm_job(reference: str | None) -> str | None:
     return number
 
 
+def kept_munge_key(state_dir: Path) -> Path:
+    """Where provision --with slurm keeps the cluster's munge key, beside the cluster key.
+    While it is there, Slurm is set up from here; `--undo slurm` removes it."""
+    return state_dir / "slurm" / "munge.key"
+
+
+def enabled_in(inventory: Inventory) -> bool:
+    """The inventory's `slurm:` section enables Slurm (a sandbox's `enabled: false` one
+    does not): every provision then includes the step."""
+    return inventory.slurm is not None and inventory.slurm.enabled
+
+
 def set_up_from_here(inventory: Inventory) -> bool:
     """Worth asking Slurm: the inventory enables it, or provision --with slurm made the
-    cluster's munge key beside it (a sandbox's `enabled: false` section alone is not)."""
-    return (inventory.slurm is not None and inventory.slurm.enabled) or \
-        (state_dir_for(inventory) / "slurm" / "munge.key").exists()
+    cluster's munge key beside it."""
+    return enabled_in(inventory) or kept_munge_key(state_dir_for(inventory)).exists()
 
 
 @dataclass(frozen=True)
