@@ -88,8 +88,7 @@ def logs(
     store = job_store(loaded)
     keep = logsearch.LogFilter(
         logsearch.parse_pattern(grep) if grep is not None else None,
-        logsearch.parse_when(since, "--since") if since is not None else None,
-        logsearch.parse_when(until, "--until") if until is not None else None,
+        *logsearch.time_window(since, until),
         frozenset(hostrange.hosts_option(node)) if node is not None else None,
         frozenset(_ranks(rank)) if rank is not None else None)
     if all_jobs:

@@ -75,6 +75,20 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
                               f"2026-11-30T13:05:00)") from None
 
 
+def time_window(since: str | None, until: str | None, now: float | None = None
+                ) -> tuple[float | None, float | None]:
+    """--since and --until as times, read against one `now`; a window that closes before
+    it opens is refused, where filtering by it would only say that no line matches."""
+    now = time.time() if now is None else now
+    start = parse_when(since, "--since", now) if since is not None else None
+    end = parse_when(until, "--until", now) if until is not None else None
+    if start is not None and end is not None and start > end:
+        raise GpuclusterError(f"--since {since} is after --until {until}: no line can be in "
+                              f"between (fix: an earlier --since or a later --until; a "
+                              f"duration is how long ago, so --since 2h --until 10m)")
+    return start, end
+
+
 def parse_pattern(text: str) -> re.Pattern[str]:
     try:
         return re.compile(text)

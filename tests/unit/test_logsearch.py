@@ -13,7 +13,15 @@ import pytest
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.follow import _Copy
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.logsearch import LogFilter, LogLine, ecs, merged, parse_when, text
+from gpucluster.launch.logsearch import (
+    LogFilter,
+    LogLine,
+    ecs,
+    merged,
+    parse_when,
+    text,
+    time_window,
+)
 
 JOB = "20261130-120000-abcd"
 
@@ -110,6 +118,16 @@ def test_since_and_until_take_durations_and_local_times() -> None:
     with pytest.raises(GpuclusterError, match=r"^--since 'yesterday': .* \(fix: e\.g\. "
                        r"--since 10m, 2h or 1d; or 13:05, 2026-11-30T13:05:00\)$"):
         parse_when("yesterday", "--since", now)
+
+
+def test_a_time_window_that_closes_before_it_opens_is_refused() -> None:
+    now = datetime.datetime(2026, 11, 30, 14, 0, 0).timestamp()
+    assert time_window("2h", "10m", now) == (now - 7200, now - 600)
+    assert time_window("10m", "10m", now) == (now - 600, now - 600)  # one `now` for both
+    assert time_window(None, "13:00", now) == (None, now - 3600)
+    with pytest.raises(GpuclusterError, match=r"^--since 10m is after --until 1h: .*"
+                       r"\(fix: .* --since 2h --until 10m\)$"):
+        time_window("10m", "1h", now)
 
 
 def test_a_nodes_copy_rotates_at_half_its_cap_with_its_stamps(tmp_path: Path) -> None:
