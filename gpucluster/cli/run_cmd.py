@@ -81,7 +81,9 @@ def run(
     summary = run_view.failure_summary(result)
     if summary is not None:
         if not json_output:
-            stderr_console().print(f"[bold red]{summary}[/]" + run_view.timeout_fix(
-                result, limit))
+            asked = sudo and session.options.sudo_password is None
+            fix = run_view.timeout_fix(result, limit) or (
+                run_view.sudo_password_fix(result) if asked else "")
+            stderr_console().print(f"[bold red]{summary}[/]{fix}")
         raise typer.Exit(EXIT_FAILED)
 

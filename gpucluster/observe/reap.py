@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from gpucluster.inventory import Host, Inventory
 from gpucluster.observe.model import GpuProcess, node_gpus_command, process_of
 from gpucluster.remote.connection import Connection, shell_path
-from gpucluster.remote.result import HostFailure
+from gpucluster.remote.result import SUDO_N_REFUSAL, HostFailure
 from gpucluster.remote.session import Session
 
 LIST_TIMEOUT_S = 60.0
-SUDO_N_REFUSAL = "a password is required"  # what sudo -n says where a rule asks one
 D_STATE_REMEDY = ("it is in uninterruptible sleep (D), waiting on the driver or a device: "
                   "it ends when that returns; if it does not, reset the GPU once nothing "
                   "else uses it (nvidia-smi --gpu-reset -i GPU) or reboot the node")

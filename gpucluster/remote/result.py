@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 # for that), or sshd sent exit-signal instead, so in a CommandResult a signal ended the
 # command (its name in `signal`, see exit_signal.py).
 NO_EXIT_STATUS = -1
+SUDO_N_REFUSAL = "a password is required"  # what sudo -n says where a rule asks one
 
 
 @dataclass(frozen=True)

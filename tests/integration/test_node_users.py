@@ -333,6 +333,9 @@ def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
     assert sandbox.node_exec("node1", "test -e /gpc-ran", check=False).returncode == 1
     assert "fix: add --sudo" in gpucluster("run", "-i", inventory, "--ask-sudo-pass",
                                            "true").stderr
+    untyped = gpucluster("run", "-i", inventory, "--sudo", "touch /gpc-ran")
+    assert untyped.code == 1 and "(fix: sudo asks a password on node[1-3]: add " \
+        "--ask-sudo-pass)" in untyped.stderr, untyped.stderr
 
     with_image = sandbox.write_inventory(tmp / "with-image.yaml", cluster={
         **sandbox.data["cluster"], "image": image})

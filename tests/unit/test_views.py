@@ -93,6 +93,19 @@ def test_failure_summary_is_one_line_naming_hosts_and_reasons() -> None:
     assert run.failure_summary(all_ok) is None
 
 
+def test_sudo_asking_a_password_names_ask_sudo_pass_only_where_sudo_n_refused() -> None:
+    refused = "sudo: a password is required\n"
+    result = FanoutResult(hosts=("n1", "n2", "n3", "n4"), values={
+        "n1": CommandResult("n1", "c", 1, "", refused, 0.1),
+        "n2": CommandResult("n2", "c", 1, "", refused, 0.1),
+        # The command's own output before its own sudo: our sudo -n let it run.
+        "n3": CommandResult("n3", "c", 1, "", "root\n" + refused, 0.1),
+        "n4": CommandResult("n4", "c", 0, "", "", 0.1)})
+    assert run.sudo_password_fix(result) == \
+        " (fix: sudo asks a password on n[1-2]: add --ask-sudo-pass)"
+    assert run.sudo_password_fix(_result()) == ""
+
+
 def test_run_json_schema_is_pinned() -> None:
     payload = json.loads(_text(lambda c: common.print_json(
         c, run.run_payload("cmd", _result()))))

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
+from gpucluster.remote.result import SUDO_N_REFUSAL, CommandResult, FailureKind, FanoutResult
 from gpucluster.wording import counted
 
 
@@ -98,6 +98,18 @@ def timeout_fix(result: FanoutResult[CommandResult], limit_s: float) -> str:
         return ""
     return (f" (fix: the limit was {limit_s:g}s; give the command longer with --timeout "
             f"SECONDS, or set cluster.command_timeout in the inventory)")
+
+
+def sudo_password_fix(result: FanoutResult[CommandResult]) -> str:
+    """For `run --sudo` without a password, where sudo -n itself refused: a rule that
+    asks for one, which --ask-sudo-pass answers. Only where that refusal is all the
+    command said, so that a command's own sudo is not taken for ours."""
+    refused = [name for name, value in result.values.items()
+               if value.exit_code == 1 and value.stderr.strip() == f"sudo: {SUDO_N_REFUSAL}"]
+    if not refused:
+        return ""
+    return (f" (fix: sudo asks a password on {hostrange.fold(sorted(refused))}: add "
+            f"--ask-sudo-pass)")
 
 
 def failure_summary(result: FanoutResult[CommandResult]) -> str | None:
