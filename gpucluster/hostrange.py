@@ -11,6 +11,7 @@ from collections.abc import Hashable, Iterable
 from typing import TypeVar
 
 from gpucluster.errors import GpuclusterError, HostRangeError
+from gpucluster.numerals import is_number
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 _MAX_EXPANSION = 100_000  # a typo like node[1-999999999] must not eat the memory
@@ -28,7 +29,7 @@ def _expand_set(body: str, pattern: str) -> list[str]:
                                  "remove the extra comma")
         if "-" in part:
             low, _, high = part.partition("-")
-            if not (low.isdigit() and high.isdigit()):
+            if not (is_number(low) and is_number(high)):
                 raise HostRangeError(
                     f"bad range {part!r} in {pattern!r}", "digits, like [01-16]"
                 )
@@ -39,7 +40,7 @@ def _expand_set(body: str, pattern: str) -> list[str]:
                 raise HostRangeError(f"host range {pattern!r} expands to too many names", _TOO_MANY)
             width = len(low) if low.startswith("0") else 0
             values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-        elif part.isdigit():
+        elif is_number(part):
             values.append(part)
         else:
             raise HostRangeError(f"bad element {part!r} in {pattern!r}",

@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucluster.numerals import is_number
+
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 # paramiko imports invoke (Fabric's task runner, one of its dependencies) as it is itself
 # imported: about 0.1 s of every command's start-up, for one use: `Match exec` lines.
@@ -65,10 +67,10 @@ class SshConfig:
         return SshConfigEntry(
             hostname=hostname if hostname and hostname != alias else None,
             user=found.get("user"),
-            port=int(port) if port and str(port).isdigit() else None,
+            port=int(port) if port and is_number(str(port)) else None,
             identity_file=identity[0] if identity else None,
             proxy_jump=found.get("proxyjump"),
             identity_files=tuple(identity or ()),
             proxy_command=None if proxy_command in (None, "none") else str(proxy_command),
-            connect_timeout=float(timeout) if timeout.isdigit() and int(timeout) > 0 else None,
+            connect_timeout=float(timeout) if is_number(timeout) and int(timeout) > 0 else None,
         )

@@ -23,6 +23,7 @@ from gpucluster.cli.options import (
     stderr_console,
 )
 from gpucluster.errors import GpuclusterError
+from gpucluster.numerals import is_number
 
 if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
@@ -174,8 +175,9 @@ def _ranks(text: str) -> list[int]:
     ranks: list[int] = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not (high.isdigit() and int(high) >= int(low))):
-            raise GpuclusterError(f"--rank {text!r}: expected ranks like 3 or 0,4-7")
+        if not is_number(low) or (dash and not (is_number(high) and int(high) >= int(low))):
+            raise GpuclusterError(f"--rank {text!r}: expected global ranks from 0, single or "
+                                  f"as ranges (fix: e.g. --rank 3 or --rank 0,4-7)")
         last = int(high if dash else low)
         if last > MAX_RANK:
             raise GpuclusterError(f"--rank {text!r}: ranks go up to {MAX_RANK} (fix: give "

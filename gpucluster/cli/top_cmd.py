@@ -212,6 +212,7 @@ def exporter(
     gpucluster_* metrics for jobs and ranks, NIC rates and node staleness;
     examples/grafana/ has a dashboard for all of them. Nothing is installed on the nodes.
     Runs until Ctrl-C."""
+    from gpucluster.numerals import is_number
     from gpucluster.observe.exporter import ClusterCollector, listening
     from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.streams import ClusterStreams
@@ -219,8 +220,7 @@ def exporter(
 
     address, _, port = listen.rpartition(":")
     address = address.removeprefix("[").removesuffix("]")
-    if not address or not port.isascii() or not port.isdigit() or \
-            not 1 <= int(port) <= 65535:
+    if not address or not is_number(port) or not 1 <= int(port) <= 65535:
         raise GpuclusterError(f"--listen {listen!r}: expected ADDRESS:PORT, the port from 1 "
                               f"to 65535, e.g. 127.0.0.1:9400")
     loaded = load_inventory(inventory)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpucluster import clock_events
 from gpucluster.errors import SandboxError
+from gpucluster.numerals import is_number
 from gpucluster.sandbox import captures
 
 DEFAULT_NAME = "gpcsb"
@@ -174,7 +175,7 @@ def _subnet(text: str) -> ipaddress.IPv4Network:
 
 
 def _gpu_count(text: str) -> int:
-    if not text.isdigit() or int(text) > 64:
+    if not is_number(text) or int(text) > 64:
         raise SandboxError(f"--gpus {text!r}: use a GPU count from 0 to 64 "
                            f"(0 = no GPU and no nvidia-smi)")
     return int(text)

@@ -22,7 +22,11 @@ def test_expand(pattern: str, expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["gpu[3-1]", "gpu[a-b]", "gpu[1-", "gpu]1[", "gpu[1,,2]",
-                                     "gpu[]", "x[1-99999999]"])
+                                     "gpu[]", "x[1-99999999]",
+                                     # Digits to str.isdigit(), not to a user: '²' made
+                                     # int() raise (a traceback), Arabic-Indic 1-3 named
+                                     # node[1-3].
+                                     "gpu[1-²]", "gpu[²]", "gpu[\u0661-\u0663]"])
 def test_bad_patterns_raise_our_error(pattern: str) -> None:
     with pytest.raises(HostRangeError):
         hostrange.expand(pattern)

@@ -501,10 +501,12 @@ def test_logs_refuses_ranks_the_job_never_had(tmp_path: Path) -> None:
     huge = gpucluster("logs", "-i", str(path), "--rank", "0-99999999999")
     assert huge.code == 2 and "--rank '0-99999999999': ranks go up to" in huge.stderr
     backwards = gpucluster("logs", "-i", str(path), "--rank", "5-3")
-    assert backwards.code == 2 and "expected ranks like 3 or 0,4-7" in backwards.stderr
+    assert backwards.code == 2 and "(fix: e.g. --rank 3 or --rank 0,4-7)" in backwards.stderr
+    superscript = gpucluster("logs", "-i", str(path), "--rank", "²")  # int() refuses it
+    assert superscript.code == 2 and "--rank '²': expected global ranks" in superscript.stderr
     # An unset variable (`--rank "$R"`, `-w "$NODE"`) filters nothing out: an error.
     no_rank = gpucluster("logs", "-i", str(path), "--rank", "")
-    assert no_rank.code == 2 and "--rank '': expected ranks like" in no_rank.stderr
+    assert no_rank.code == 2 and "--rank '': expected global ranks" in no_rank.stderr
     no_node = gpucluster("logs", "-i", str(path), "-w", "")
     assert no_node.code == 2 and "--hosts '' names no host" in no_node.stderr
 

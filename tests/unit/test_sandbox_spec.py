@@ -33,6 +33,7 @@ def test_overrides_apply_per_node_on_top_of_a_default() -> None:
     ({"subnet": "192.168.1.0/24"}, "198.18.0.0/15"),
     ({"subnet": "198.18.0.0/28"}, "/24 or larger"),
     ({"gpus": ["lots"]}, "--gpus"),
+    ({"gpus": ["²"]}, "--gpus '²': use a GPU count"),  # a digit to isdigit(), not to int()
     ({"drivers": ["node2=new"]}, "535.104.05"),
     ({"link_rates": ["node9=1gbit"]}, "no node 'node9'"),
     ({"latency": "soon"}, "--latency"),
