@@ -15,6 +15,7 @@ from gpucluster.cli.options import (
     HostsOption,
     InventoryOption,
     JsonOption,
+    finite,
     load_inventory,
     open_session,
     stderr_console,
@@ -40,7 +41,8 @@ def doctor(
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                           help="Show OK results and details too.")] = False,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, metavar="SECONDS", help="Per-node limit for the probe.")] = 60.0,
+        "--timeout", min=1, metavar="SECONDS", callback=finite,
+        help="Per-node limit for the probe.")] = 60.0,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,

@@ -24,6 +24,7 @@ from gpucluster.cli.options import (
     JsonOption,
     ModuleOption,
     chosen_image,
+    finite,
     load_inventory,
     open_session,
     stderr_console,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from gpucluster.launch.model import NodeState
 
 GraceOption = Annotated[float, typer.Option(
-    "--grace", min=0, metavar="SECONDS",
+    "--grace", min=0, metavar="SECONDS", callback=finite,
     help="After TERM, how long processes get to exit before KILL.")]
 JobArgument = Annotated[str | None, typer.Argument(
     metavar="JOB", help="Job id, a unique part of it, or 'last' (the default: the newest "
@@ -95,11 +96,11 @@ def launch(
         "--max-recoveries", min=0, metavar="K",
         help="With --recover: at most K relaunches (default 3).")] = None,
     hang_timeout: Annotated[float | None, typer.Option(
-        "--hang-timeout", min=1, metavar="SECONDS",
+        "--hang-timeout", min=1, metavar="SECONDS", callback=finite,
         help="With --recover: no progress (heartbeat file or output) this long is a hang "
              "(default 300).")] = None,
     node_timeout: Annotated[float | None, typer.Option(
-        "--node-timeout", min=1, metavar="SECONDS",
+        "--node-timeout", min=1, metavar="SECONDS", callback=finite,
         help="With --recover: a node silent this long (not even its heartbeat, sent every "
              "2 s) is lost (default 10).")] = None,
     json_output: Annotated[bool, typer.Option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,6 +20,15 @@ from gpucluster.whole_file import written_whole
 if TYPE_CHECKING:
     from gpucluster.remote.session import Session
     from gpucluster.remote.ssh import SshOptions
+
+def finite(value: float | None) -> float | None:
+    """Every float option's callback: float() reads `nan` and `inf`, and a range lets
+    them through (nan compares false, inf is no maximum short of one), where they ended
+    in a traceback (--hang-timeout inf) or a grace that never came (--grace nan)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
 
 InventoryOption = Annotated[
     str | None,
@@ -40,7 +50,7 @@ AskSudoPassOption = Annotated[
                             "users whose sudo asks one; tried once per node first.")]
 ConnectTimeoutOption = Annotated[
     float | None,
-    typer.Option("--connect-timeout", metavar="SECONDS", min=0.1,
+    typer.Option("--connect-timeout", metavar="SECONDS", min=0.1, callback=finite,
                  help="Give up connecting to a host after this long (inventory default: 10)."),
 ]
 DebugOption = Annotated[bool, typer.Option(

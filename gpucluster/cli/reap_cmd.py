@@ -19,6 +19,7 @@ from gpucluster.cli.options import (
     HostsOption,
     InventoryOption,
     JsonOption,
+    finite,
     load_inventory,
     open_session,
     stderr_console,
@@ -45,7 +46,7 @@ def reap(
     foreign: Annotated[bool, typer.Option(
         "--foreign", help="With --yes, end processes that are not gpucluster's too.")] = False,
     grace: Annotated[float, typer.Option(
-        "--grace", min=0, max=600, metavar="SECONDS",
+        "--grace", min=0, max=600, metavar="SECONDS", callback=finite,
         help="Between TERM and KILL.")] = 10.0,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,

@@ -16,6 +16,7 @@ from gpucluster.cli.options import (
     HostsOption,
     InventoryOption,
     JsonOption,
+    finite,
     load_inventory,
     open_session,
     stderr_console,
@@ -33,7 +34,7 @@ def run(
     hosts: HostsOption = None,
     group: GroupOption = None,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", "-t", min=0.1, metavar="SECONDS",
+        "--timeout", "-t", min=0.1, metavar="SECONDS", callback=finite,
         help="Per-host command time limit (inventory default: 120).")] = None,
     sudo: Annotated[bool, typer.Option(
         "--sudo", help="Run through sudo for non-root users: non-interactive (sudo -n), "

@@ -21,6 +21,7 @@ from gpucluster.cli.options import (
     HostsOption,
     InventoryOption,
     JsonOption,
+    finite,
     load_inventory,
     open_session,
     stderr_console,
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from gpucluster.remote.session import Session
 
 IntervalOption = Annotated[float, typer.Option(
-    "--interval", min=0.1, max=60, metavar="SECONDS", help="Seconds between samples.")]
+    "--interval", min=0.1, max=60, metavar="SECONDS", callback=finite,
+    help="Seconds between samples.")]
 
 
 def top(

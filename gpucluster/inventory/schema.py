@@ -3,6 +3,7 @@ returns the value or raises ValueError whose text is the fix to show."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -36,14 +37,21 @@ def _fanout(value: Any) -> int:
     return value
 
 
+def _is_positive(value: Any) -> bool:
+    """A number above 0 and finite: YAML reads `.inf` and `.nan` as floats, and nan
+    passes any comparison's negation (a timeout of `nan s` reached the nodes)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value > 0)
+
+
 def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if not _is_positive(value):
         raise ValueError("use a number of seconds above 0")
     return float(value)
 
 
 def _positive_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if not _is_positive(value):
         raise ValueError("use a number above 0")
     return float(value)
 

@@ -173,6 +173,26 @@ def test_reporting_commands_have_json_and_node_commands_select_hosts() -> None:
         "provision")
 
 
+def test_no_number_option_takes_nan_or_infinity() -> None:
+    """float() reads `nan` and `inf` and no range refuses them: `--hang-timeout inf`
+    ended in a traceback and `launch --grace nan` ran with a grace that never comes."""
+    from typer import BadParameter
+
+    taken = []
+    for path, command in _commands().items():
+        context = command.make_context(path, [], resilient_parsing=True)  # type: ignore[attr-defined]
+        for param in command.params:  # type: ignore[attr-defined]
+            if param.type.name not in ("float", "float range"):
+                continue
+            for value in ("nan", "inf", "-inf"):
+                try:
+                    param.process_value(context, value)
+                    taken.append(f"{path} {param.opts[0]} {value}")
+                except BadParameter:
+                    pass
+    assert not taken, taken
+
+
 def test_inventory_check_json_lists_every_problem(tmp_path: Path) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  - name: a\n    prot: 22\n")

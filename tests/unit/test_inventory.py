@@ -125,6 +125,12 @@ hosts:
     ("\t- name: a\n", ":1: a tab indents this line: YAML indents with spaces only"),
     ("defaults:\n  jump_host: b\nhosts: [a, b]\n", "'b' reaches itself through jump_host"),
     ("smoke:\n  min_busbw_gbps: -1\nhosts: [a]\n", ":2: smoke.min_busbw_gbps has a bad number"),
+    # YAML's .inf and .nan are floats; nan passed `value <= 0` being false.
+    ("cluster:\n  command_timeout: .inf\nhosts: [a]\n",
+     ":2: cluster.command_timeout has a bad seconds value inf (fix: use a number of seconds"),
+    ("cluster:\n  connect_timeout: .nan\nhosts: [a]\n",
+     ":2: cluster.connect_timeout has a bad seconds value nan"),
+    ("smoke:\n  min_busbw_gbps: .nan\nhosts: [a]\n", ":2: smoke.min_busbw_gbps has a bad number"),
     ("smoke:\n  min_busbw: 5\nhosts: [a]\n", "did you mean 'min_busbw_gbps'?"),
     ("slurm:\n  controller: b\nhosts: [a]\n", ":2: slurm.controller 'b' is not a host"),
     ("slurm:\n  srun_ports: 100-50\nhosts: [a]\n", ":2: slurm.srun_ports has a bad port range"),
