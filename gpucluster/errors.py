@@ -1,12 +1,14 @@
 """The project's own error types and the exit codes they map to.
 
 Everything a user can cause (bad inventory, missing tools, no root) is raised as a
-`GpuclusterError`; the CLI turns it into a one-line message and an exit code. Anything
-else is a bug and keeps its traceback.
+`GpuclusterError`; the CLI turns it into a one-line message and an exit code. So is an
+OSError about a file (a path too long, a disk full), wherever a user's path reached it.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 EXIT_OK = 0
@@ -19,6 +21,29 @@ class GpuclusterError(Exception):
     """A problem the user can fix; `str()` is the whole message to show."""
 
     exit_code = EXIT_USAGE
+
+
+_OS_FIXES = {
+    errno.ENAMETOOLONG: "a shorter path",
+    errno.EACCES: "a path you may use, or run as its owner",
+    errno.EPERM: "a path you may use, or run as its owner",
+    errno.ENOSPC: "free space there, or another path",
+    errno.EDQUOT: "free space there, or another path",
+    errno.EROFS: "a path on a writable file system",
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "check the path",
+    errno.EISDIR: "name a file, not a directory",
+}
+
+
+def file_error(error: OSError) -> GpuclusterError | None:
+    """An OSError about a named file as the one-line error it is for the user; None for
+    one that names no file (a bug's, which keeps its traceback)."""
+    if error.filename is None:
+        return None
+    fix = _OS_FIXES.get(error.errno or 0)
+    return GpuclusterError(f"{error.filename}: {error.strerror or error}"
+                           + (f" (fix: {fix})" if fix else ""))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -29,7 +29,7 @@ from gpucluster.cli import (
 )
 from gpucluster.cli.options import ScriptCommand
 from gpucluster.cli.views.common import discard_writes
-from gpucluster.errors import GpuclusterError
+from gpucluster.errors import GpuclusterError, file_error
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer a pipe ended
 
@@ -122,10 +122,19 @@ def main() -> None:
     try:
         app(prog_name="gpucluster")
     except GpuclusterError as error:
-        for line in str(error).splitlines():
-            print(f"gpucluster: error: {line}", file=sys.stderr)
-        sys.exit(error.exit_code)
+        _fail(error)
     except (BrokenPipeError, OutputClosed):  # `... | head`: the reader has what it wanted
         for stream in (sys.stdout, sys.stderr):
             discard_writes(stream)
         sys.exit(EXIT_CLOSED_PIPE)
+    except OSError as error:  # a user's path the command met: too long, a disk full...
+        said = file_error(error)
+        if said is None:
+            raise
+        _fail(said)
+
+
+def _fail(error: GpuclusterError) -> NoReturn:
+    for line in str(error).splitlines():
+        print(f"gpucluster: error: {line}", file=sys.stderr)
+    sys.exit(error.exit_code)

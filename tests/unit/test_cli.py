@@ -35,6 +35,28 @@ def test_a_scripts_option_without_the_double_dash_says_where_it_goes() -> None:
         typo.stderr
 
 
+def test_a_path_the_system_refuses_is_one_line_naming_it(tmp_path: Path) -> None:
+    """An OSError about a user's path ended in a traceback where no check named it
+    first: a name longer than the file system takes (-o, -C, --write-inventory)."""
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+    long_name = tmp_path / ("y" * 300)
+    done = gpucluster("inventory", "export", "-i", str(inventory), "-F", "ansible",
+                      "-o", str(long_name))
+    assert done.code == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == f"gpucluster: error: {long_name}: File name too long (fix: a " \
+        f"shorter path)\n"
+
+
+def test_an_os_error_naming_no_file_is_a_bug_and_keeps_its_traceback() -> None:
+    from gpucluster.errors import file_error
+
+    assert file_error(OSError(28, "No space left on device")) is None
+    said = file_error(OSError(28, "No space left on device", "/out/b.tar.gz"))
+    assert str(said) == "/out/b.tar.gz: No space left on device (fix: free space there, " \
+        "or another path)"
+
+
 def test_bad_inventory_is_reported_with_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  - name: a\n    prot: 22\n  - name: a\n")
