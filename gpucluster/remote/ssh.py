@@ -7,6 +7,7 @@ with a FailureKind, so the fan-out can report it per host and carry on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -30,6 +31,10 @@ from gpucluster.remote.ssh_errors import connect_failure
 if TYPE_CHECKING:
     import paramiko
 
+# paramiko logs a failed handshake from its transport thread at ERROR, traceback and all;
+# with no handler set up, Python's last resort printed that to stderr beside our own
+# one-line report of the same failure (ssh_errors.connect_failure).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 END_GROUP_TIMEOUT_S = 5.0
 PID_WAIT_S = 3.0  # how long an interrupted command's pid report may still take
 

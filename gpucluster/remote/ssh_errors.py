@@ -46,6 +46,11 @@ def connect_failure(error: BaseException, endpoint: Endpoint, options: SshOption
     if isinstance(error, OSError):
         return RemoteError(FailureKind.UNREACHABLE,
                            f"cannot connect to {where}: {error.strerror or error}")
+    if isinstance(error, paramiko.SSHException) and "protocol banner" in str(error):
+        return RemoteError(FailureKind.UNREACHABLE,
+                           f"{where} took the connection but never spoke SSH: not sshd's "
+                           f"port, or sshd turning this address away (hosts.deny, fail2ban) "
+                           f"or too busy for new logins (MaxStartups)")
     if isinstance(error, paramiko.SSHException):
         return RemoteError(FailureKind.UNREACHABLE, f"SSH failed with {where}: {error}")
     return error

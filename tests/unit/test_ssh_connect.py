@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -50,6 +53,45 @@ def test_callers_waiting_on_a_failed_connect_share_its_failure_and_later_ones_re
     server.close()
     for peer in accepted:
         peer.close()
+
+
+def test_a_server_that_hangs_up_before_its_banner_is_one_line_not_paramikos_traceback(
+        tmp_path: Path) -> None:
+    """sshd past MaxStartups, or a port that is not sshd's, closes before greeting.
+    paramiko logs that from its transport thread, traceback and all, at ERROR; with no
+    handler set up Python's last resort printed it to stderr, beside our own report of
+    the same failure, twice per host. In a process of its own: pytest's log capture
+    would be the handler here."""
+    script = textwrap.dedent(f"""
+        import socket, threading
+        from pathlib import Path
+        from gpucluster.remote.result import RemoteError
+        from gpucluster.remote.ssh import Endpoint, SshConnection, SshOptions
+
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+
+        def hang_up():
+            while True:
+                server.accept()[0].close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        connection = SshConnection(
+            Endpoint("rude", "127.0.0.1", server.getsockname()[1], "nobody"),
+            SshOptions(known_hosts=Path({str(tmp_path / "known_hosts")!r}),
+                       connect_timeout=5.0))
+        try:
+            connection.connect()
+        except RemoteError as error:
+            print(error.kind.value, "|", error)
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    kind, _, said = done.stdout.strip().partition(" | ")
+    assert kind == "unreachable" and "took the connection but never spoke SSH: not " \
+        "sshd's port, or sshd turning this address away" in said, done
+    assert done.stderr == "", done.stderr
 
 
 def test_a_missing_identity_file_is_named_before_any_connection(tmp_path: Path) -> None:
