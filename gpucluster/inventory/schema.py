@@ -143,10 +143,22 @@ def _env(value: Any) -> dict[str, str]:
     return env
 
 
+GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+GROUP_NAME_RULE = "letters, digits, '_', '.' and '-', not starting with '.' or '-'"
+
+
+def is_group_name(name: Any) -> bool:
+    """A group name `-g`, Ansible, genders and ClusterShell files all take as one word
+    (an empty one could never be selected, a space or comma splits it in a genders file)."""
+    return isinstance(name, str) and GROUP_NAME.fullmatch(name) is not None
+
+
 def _group_names(value: Any) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise ValueError("use a group name or a list of group names")
+    if not all(is_group_name(i) for i in items):
+        raise ValueError(f"use group names of {GROUP_NAME_RULE}")
     return tuple(items)
 
 

@@ -25,6 +25,7 @@ from gpucluster.inventory.resolve import resolve_host
 from gpucluster.inventory.schema import (
     CLUSTER_KEYS,
     DEFAULTS_KEYS,
+    GROUP_NAME_RULE,
     HOST_KEYS,
     NULLABLE_KEYS,
     PATH_KEYS,
@@ -32,6 +33,7 @@ from gpucluster.inventory.schema import (
     SMOKE_KEYS,
     TOP_KEYS,
     Converter,
+    is_group_name,
 )
 from gpucluster.ssh_config import SshConfig
 from gpucluster.yaml_lines import LineDict, LineList
@@ -302,6 +304,11 @@ class Validator:
         self._repeated(section)
         for group, members in section.items():
             line = section.line_of(group)
+            if not is_group_name(str(group)):  # `1:` is YAML's number, the group "1"
+                self.problem(line, f"group name {str(group)!r} is empty or has characters a "
+                             f"group name cannot",
+                             f"use {GROUP_NAME_RULE}")
+                continue
             patterns = [members] if isinstance(members, str) else members
             if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
                 self.problem(line, f"group {group!r} must list host names or ranges",

@@ -109,6 +109,11 @@ hosts:
     ("hosts:\n  - address: 10.0.0.1\n", ":2: host entry has no `name`"),
     ("hosts:\n  - [a, b]\n", ":2: host entry must be a name or a mapping"),
     ("hosts: [a]\ngroups:\n  g: [b]\n", ":3: group 'g' names unknown hosts: b"),
+    # A group -g can never select, or that splits in a genders file (pdsh -g).
+    ("hosts: [a]\ngroups:\n  '': [a]\n", ":3: group name '' is empty or has characters a "
+     "group name cannot (fix: use letters, digits, '_', '.' and '-', not starting with"),
+    ("hosts: [a]\ngroups:\n  'x y': [a]\n", ":3: group name 'x y' is empty or has"),
+    ("hosts:\n  - name: a\n    groups: ['a,b']\n", ":3: host.groups has a bad list value"),
     ("hosts: [a]\ncluster:\n  env: {1BAD: x}\n", "not a valid environment variable name"),
     ("hosts: [a]\ncluster:\n  env: {OK: 1, A: [1, 2]}\n",
      "(fix: give A one value: a string, a number or true/false)"),
