@@ -220,6 +220,12 @@ class Validator:
             return []
         addresses: list[str | None] = [None] * len(names)
         if "address" in fields:
+            bracketed = fields["address"].strip()
+            if bracketed.startswith("[") and is_ip(bracketed.strip("[]")):
+                self.problem(line, f"address {bracketed!r} is in brackets",
+                             f"write the IPv6 address bare: address: {bracketed.strip('[]')!r} "
+                             f"(brackets here mean a host range)")
+                return []
             expanded = self._expand(fields["address"], line, "address")
             if len(expanded) == len(names):
                 addresses = list(expanded)

@@ -104,6 +104,8 @@ hosts:
      ":3: address '10.0.0.256' is not an IP address"),
     ("hosts: [10.0.0.5, 10.0.0.300]\n", ":1: host name '10.0.0.300' is not an IP address"),
     ("hosts:\n  - name: a\n    address: '10.0.0.'\n", ":3: address '10.0.0.' is not an IP"),
+    ("hosts:\n  - name: a\n    address: '[fe80::1]'\n", ":2: address '[fe80::1]' is in brackets "
+     "(fix: write the IPv6 address bare: address: 'fe80::1' (brackets here mean a host range))"),
     ("hosts:\n  - name: gpu[01-04]\n    address: 10.0.0.[1-3]\n", ":2: 4 names but 3 addresses"),
     ("hosts:\n  - name: gpu[04-01]\n", ":2: bad host range in name"),
     ("hosts:\n  - address: 10.0.0.1\n", ":2: host entry has no `name`"),
