@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from gpucluster import hostrange, interrupts, reports
 from gpucluster.inventory import Host, Inventory
@@ -18,7 +17,7 @@ from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of, stop
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.logsearch import ROTATED_SUFFIX, TIMES_SUFFIX
+from gpucluster.launch.log_copy import LogCopy
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     FirstFailure,
@@ -35,60 +34,6 @@ from gpucluster.remote.session import Session
 
 SILENT_NODE_S = 30.0  # no output and no heartbeat this long: the node is taken for lost
 FOLLOW_LIMIT_S = 30 * 24 * 3600.0  # a job may run for weeks; heartbeats catch dead nodes
-
-
-class _Copy:
-    """The controller's copy of a node's log, kept under `cap_bytes`: past half of it,
-    the copy becomes NODE.log.1 (replacing the one before) and a new one begins. The
-    node's stamps (node.times, one per line of its node.log) are split the same way."""
-
-    def __init__(self, log: Path, cap_bytes: int) -> None:
-        self.log, self.half = log, max(cap_bytes // 2, 1)
-        self.rotated = log.with_name(log.name + ROTATED_SUFFIX)
-        # Opened by the first line: a node that cannot be reached leaves the old copy be.
-        self.file: TextIO | None = None
-        self.size = self.lines = 0  # of the current copy
-        self.in_rotated = 0  # lines in NODE.log.1
-        self.dropped = 0  # lines gone with an overwritten NODE.log.1
-        self.stamped = 0  # stamps seen, one per line of the node's log from its first
-        self.stamps: list[str] = []  # those of the lines kept (NODE.log.1's, then NODE.log's)
-
-    def write(self, line: str) -> None:
-        if self.file is None:
-            self.rotated.unlink(missing_ok=True)
-            self.file = self.log.open("w", encoding="utf-8")
-        if self.size >= self.half:
-            self.file.close()
-            self.log.replace(self.rotated)
-            self.dropped += self.in_rotated
-            self.in_rotated, self.lines = self.lines, 0
-            self.file, self.size = self.log.open("w", encoding="utf-8"), 0
-        self.file.write(line + "\n")
-        self.file.flush()
-        self.size += len(line.encode()) + 1
-        self.lines += 1
-
-    def stamp(self, stamp: str) -> None:
-        """The next line's stamp, once the log has come whole: only the kept lines' are
-        kept (a job's log may have had millions of lines)."""
-        if self.dropped <= self.stamped < self.dropped + self.in_rotated + self.lines:
-            self.stamps.append(stamp)
-        self.stamped += 1
-
-    def close(self, answered: bool) -> None:
-        """`answered`: the node sent its whole log (maybe none): the copy is that."""
-        if self.file is None:
-            if not answered:
-                return
-            self.rotated.unlink(missing_ok=True)
-            self.log.write_text("", encoding="utf-8")
-        else:
-            self.file.close()
-        rotated, current = self.stamps[:self.in_rotated], self.stamps[self.in_rotated:]
-        for path, part in ((self.rotated, rotated), (self.log, current)):
-            if part or path.exists():
-                path.with_name(path.name + TIMES_SUFFIX).write_text(
-                    "".join(f"{stamp}\n" for stamp in part), encoding="utf-8")
 
 
 class _Follower:
@@ -108,12 +53,13 @@ class _Follower:
         self.heartbeat_mtime = ""
         self.heartbeat: Progress | None = None
         self.state: NodeState | None = None
+        self.copy_cut = ""  # why the controller's copy of the log stopped short, if it did
 
     def start(self) -> None:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        copy = _Copy(self.log, self.cap_bytes)
+        copy = LogCopy(self.log, self.cap_bytes)
         stamping = False  # the log and its state have come: the rest is its stamps
         try:
             def on_line(stream: str, line: str) -> None:
@@ -165,6 +111,7 @@ class _Follower:
             # A node that no longer has the job (its work dir wiped, the node re-imaged)
             # sends no log: the controller's copy is all that is left, so it is kept.
             copy.close(answered=self.state is not None and self.state.state != "missing")
+        self.copy_cut = copy.cut
         self.done.put((self.host.name, state))
 
     def _beat(self, step: int | None) -> None:
@@ -258,6 +205,7 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
                 if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
+    outcome.copies_cut = {n: f.copy_cut for n, f in followers.items() if f.copy_cut}
     return outcome
 
 

@@ -160,6 +160,8 @@ class JobOutcome:
     interrupted: bool = False
     hang: str = ""  # why the job was taken for hung (no progress), else empty
     progress: dict[str, Progress] = field(default_factory=dict)  # nodes with a heartbeat
+    # Nodes whose copy of the log here stopped short, and why (the controller's disk full)
+    copies_cut: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:

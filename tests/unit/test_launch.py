@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,13 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
-from gpucluster.launch.model import FirstFailure, LaunchRequest, NodeState, parse_state
+from gpucluster.launch.model import (
+    FirstFailure,
+    JobOutcome,
+    LaunchRequest,
+    NodeState,
+    parse_state,
+)
 from gpucluster.launch.request import check_nproc, check_request
 from gpucluster.launch.start import large_files_note, sync_summary
 from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
@@ -674,6 +681,47 @@ def test_following_a_job_beats_and_ends_with_its_state_and_stamps(tmp_path: Path
     napped = naps.read_text().split() if naps.exists() else []
     assert napped == [] if shell == "bash" else napped.count("0.5") >= 2
     assert not list(job.glob(".nap*"))  # the fifo is gone
+
+
+def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
+        tmp_path: Path) -> None:
+    """The controller's disk full (here /dev/full, written through the copy's path): the
+    follower died of the copy's ENOSPC, its node's end never came, and launch waited
+    for ever while the job had ended. The follow ends with the node's state, every line
+    still handed on, and the copy said to be cut short."""
+    import shlex
+
+    from gpucluster.launch.follow import follow
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
+
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
+    loaded = inventory_module.load(inventory)
+    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+                                 jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
+    job = tmp_path / "node-jobs" / record.id / "node1"
+    job.mkdir(parents=True)
+    lines = [f"[0]:line {i} " + "x" * 100 for i in range(2000)]  # past any write buffer
+    (job / "node.log").write_text("".join(f"{line}\n" for line in lines))
+    (job / "exit_code").write_text("0\n")
+    (job / "leader.pid").write_text("2147483647\n")  # beyond pid_max: ended
+    store = JobStore(tmp_path / ".gpucluster")
+    store.directory(record.id).mkdir(parents=True)
+    store.node_log(record.id, "node1").symlink_to("/dev/full")
+    shown: list[str] = []
+    ended: list[JobOutcome] = []
+    following = threading.Thread(target=lambda: ended.append(follow(
+        Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded, record, store,
+        on_output=lambda _node, _rank, text: shown.append(text), live=False,
+        fail_fast=False)), daemon=True)
+    following.start()
+    following.join(30)
+    assert ended, "the follow never ended"
+    outcome = ended[0]
+    assert outcome.states["node1"].state == "exited" and outcome.exit_code == 0
+    assert outcome.copies_cut == {"node1": "No space left on device"}
+    assert len(shown) == len(lines) and shown[-1] == lines[-1].removeprefix("[0]:")
 
 
 def test_the_line_stamper_ends_with_a_zombie_leader_and_stamps_every_line(

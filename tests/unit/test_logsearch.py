@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpucluster.errors import GpuclusterError
-from gpucluster.launch.follow import _Copy
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.log_copy import LogCopy
 from gpucluster.launch.logsearch import (
     LogFilter,
     LogLine,
@@ -132,7 +132,7 @@ def test_a_time_window_that_closes_before_it_opens_is_refused() -> None:
 
 def test_a_nodes_copy_rotates_at_half_its_cap_with_its_stamps(tmp_path: Path) -> None:
     log = tmp_path / "node1.log"
-    copy = _Copy(log, cap_bytes=40)  # rotates past 20 bytes
+    copy = LogCopy(log, cap_bytes=40)  # rotates past 20 bytes
     lines = [f"line {i:02d} ......" for i in range(7)]  # 16 bytes each with the newline
     for line in lines:
         copy.write(line)
@@ -150,7 +150,7 @@ def test_a_nodes_copy_rotates_at_half_its_cap_with_its_stamps(tmp_path: Path) ->
 def test_an_unreachable_node_leaves_the_old_copy_be(tmp_path: Path) -> None:
     log = tmp_path / "node1.log"
     log.write_text("what we had\n")
-    _Copy(log, 1 << 20).close(answered=False)
+    LogCopy(log, 1 << 20).close(answered=False)
     assert log.read_text() == "what we had\n"
-    _Copy(log, 1 << 20).close(answered=True)  # it answered: its log is empty
+    LogCopy(log, 1 << 20).close(answered=True)  # it answered: its log is empty
     assert log.read_text() == ""

@@ -88,6 +88,11 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
                        for label, nodes in by_state.items())
     err.print(f"job {record.id}: {states or 'no node sent its state (gpucluster jobs asks again)'}"
               f"; logs in {store.directory(record.id)}")
+    for reason, nodes in hostrange.hosts_by((why, node) for node, why in
+                                            outcome.copies_cut.items()).items():
+        err.print(f"[bold yellow]{hostrange.fold(nodes)}: the copy of the log in "
+                  f"{store.directory(record.id)} stopped short ({escape(reason)}); the nodes "
+                  f"keep it whole (fix: make room, then gpucluster logs {record.id})[/]")
     if outcome.stopped:
         print_stopped(err, record, outcome.stopped)
 

@@ -1,0 +1,90 @@
+"""The controller's copy of a node's log while a job is followed: capped, rotated, with
+each line's stamp; a copy that cannot be written stops short without stopping the job."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TextIO
+
+from gpucluster.launch.logsearch import ROTATED_SUFFIX, TIMES_SUFFIX
+
+
+class LogCopy:
+    """The controller's copy of a node's log, kept under `cap_bytes`: past half of it,
+    the copy becomes NODE.log.1 (replacing the one before) and a new one begins. The
+    node's stamps (node.times, one per line of its node.log) are split the same way."""
+
+    def __init__(self, log: Path, cap_bytes: int) -> None:
+        self.log, self.half = log, max(cap_bytes // 2, 1)
+        self.rotated = log.with_name(log.name + ROTATED_SUFFIX)
+        # Opened by the first line: a node that cannot be reached leaves the old copy be.
+        self.file: TextIO | None = None
+        self.size = self.lines = 0  # of the current copy
+        self.in_rotated = 0  # lines in NODE.log.1
+        self.dropped = 0  # lines gone with an overwritten NODE.log.1
+        self.stamped = 0  # stamps seen, one per line of the node's log from its first
+        self.stamps: list[str] = []  # those of the lines kept (NODE.log.1's, then NODE.log's)
+        self.cut = ""  # why the copy stopped short (the controller's disk full), if it did
+
+    def write(self, line: str) -> None:
+        if self.cut:
+            return
+        try:
+            self._write(line)
+        except OSError as error:
+            self._give_up(error)
+
+    def _give_up(self, error: OSError) -> None:
+        """The copy stops here, and only the copy: the job, its streaming and its end go
+        on (a follower that died of it left launch waiting for ever). The node keeps
+        the whole log, for `gpucluster logs` to fetch."""
+        self.cut = error.strerror or str(error)  # the same for every node: said once
+        if self.file is not None:
+            with contextlib.suppress(OSError):  # its flush fails; the file is closed anyway
+                self.file.close()
+
+    def _write(self, line: str) -> None:
+        if self.file is None:
+            self.rotated.unlink(missing_ok=True)
+            self.file = self.log.open("w", encoding="utf-8")
+        if self.size >= self.half:
+            self.file.close()
+            self.log.replace(self.rotated)
+            self.dropped += self.in_rotated
+            self.in_rotated, self.lines = self.lines, 0
+            self.file, self.size = self.log.open("w", encoding="utf-8"), 0
+        self.file.write(line + "\n")
+        self.file.flush()
+        self.size += len(line.encode()) + 1
+        self.lines += 1
+
+    def stamp(self, stamp: str) -> None:
+        """The next line's stamp, once the log has come whole: only the kept lines' are
+        kept (a job's log may have had millions of lines)."""
+        if self.dropped <= self.stamped < self.dropped + self.in_rotated + self.lines:
+            self.stamps.append(stamp)
+        self.stamped += 1
+
+    def close(self, answered: bool) -> None:
+        """`answered`: the node sent its whole log (maybe none): the copy is that."""
+        if self.cut:
+            return
+        try:
+            self._close(answered)
+        except OSError as error:
+            self._give_up(error)
+
+    def _close(self, answered: bool) -> None:
+        if self.file is None:
+            if not answered:
+                return
+            self.rotated.unlink(missing_ok=True)
+            self.log.write_text("", encoding="utf-8")
+        else:
+            self.file.close()
+        rotated, current = self.stamps[:self.in_rotated], self.stamps[self.in_rotated:]
+        for path, part in ((self.rotated, rotated), (self.log, current)):
+            if part or path.exists():
+                path.with_name(path.name + TIMES_SUFFIX).write_text(
+                    "".join(f"{stamp}\n" for stamp in part), encoding="utf-8")
