@@ -273,6 +273,34 @@ def test_a_symlink_keeps_pointing_and_a_private_file_is_made_private(tmp_path: P
     assert key.stat().st_mode & 0o777 == 0o600 and key.read_text() == "secret\n"
 
 
+def test_an_immutable_file_is_named_as_such_and_left_as_it_was(tmp_path: Path) -> None:
+    """An admin's `chattr +i /etc/hosts` made root's rename fail with mv's bare
+    "Operation not permitted"; the error now names the attribute and its fix."""
+    import os
+    import subprocess
+
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+    from gpucluster.remote.result import RemoteError
+
+    if os.geteuid() != 0:
+        pytest.skip("chattr +i needs root (CI runs as root, for the sandbox)")
+    connection = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"))
+    target = tmp_path / "hosts"
+    target.write_text("127.0.0.1 localhost\n")
+    subprocess.run(["chattr", "+i", str(target)], check=True)
+    try:
+        with pytest.raises(RemoteError) as refused:
+            files.write_atomically(connection, str(target), "changed\n", "644")
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+    assert refused.value.message == (
+        f"cannot write {target}: {target} is immutable or append-only (chattr +i or +a): "
+        f"left as it was (fix: chattr -i -a {target}, then run this again)")
+    assert target.read_text() == "127.0.0.1 localhost\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "log"]  # no temp file
+
+
 def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path) -> None:
     import hashlib
     import subprocess
