@@ -9,7 +9,9 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import errno
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command ran, and something on a host failed
@@ -38,12 +40,21 @@ _OS_FIXES = {
 
 def file_error(error: OSError) -> GpuclusterError | None:
     """An OSError about a named file as the one-line error it is for the user; None for
-    one that names no file (a bug's, which keeps its traceback)."""
-    if error.filename is None:
+    one that names no file, or one of the package's own (a template, say): a bug's,
+    which keeps its traceback."""
+    if error.filename is None or _shipped(os.fsdecode(error.filename)):
         return None
     fix = _OS_FIXES.get(error.errno or 0)
     return GpuclusterError(f"{error.filename}: {error.strerror or error}"
                            + (f" (fix: {fix})" if fix else ""))
+
+
+def _shipped(filename: str) -> bool:
+    """A file gpucluster ships: the package, or templates/ beside it in a checkout."""
+    from gpucluster.packaged import PACKAGE
+
+    path = Path(filename).resolve()
+    return path.is_relative_to(PACKAGE) or path.is_relative_to(PACKAGE.parent / "templates")
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,11 @@ def test_an_os_error_naming_no_file_is_a_bug_and_keeps_its_traceback() -> None:
     from gpucluster.errors import file_error
 
     assert file_error(OSError(28, "No space left on device")) is None
+    import gpucluster
+
+    for shipped in (Path(gpucluster.__file__).parent / "gone.py",
+                    Path(gpucluster.__file__).parents[1] / "templates" / "gone.j2"):
+        assert file_error(OSError(2, "No such file or directory", str(shipped))) is None
     said = file_error(OSError(28, "No space left on device", "/out/b.tar.gz"))
     assert str(said) == "/out/b.tar.gz: No space left on device (fix: free space there, " \
         "or another path)"
