@@ -29,7 +29,8 @@ from gpucluster.cli import (
 )
 from gpucluster.cli.options import ScriptCommand
 from gpucluster.cli.views.common import discard_writes
-from gpucluster.errors import GpuclusterError, file_error
+from gpucluster.errors import GpuclusterError
+from gpucluster.os_errors import file_error
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer a pipe ended
 

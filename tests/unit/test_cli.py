@@ -49,7 +49,7 @@ def test_a_path_the_system_refuses_is_one_line_naming_it(tmp_path: Path) -> None
 
 
 def test_an_os_error_naming_no_file_is_a_bug_and_keeps_its_traceback() -> None:
-    from gpucluster.errors import file_error
+    from gpucluster.os_errors import file_error
 
     assert file_error(OSError(28, "No space left on device")) is None
     import gpucluster
