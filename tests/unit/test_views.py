@@ -106,6 +106,21 @@ def test_sudo_asking_a_password_names_ask_sudo_pass_only_where_sudo_n_refused() 
     assert run.sudo_password_fix(_result()) == ""
 
 
+def test_job_lines_into_a_full_disk_stop_there_and_say_so_once(tmp_path: Path) -> None:
+    """`launch ... > run.log` on a full disk: the printer's OSError ended the node's
+    follower, and the node was taken for lost (--recover relaunched a healthy job)."""
+    from gpucluster.cli.views import launch as launch_view
+
+    notes = io.StringIO()
+    with Path("/dev/full").open("w") as full:  # every write: ENOSPC
+        printer = launch_view.line_printer(full, notes)
+        for number in range(3):
+            printer("node1", "0", f"epoch {number}")  # no error reaches the follower
+    assert notes.getvalue() == ("gpucluster: /dev/full: No space left on device: the job's "
+                                "lines are no longer written there; the job goes on "
+                                "(gpucluster logs shows them)\n")
+
+
 def test_run_json_schema_is_pinned() -> None:
     payload = json.loads(_text(lambda c: common.print_json(
         c, run.run_payload("cmd", _result()))))

@@ -3,6 +3,8 @@ first failure, the jobs table, what stop found; and each as JSON."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,19 +37,32 @@ def phase_printer(err: Console) -> Callable[[str], None]:
     return say
 
 
-def line_printer(stream: TextIO) -> OutputCallback:
-    """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun)."""
+def line_printer(stream: TextIO, notes: TextIO | None = None) -> OutputCallback:
+    """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun).
+    A stream that cannot be written (stdout redirected to a full disk) stops taking
+    them, said once on `notes`; the job and its follow go on (the error used to end the
+    node's follower, and the node was taken for lost: --recover relaunched the job)."""
     lock = threading.Lock()
+    failed: list[OSError] = []
 
     def write(node: str, rank: str | None, text: str) -> None:
         prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
         with lock:
+            if failed:
+                return
             try:
                 stream.write(f"{prefix} {text}\n")
                 stream.flush()
             except BrokenPipeError:
                 discard_writes(stream)
                 raise OutputClosed(f"{stream.name}: its reader went away") from None
+            except OSError as error:
+                failed.append(error)
+                discard_writes(stream)
+                with contextlib.suppress(OSError, ValueError):
+                    print(f"gpucluster: {stream.name}: {error.strerror or error}: the job's "
+                          f"lines are no longer written there; the job goes on (gpucluster "
+                          f"logs shows them)", file=notes or sys.stderr, flush=True)
     return write
 
 
