@@ -285,7 +285,9 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
     looks, leaders = [], []
     try:
         for index in range(30):  # a node each: start refuses a node that runs a job
-            script = node_scripts.start_script(record, f"n{index}", "sleep 5", "", False,
+            # Long enough to outlast a start on a loaded box: a leader that has ended has
+            # an empty environ, and looked 'bare' in a unit run beside a CI run.
+            script = node_scripts.start_script(record, f"n{index}", "sleep 60", "", False,
                                                None)
             recorded = 'echo "$leader" > "$job/leader.pid"\n'
             assert script.count(recorded) == 1
