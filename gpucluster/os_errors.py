@@ -27,7 +27,12 @@ _OS_FIXES = {
 def file_error(error: OSError) -> GpuclusterError | None:
     """An OSError about a named file as the one-line error it is for the user; None for
     one that names no file, or one of the package's own (a template, say): a bug's,
-    which keeps its traceback."""
+    which keeps its traceback. A disk full names no file: it came from writing one
+    already open, the output redirected to a file (`gpucluster top --once > f`) most
+    often."""
+    if error.filename is None and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return GpuclusterError(f"a write failed: {error.strerror} (fix: free space where "
+                               f"the output goes, or beside the inventory, in .gpucluster/)")
     if error.filename is None or _shipped(os.fsdecode(error.filename)):
         return None
     fix = _OS_FIXES.get(error.errno or 0)

@@ -3,6 +3,7 @@ errors into exit codes and one-line messages."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from typing import Annotated, Any, NoReturn
@@ -30,6 +31,7 @@ from gpucluster.cli import (
 from gpucluster.cli.options import ScriptCommand
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.errors import GpuclusterError
+from gpucluster.lossy_output import take_unwatched_streams
 from gpucluster.os_errors import file_error
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer a pipe ended
@@ -120,6 +122,7 @@ def main() -> None:
     """Console-script entry point: the one place errors become messages and exit codes."""
     interrupts.terminations_interrupt()
     ssh_config.leave_out_invoke()
+    take_unwatched_streams()
     try:
         app(prog_name="gpucluster")
     except GpuclusterError as error:
@@ -136,6 +139,7 @@ def main() -> None:
 
 
 def _fail(error: GpuclusterError) -> NoReturn:
-    for line in str(error).splitlines():
-        print(f"gpucluster: error: {line}", file=sys.stderr)
+    with contextlib.suppress(OSError):  # stderr on the full disk too: the exit code says it
+        for line in str(error).splitlines():
+            print(f"gpucluster: error: {line}", file=sys.stderr, flush=True)
     sys.exit(error.exit_code)

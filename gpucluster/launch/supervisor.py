@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.jobs import JobStore
+from gpucluster.lossy_output import UNWATCHED
 from gpucluster.procfs import gone
 
 PID_FILE = "supervisor.pid"
@@ -37,8 +38,9 @@ def spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     reach it), writing everything to `log`."""
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with log.open("ab") as out:
+        # Its log filling the disk must not end it (the job would go unwatched).
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, UNWATCHED: "1"})
 
 
 def wait_for_first_job(process: subprocess.Popen[bytes], log: Path) -> str:

@@ -48,10 +48,39 @@ def test_a_path_the_system_refuses_is_one_line_naming_it(tmp_path: Path) -> None
         f"shorter path)\n"
 
 
+def test_output_into_a_full_disk_is_one_line_and_a_supervisor_goes_on_regardless(
+        tmp_path: Path) -> None:
+    """`gpucluster inventory show > f` on a full disk (here /dev/full) ended in rich's
+    traceback. A process nobody watches (the --recover supervisor, its log on that
+    disk) drops what it cannot write instead: it must go on recovering the job."""
+    import os
+    import subprocess
+    import sys
+
+    from gpucluster.lossy_output import UNWATCHED
+
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+
+    def show(extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        with Path("/dev/full").open("w") as full:
+            return subprocess.run(
+                [sys.executable, "-m", "gpucluster", "inventory", "show", "-i", str(inventory)],
+                stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+                env={**os.environ, **extra_env})
+
+    watched = show({})
+    assert watched.returncode == 2 and watched.stderr == (
+        "gpucluster: error: a write failed: No space left on device (fix: free space where "
+        "the output goes, or beside the inventory, in .gpucluster/)\n")
+    unwatched = show({UNWATCHED: "1"})
+    assert unwatched.returncode == 0 and unwatched.stderr == "", unwatched.stderr
+
+
 def test_an_os_error_naming_no_file_is_a_bug_and_keeps_its_traceback() -> None:
     from gpucluster.os_errors import file_error
 
-    assert file_error(OSError(28, "No space left on device")) is None
+    assert file_error(OSError(22, "Invalid argument")) is None
     import gpucluster
 
     for shipped in (Path(gpucluster.__file__).parent / "gone.py",
