@@ -14,17 +14,15 @@ UNWATCHED = "GPUCLUSTER_UNWATCHED_OUTPUT"
 
 
 class LossyStream:
-    """`stream`, except that writes and flushes that fail are dropped (counted)."""
+    """`stream`, except that writes and flushes that fail are dropped."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self.dropped = 0
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
         except OSError:
-            self.dropped += 1
             return len(text)
 
     def flush(self) -> None:
