@@ -4,12 +4,10 @@ again."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import threading
 import time
-from collections.abc import Iterator
 from typing import BinaryIO
 
 from gpucluster.inventory import Host, Inventory
@@ -42,21 +40,27 @@ def sampler_command(inventory: Inventory, host: Host, interval_s: float,
                                        shlex.quote(peer), *([TYPED_SUDO] if typed_sudo else []))
 
 
-@contextlib.contextmanager
-def password_then_open(password: str | None) -> Iterator[BinaryIO | None]:
-    """The sampler's stdin: the password's line, then nothing until this ends (the
-    sampler quits when its stdin does); None without a password (the session's own
-    stdin stays open until the connection closes)."""
-    if password is None:
-        yield None
-        return
-    reading, writing = os.pipe()
-    os.write(writing, password_line(password))  # a line fits the pipe: never blocks
-    try:
-        # unbuffered: the feeder's read1 returns the line at once, then waits
-        yield os.fdopen(reading, "rb", buffering=0)
-    finally:
-        os.close(writing)  # the feeder reads the end, and closes the channel's stdin
+class HeldStdin:
+    """The sampler's stdin: the --ask-sudo-pass password's line, if any, then nothing
+    until `end()`. The sampler quits when its stdin ends, on this machine (a local
+    host) as over SSH, so this, not the connection, is what ends it."""
+
+    def __init__(self, password: str | None) -> None:
+        reading, self._writing = os.pipe()
+        if password is not None:
+            os.write(self._writing, password_line(password))  # a line fits: never blocks
+        # unbuffered: the feeder's read1 returns the line at once, then waits. The feeder
+        # owns this end from here; it closes when the feeder drops it.
+        self.reading: BinaryIO = os.fdopen(reading, "rb", buffering=0)
+        self._lock = threading.Lock()
+        self._open = True
+
+    def end(self) -> None:
+        """The feeder reads the end and closes the command's stdin; once only."""
+        with self._lock:
+            if self._open:
+                self._open = False
+                os.close(self._writing)
 
 
 class NodeStream:
@@ -73,6 +77,7 @@ class NodeStream:
         self.ecc_base: dict[str, int] = {}  # each GPU's error count when first seen
         self.dropped: float | None = None  # the last frame before the watchdog closed
         self._stderr = ""
+        self._stdin: HeldStdin | None = None  # the running sampler's
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -83,23 +88,37 @@ class NodeStream:
         self._thread.start()
 
     def stop(self, deadline: float) -> None:
-        """Close the connection: the sampler quits when its stdin does (no remote kill to
-        wait for, as the session's own close would send)."""
+        """End the sampler's stdin, which ends it (no remote kill to wait for, as the
+        session's own close would send), and close the connection."""
         self._stopped.set()
-        self.session.connection(self.host).close()
+        self.drop()
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def drop(self) -> None:
+        """End this sampler: its stdin, and its connection, which may be dead (then no
+        end of stdin reaches the node); the stream starts a new one unless stopped."""
+        with self._lock:
+            stdin = self._stdin
+        if stdin is not None:
+            stdin.end()
+        self.session.connection(self.host).close()
 
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._stderr = ""
+            stdin = HeldStdin(self.password)
+            with self._lock:
+                self._stdin = stdin
             try:
-                with password_then_open(self.password) as stdin:
-                    done = self.session.connection(self.host).run(
-                        self.command, timeout=STREAM_LIMIT_S, stdin=stdin, on_line=self._line)
+                done = self.session.connection(self.host).run(
+                    self.command, timeout=STREAM_LIMIT_S, stdin=stdin.reading,
+                    on_line=self._line)
                 self.error = self._stderr or f"the sampler ended (exit {done.exit_code})"
             except RemoteError as error:
                 self.error = error.message
+            finally:
+                stdin.end()
             self._stopped.wait(RETRY_S)
 
     def _line(self, stream: str, line: str) -> None:
@@ -166,4 +185,4 @@ class ClusterStreams:
                 if stream.silent_for() > limit and stream.dropped != stream.received_at:
                     stream.dropped = stream.received_at  # one close per silence
                     stream.error = f"no frame for {limit:g}s: reconnecting"
-                    self.session.connection(stream.host).close()
+                    stream.drop()

@@ -9,6 +9,7 @@
 #                                           runs), of each
 #   end GRACE_S PID...                      TERM, grace, KILL; what is left, as JSON
 import contextlib
+import ipaddress
 import json
 import os
 import pwd
@@ -240,14 +241,39 @@ def interface_to(peer):
         address = socket.getaddrinfo(peer, None)[0][4][0]  # a name, or an address
     except OSError:
         return None
-    done = subprocess.run(["ip", "-o", "route", "get", address], check=False,
-                          capture_output=True, text=True)
-    words = done.stdout.split()
-    if words[:1] == ["local"]:
-        done = subprocess.run(["ip", "-o", "addr", "show", "to", address], check=False,
-                              capture_output=True, text=True)
-        words = ["dev", done.stdout.split()[1]] if len(done.stdout.split()) > 1 else []
+    try:
+        done = subprocess.run(["ip", "-o", "route", "get", address], check=False,
+                              capture_output=True, text=True, timeout=10)
+        words = done.stdout.split()
+        if words[:1] == ["local"]:
+            done = subprocess.run(["ip", "-o", "addr", "show", "to", address], check=False,
+                                  capture_output=True, text=True, timeout=10)
+            words = ["dev", done.stdout.split()[1]] if len(done.stdout.split()) > 1 else []
+    except (OSError, subprocess.TimeoutExpired):  # no iproute2: a minimal image
+        return routed_interface(address)
     return words[words.index("dev") + 1] if "dev" in words else None
+
+
+def routed_interface(address):
+    """The interface of the kernel's longest IPv4 route holding `address`, from
+    /proc/net/route (hex, in network byte order); lo for a loopback address, whose routes
+    that file leaves out."""
+    try:
+        target = int(ipaddress.IPv4Address(address))
+    except ValueError:
+        return None
+    if ipaddress.IPv4Address(address).is_loopback:
+        return "lo"
+    best = (-1, None)
+    for line in read("/proc/net/route").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        destination, mask = (int.from_bytes(bytes.fromhex(f), "little")
+                             for f in (fields[1], fields[7]))
+        if target & mask == destination and bin(mask).count("1") > best[0]:
+            best = (bin(mask).count("1"), fields[0])
+    return best[1]
 
 
 def counters(interface):
@@ -347,10 +373,20 @@ def sudo_answers(options, password=None):
 
 
 def stream(interval_ms, peer, typed_sudo=False):
+    loops = [gpu_loop(f"{GPU_FIELDS},{EXTRA_GPU_FIELDS}", interval_ms),
+             Loop(f"--query-compute-apps={APP_FIELDS}", 1, 3, interval_ms)]
+    try:
+        frames(loops, interval_ms, peer, typed_sudo)
+    finally:  # however the sampler ends, its loops end too: the processes' loop prints
+        for loop in loops:  # nothing while there are none, so no closed pipe would end it
+            loop.stop()
+
+
+def frames(loops, interval_ms, peer, typed_sudo):
+    """A frame on stdout every interval from the loops (the GPUs', the processes'), until
+    stdout or stdin closes."""
     interval = interval_ms / 1000
-    gpus = gpu_loop(f"{GPU_FIELDS},{EXTRA_GPU_FIELDS}", interval_ms)
-    apps = Loop(f"--query-compute-apps={APP_FIELDS}", 1, 3, interval_ms)
-    loops = [gpus, apps]
+    gpus, apps = loops
     # --ask-sudo-pass: the password is stdin's first line; the rest is the controller's
     # session, whose end ends this sampler
     xid = Xid(sys.stdin.readline().rstrip("\n") if typed_sudo else None)
@@ -380,32 +416,28 @@ def stream(interval_ms, peer, typed_sudo=False):
         gpus.wait_first(deadline)
     # and its rates over FIRST_WINDOW_S at least: over a few ms one burst reads as a flood
     time.sleep(max(0.0, last + min(FIRST_WINDOW_S, interval) - time.monotonic()))
-    try:
-        while True:
-            now = time.monotonic()
-            after = counters(interface)
-            rates = {name: [round((after[name][0] - old[0]) / (now - last)),
-                            round((after[name][1] - old[1]) / (now - last))]
-                     for name, old in before.items() if name in after and now > last}
-            before, last = after, now
-            rows = gpus.fresh(1.5 * interval + 1)
-            running = apps.fresh(1.5 * interval + 1)
-            owners = {pid: owners.get(pid) or owner(pid) for _, pid, _ in running}
-            frame = {
-                "t": time.time(), "interface": interface, "rates": rates,
-                "load": [number(v) for v in read("/proc/loadavg").split()[:3]],
-                "cpus": os.cpu_count(), "error": "" if rows else gpus.error,
-                "gpus": [gpu_record(fields) for fields in rows],
-                "processes": [{"gpu_uuid": u, "pid": int(p), "used_mib": number(m),
-                               **owners[p]} for u, p, m in running],
-                "xid": xid.events if xid.readable else None,
-            }
-            sys.stdout.write(json.dumps(frame) + "\n")
-            sys.stdout.flush()
-            time.sleep(max(0.0, interval - (time.monotonic() - now)))
-    finally:
-        for loop in loops:
-            loop.stop()
+    while True:
+        now = time.monotonic()
+        after = counters(interface)
+        rates = {name: [round((after[name][0] - old[0]) / (now - last)),
+                        round((after[name][1] - old[1]) / (now - last))]
+                 for name, old in before.items() if name in after and now > last}
+        before, last = after, now
+        rows = gpus.fresh(1.5 * interval + 1)
+        running = apps.fresh(1.5 * interval + 1)
+        owners = {pid: owners.get(pid) or owner(pid) for _, pid, _ in running}
+        frame = {
+            "t": time.time(), "interface": interface, "rates": rates,
+            "load": [number(v) for v in read("/proc/loadavg").split()[:3]],
+            "cpus": os.cpu_count(), "error": "" if rows else gpus.error,
+            "gpus": [gpu_record(fields) for fields in rows],
+            "processes": [{"gpu_uuid": u, "pid": int(p), "used_mib": number(m),
+                           **owners[p]} for u, p, m in running],
+            "xid": xid.events if xid.readable else None,
+        }
+        sys.stdout.write(json.dumps(frame) + "\n")
+        sys.stdout.flush()
+        time.sleep(max(0.0, interval - (time.monotonic() - now)))
 
 
 def main(args):

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -528,6 +529,40 @@ def test_xids_read_through_sudo_skip_the_records_logged_before_the_sampler_start
     assert xid.events == [["0000:19:00", 48]]
 
 
+def test_a_sampler_that_fails_ends_its_nvidia_smi_loops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes' loop prints nothing while no process holds a GPU, so no closed pipe
+    ever ends it: a sampler that died before its first frame (as one did on a node
+    without `ip`) left it running on the node for good."""
+    import runpy
+
+    loop = tmp_path / "nvidia-smi"  # a loop that, like that one, prints nothing
+    loop.write_text("#!/bin/sh\nwhile :; do sleep 0.2; done\n")
+    loop.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    # a stdin that never ends: its end would os._exit, the controller gone
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(read=threading.Event().wait))
+    sampler = runpy.run_path(str(template_dir() / "observe" / "node_gpus.py"))
+
+    def fails(_peer: str) -> None:
+        raise RuntimeError("failed before the first frame")
+    sampler["stream"].__globals__["interface_to"] = fails
+    try:
+        with pytest.raises(RuntimeError, match="before the first frame"):
+            sampler["stream"](200, "127.0.0.1")
+        deadline = time.monotonic() + 10
+        while _running(str(loop)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(str(loop))
+    finally:
+        subprocess.run(["pkill", "-f", str(loop)], check=False)
+
+
+def _running(pattern: str) -> bool:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
+                          check=False).returncode == 0
+
+
 def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None:
     """A running Slurm job's GPU process read as foreign: `reap --yes --foreign` ended it."""
     from rich.console import Console
@@ -635,7 +670,7 @@ def test_the_live_view_takes_c_to_switch_and_q_to_quit(tmp_path: Path) -> None:
     try:
         read_until(b"GPU   util")  # a line per GPU's header
         os.write(leader, b"c")
-        read_until(b"node  util")  # a line per node's
+        read_until(b"ECC/Xid  jobs")  # a line per node's (its header: "jobs", not "job /")
         os.write(leader, b"q")
         code = top.wait(timeout=5)
         modes = termios.tcgetattr(leader)[3]
