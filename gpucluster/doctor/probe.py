@@ -20,6 +20,7 @@ from gpucluster.reports import Section
 from gpucluster.templating import render
 
 TOOL_TIMEOUT_S = 15
+NO_IP = "@no-ip"  # the addresses section: the node has no `ip` command
 # A node's first torch import has a limit of its own: from a cold disk or an NFS venv, or
 # on a busy node, it can take longer than a tool. (16 sandbox nodes importing at once on
 # two cores took 19 s each: cut at 15 s, none was cached, and every later doctor run
@@ -148,6 +149,11 @@ class NodeFacts:
         return found
 
     @property
+    def lists_interfaces(self) -> bool:
+        """False where the node has no `ip` to list them with (a minimal image)."""
+        return NO_IP not in (self.text("addresses") or "")
+
+    @property
     def infiniband(self) -> dict[str, tuple[str, str]]:
         """`mlx5_0/1` -> (state, rate)."""
         ports: dict[str, tuple[str, str]] = {}
@@ -257,7 +263,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
         torchrun=inventory.cluster.torchrun, work_dir=shell_path(inventory.cluster.work_dir),
         tool_timeout=TOOL_TIMEOUT_S, torch_timeout=TORCH_IMPORT_TIMEOUT_S,
         torch_script=TORCH_SCRIPT,
-        query_fields=",".join(nvidia_smi.QUERY_FIELDS),
+        query_fields=",".join(nvidia_smi.QUERY_FIELDS), no_ip=NO_IP,
         app_fields=",".join(nvidia_smi.APP_FIELDS),
         names=" ".join(shlex.quote(h.name) for h in inventory.hosts),
         slurm_sinfo=where_set_up(f"t {SINFO} 2>&1"), slurm_ended=ENDED_JOB_STATES,

@@ -113,9 +113,7 @@ class UsageError(Exception):
 def _csv(header: list[str], rows: list[list[str]], options: set[str]) -> str:
     if "csv" not in options:
         raise UsageError("--format=csv is the only format the simulation answers")
-    nounits = "nounits" in options
-    if nounits:
-        header = [re.sub(r" \[[^\]]*\]$", "", h) for h in header]
+    if "nounits" in options:  # the values lose their units; the header keeps them
         rows = [[strip_unit(v) for v in row] for row in rows]
     lines = [] if "noheader" in options else [", ".join(header)]
     lines.extend(", ".join(row) for row in rows)

@@ -65,8 +65,9 @@ def test_nounits_and_header_forms(tmp_path: Path, capsys: pytest.CaptureFixture[
                      "--format=csv", capsys=capsys)
     assert out == "memory.total [MiB], persistence_mode, mig.mode.current\n" \
                   "81559 MiB, Enabled, Disabled\n"
+    # nounits takes the units off the values only, as a real H200 showed (tests/fixtures)
     _, out, _ = _run(state, "--query-gpu=memory.total", "--format=csv,nounits", capsys=capsys)
-    assert out == "memory.total\n81559\n"
+    assert out == "memory.total [MiB]\n81559\n"
 
 
 def test_staged_driver_changes_every_form(tmp_path: Path,
@@ -157,7 +158,8 @@ def test_a_worker_with_local_rank_is_a_busy_compute_process_on_its_gpu(
         _, out, _ = _run(state, "--query-gpu=index,clocks.sm,clocks.mem,temperature.memory",
                          "--format=csv,nounits", capsys=capsys)
         header, *rows = out.strip().splitlines()
-        assert header == "index, clocks.current.sm, clocks.current.memory, temperature.memory"
+        assert header == ("index, clocks.current.sm [MHz], clocks.current.memory [MHz], "
+                          "temperature.memory")
         clocks = {int(i): (int(sm), int(mem), int(t)) for i, sm, mem, t in
                   (line.split(", ") for line in rows)}
         assert clocks[0] == (345, 3201, 32) and clocks[1][:2] == (1980, 3201), clocks
