@@ -6,6 +6,8 @@ import errno
 import time
 from pathlib import Path
 
+import pytest
+
 from gpucluster.bundle.archive import summary
 from gpucluster.bundle.collect import SINFO_HEADING, Collected, NodeBundle, scrub
 from gpucluster.doctor.model import CheckResult, Status
@@ -211,3 +213,34 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     with pytest.raises(GpuclusterError, match=r"/jobs: is a directory \(fix: name a file"), \
             written_whole(tmp_path / "jobs", 0o644):
         pass
+
+
+def test_a_node_without_iproute2_or_firewall_tools_still_describes_its_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 machine we tried had no ip, iptables, nft or ufw: its network.txt was
+    three 'ip: not found' lines, its firewall.txt bare headings."""
+    import shutil
+
+    from gpucluster.bundle.collect import _collect_on, collect_script
+    from gpucluster.inventory import load
+    from gpucluster.remote.local import LocalConnection
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("sh", "timeout", "head", "base64", "cat", "grep", "tail", "id"):
+        (tools / name).symlink_to(shutil.which(name) or f"/bin/{name}")
+    monkeypatch.setenv("PATH", str(tools))
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+    loaded = load(inventory)
+    script = collect_script(loaded, loaded.hosts[0], "", time.time())
+    # the sbin directories, where this machine has every firewall tool, are left out too
+    assert script.count(':/usr/sbin:/sbin"') == 1
+    script = script.replace(':/usr/sbin:/sbin"', '"')
+    files = _collect_on(LocalConnection("localhost"), script, None).files
+    network = files["network.txt"].decode()
+    assert "no ip (iproute2) on this node" in network and "not found" not in network
+    assert "# /proc/net/route\nIface" in network and "# /proc/net/dev\n" in network
+    firewall = files["firewall.txt"].decode()
+    for tool in ("iptables-save", "ip6tables-save", "nft", "ufw"):
+        assert f"# {tool}\n(no {tool} on this node)" in firewall, firewall
