@@ -9,10 +9,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpucluster import hostrange
+from gpucluster.doctor.probe import NodeFacts
 from gpucluster.errors import GpuclusterError
-from gpucluster.inventory import Inventory
+from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
+from gpucluster.reports import Section
+from gpucluster.wording import counted
 
 
 def _check_not_home(root: Path) -> None:
@@ -86,15 +89,27 @@ def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile])
                                   f"move it or change the rule)")
 
 
-def check_nproc(inventory: Inventory, nproc: int | None) -> None:
-    """More processes than a node has GPUs fail at start (an invalid device ordinal in
-    every extra rank) or share GPUs unasked: refused before anything is sent."""
-    over = [h for h in inventory.hosts
-            if nproc is not None and h.jobs_use_gpus and h.gpus and nproc > h.gpus]
+def check_nproc(inventory: Inventory, nproc: int | None,
+                found: Mapping[str, int] | None = None) -> None:
+    """More processes than a node has GPUs fail at start (an invalid device ordinal, or
+    NCCL's "Duplicate GPU detected", in every extra rank) or share GPUs unasked: refused
+    before anything is sent. A node's GPUs: the inventory's `gpus`, else those `found`
+    on it (launch's checks count them)."""
+    def gpus(host: Host) -> int:
+        return host.gpus or (found or {}).get(host.name, 0) \
+            if host.torch_device == "cuda" else 0
+    over = [h for h in inventory.hosts if nproc is not None and gpus(h) and nproc > gpus(h)]
     if over:
-        fewest = min(h.gpus or 0 for h in over)
+        fewest = min(gpus(h) for h in over)
+        whose = "the inventory's gpus" if all(h.gpus for h in over) else "found there"
         raise GpuclusterError(
             f"--nproc-per-node {nproc}: {hostrange.fold([h.name for h in over])} "
-            f"{'has' if len(over) == 1 else 'have'} {fewest} GPUs (the inventory's gpus) "
-            f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU, or correct "
-            f"gpus: in the inventory)")
+            f"{'has' if len(over) == 1 else 'have'} {counted(fewest, 'GPU')} ({whose}) "
+            f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU"
+            + (", or correct gpus: in the inventory)" if whose.startswith("the") else ")"))
+
+
+def gpus_found(sections: Mapping[str, Mapping[str, Section]]) -> dict[str, int]:
+    """Each node's GPU count from launch's checks (their nvidia-smi answer, in the probe's
+    sections): one process per GPU where the inventory gives no `gpus`."""
+    return {node: len(NodeFacts(dict(found)).gpus) for node, found in sections.items()}

@@ -21,7 +21,7 @@ from gpucluster.launch import node_scripts, outside_slurm, workdir
 from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
-from gpucluster.launch.request import check_nproc, check_request
+from gpucluster.launch.request import check_nproc, check_request, gpus_found
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
@@ -166,6 +166,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         raise LaunchRefused(f"{hostrange.fold(sorted(named))} not ready for a new job" + (
             f" (fix what the findings say, or start on the others only: -w "
             f"{hostrange.fold(others)})" if others else ""), findings)
+    found = gpus_found(listed)  # the processes per node where the inventory has no gpus
+    check_nproc(inventory, request.nproc_per_node, found)
     beside_slurm = outside_slurm.warning(listed, [h.name for h in inventory.hosts],
                                          request.script, request.args)
     if beside_slurm is not None:
@@ -191,7 +193,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         id=job_id, script=script, args=list(request.args),
         hosts=[h.name for h in inventory.hosts], code_dir=code_dir,
         jobs_dir=f"{shell_path(inventory.cluster.work_dir)}/jobs", started_at=time.time(),
-        nproc_per_node={h.name: nproc_for(h, request.nproc_per_node)
+        nproc_per_node={h.name: nproc_for(h, request.nproc_per_node, found.get(h.name))
                         for h in inventory.hosts},
         image=request.image, attempt=request.attempt, run=request.run or "",
         checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"

@@ -398,6 +398,34 @@ def test_more_processes_than_gpus_is_refused_where_jobs_use_gpus(tmp_path: Path)
     check_nproc(cpu_only, 99)  # on the CPU, as many as asked
 
 
+def test_without_gpus_in_the_inventory_a_process_per_gpu_the_checks_found(
+        tmp_path: Path) -> None:
+    """An inventory without `gpus:` ran one process per node, one GPU of eight busy; and
+    two processes on the H200 machine's one GPU would have met NCCL's "Duplicate GPU"."""
+    from gpucluster import reports
+    from gpucluster.launch.request import gpus_found
+    from gpucluster.torchrun import nproc_for
+
+    probe = (Path(__file__).parents[1] / "fixtures" / "h200" / "probe-idle.txt").read_text()
+    found = gpus_found({"one": reports.sections(probe), "bare": {}})
+    assert found == {"one": 1, "bare": 0}  # the real H200's answer; no nvidia-smi: none
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - one\n  - bare\n  - {name: set, gpus: 4}\n"
+                    "  - {name: cpu, torch_device: cpu}\n")
+    loaded = inventory_module.load(path)
+    eight = {"one": 8, "bare": 0, "set": 8, "cpu": 8}
+    assert {h.name: nproc_for(h, None, eight[h.name]) for h in loaded.hosts} == {
+        "one": 8, "bare": 1, "set": 4, "cpu": 1}  # the inventory's gpus win
+    assert nproc_for(loaded.host("one"), 2, 8) == 2  # as asked
+    only_one = inventory_module.load(path).restricted_to([loaded.host("one")])
+    check_nproc(only_one, 1, found)
+    with pytest.raises(GpuclusterError) as refused:
+        check_nproc(only_one, 2, found)
+    assert str(refused.value) == ("--nproc-per-node 2: one has 1 GPU (found there) (fix: "
+                                  "--nproc-per-node 1 or fewer, one process per GPU)")
+    check_nproc(only_one, 2)  # nothing found yet: the checks have not run
+
+
 def test_sync_summary_folds_identical_nodes() -> None:
     same = workdir.SyncResult(1, 0, 2, 2048)
     text = sync_summary({"n1": same, "n2": same, "n3": workdir.SyncResult(3, 0, 0, 307 << 20)})
