@@ -96,8 +96,9 @@ def check_nproc(inventory: Inventory, nproc: int | None,
     before anything is sent. A node's GPUs: the inventory's `gpus`, else those `found`
     on it (launch's checks count them)."""
     def gpus(host: Host) -> int:
-        return host.gpus or (found or {}).get(host.name, 0) \
-            if host.torch_device == "cuda" else 0
+        if host.torch_device != "cuda":
+            return 0  # jobs on the CPU: as many as asked
+        return host.gpus or (found or {}).get(host.name, 0)
     over = [h for h in inventory.hosts if nproc is not None and gpus(h) and nproc > gpus(h)]
     if over:
         fewest = min(gpus(h) for h in over)

@@ -256,22 +256,22 @@ def interface_to(peer):
 
 def routed_interface(address):
     """The interface of the kernel's longest IPv4 route holding `address`, from
-    /proc/net/route (hex, in network byte order); lo for a loopback address, whose routes
-    that file leaves out."""
+    /proc/net/route (each address the hex of a network-order word read in the machine's
+    byte order); lo for a loopback address, whose routes that file leaves out."""
     try:
-        target = int(ipaddress.IPv4Address(address))
+        target = ipaddress.IPv4Address(address)
     except ValueError:
-        return None
-    if ipaddress.IPv4Address(address).is_loopback:
+        return None  # IPv6: not in that file
+    if target.is_loopback:
         return "lo"
     best = (-1, None)
     for line in read("/proc/net/route").splitlines()[1:]:
         fields = line.split()
         if len(fields) < 8:
             continue
-        destination, mask = (int.from_bytes(bytes.fromhex(f), "little")
+        destination, mask = (int.from_bytes(bytes.fromhex(f), sys.byteorder)
                              for f in (fields[1], fields[7]))
-        if target & mask == destination and bin(mask).count("1") > best[0]:
+        if int(target) & mask == destination and bin(mask).count("1") > best[0]:
             best = (bin(mask).count("1"), fields[0])
     return best[1]
 

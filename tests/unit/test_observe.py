@@ -558,6 +558,27 @@ def test_a_sampler_that_fails_ends_its_nvidia_smi_loops(
         subprocess.run(["pkill", "-f", str(loop)], check=False)
 
 
+def test_without_ip_the_cluster_interface_is_the_longest_route_of_proc_net_route() -> None:
+    """A node without iproute2 (the H200 machine had none): the kernel's table says it."""
+    import runpy
+
+    sampler = runpy.run_path(str(template_dir() / "observe" / "node_gpus.py"))
+
+    def word(address: str) -> str:  # as the kernel prints it: %08X of the word in memory
+        return f"{int.from_bytes(socket.inet_aton(address), sys.byteorder):08X}"
+    assert sys.byteorder != "little" or word("192.168.0.0") == "0000A8C0"  # as on x86
+    default = "00000000"  # 0.0.0.0/0
+    table = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n" + "".join(
+        f"{name}\t{net}\t00000000\t0001\t0\t0\t0\t{mask}\n"
+        for name, net, mask in (("eth0", default, default),
+                                ("ib0", word("10.0.0.0"), word("255.0.0.0")),
+                                ("eth1", word("10.1.2.0"), word("255.255.255.0"))))
+    sampler["routed_interface"].__globals__["read"] = lambda _path: table
+    routed = sampler["routed_interface"]
+    assert [routed(a) for a in ("10.1.2.5", "10.9.9.9", "8.8.8.8", "127.0.0.1", "::1")] == [
+        "eth1", "ib0", "eth0", "lo", None]
+
+
 def _running(pattern: str) -> bool:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
                           check=False).returncode == 0
