@@ -49,16 +49,6 @@ def command_line(argv: Sequence[str], as_is: Mapping[str, str] | None = None) ->
                     for index, word in enumerate(argv))
 
 
-def nproc_for(host: Host, override: int | None, found: int | None = None) -> int:
-    """One process per GPU: the inventory's `gpus`, else the GPUs `found` on the node
-    (launch's checks count them); 1 where jobs run on the CPU or no GPU is known."""
-    if override is not None:
-        return override
-    if host.torch_device != "cuda":
-        return 1
-    return host.gpus or found or 1
-
-
 def torchrun_argv(inventory: Inventory, spec: TorchrunSpec) -> list[str]:
     """torchrun with c10d rendezvous at the head's cluster address and rendezvous port."""
     cluster = inventory.cluster

@@ -63,7 +63,8 @@ def launch(
     module: ModuleOption = False,
     nproc_per_node: Annotated[int | None, typer.Option(
         "--nproc-per-node", min=1, metavar="N",
-        help="Processes per node (default: the inventory's GPU count; 1 on CPU nodes).")
+        help="Processes per node (default: one per GPU, the inventory's gpus or else the "
+             "GPUs found there; 1 on CPU nodes).")
     ] = None,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0, metavar="N",

@@ -29,7 +29,8 @@ def smoke(
     group: GroupOption = None,
     nproc_per_node: Annotated[int | None, typer.Option(
         "--nproc-per-node", min=1,
-        help="Processes per node (default: the inventory's GPU count; 1 on CPU nodes).")
+        help="Processes per node (default: one per GPU, the inventory's gpus or else the "
+             "GPUs found there; 1 on CPU nodes).")
     ] = None,
     sizes: Annotated[str, typer.Option(
         help="Message sizes, comma-separated: bytes, or with K, M, G (KiB, MiB, GiB), "

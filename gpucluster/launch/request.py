@@ -8,14 +8,11 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpucluster import hostrange
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.errors import GpuclusterError
-from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
 from gpucluster.reports import Section
-from gpucluster.wording import counted
 
 
 def _check_not_home(root: Path) -> None:
@@ -87,27 +84,6 @@ def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile])
             raise GpuclusterError(f"{relative} is excluded from the sync (by "
                                   f"{workdir.IGNORE_FILE} or a virtualenv/VCS rule) (fix: "
                                   f"move it or change the rule)")
-
-
-def check_nproc(inventory: Inventory, nproc: int | None,
-                found: Mapping[str, int] | None = None) -> None:
-    """More processes than a node has GPUs fail at start (an invalid device ordinal, or
-    NCCL's "Duplicate GPU detected", in every extra rank) or share GPUs unasked: refused
-    before anything is sent. A node's GPUs: the inventory's `gpus`, else those `found`
-    on it (launch's checks count them)."""
-    def gpus(host: Host) -> int:
-        if host.torch_device != "cuda":
-            return 0  # jobs on the CPU: as many as asked
-        return host.gpus or (found or {}).get(host.name, 0)
-    over = [h for h in inventory.hosts if nproc is not None and gpus(h) and nproc > gpus(h)]
-    if over:
-        fewest = min(gpus(h) for h in over)
-        whose = "the inventory's gpus" if all(h.gpus for h in over) else "found there"
-        raise GpuclusterError(
-            f"--nproc-per-node {nproc}: {hostrange.fold([h.name for h in over])} "
-            f"{'has' if len(over) == 1 else 'have'} {counted(fewest, 'GPU')} ({whose}) "
-            f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU"
-            + (", or correct gpus: in the inventory)" if whose.startswith("the") else ")"))
 
 
 def gpus_found(sections: Mapping[str, Mapping[str, Section]]) -> dict[str, int]:

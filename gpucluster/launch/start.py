@@ -21,7 +21,8 @@ from gpucluster.launch import node_scripts, outside_slurm, workdir
 from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
-from gpucluster.launch.request import check_nproc, check_request, gpus_found
+from gpucluster.launch.request import check_request, gpus_found
+from gpucluster.nproc import check_nproc, nproc_for
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
@@ -34,7 +35,6 @@ from gpucluster.torchrun import (
     command_line,
     interface_exports,
     node_images_dir,
-    nproc_for,
     torchrun_argv,
 )
 from gpucluster.wording import counted, size

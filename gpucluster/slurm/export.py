@@ -12,8 +12,9 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
-from gpucluster.launch.request import check_nproc, check_request
+from gpucluster.launch.request import check_request
 from gpucluster.launch.start import code_dir_for, sync_summary
+from gpucluster.nproc import check_nproc
 from gpucluster.remote.session import Session
 from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
 

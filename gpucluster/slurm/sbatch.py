@@ -15,6 +15,7 @@ from gpucluster.launch.node_scripts import (
     Container,
     container_command,
 )
+from gpucluster.nproc import nproc_for
 from gpucluster.remote.connection import shell_path
 from gpucluster.templating import render
 from gpucluster.torchrun import (
@@ -22,7 +23,6 @@ from gpucluster.torchrun import (
     TorchrunSpec,
     command_line,
     node_images_dir,
-    nproc_for,
     torchrun_argv,
 )
 

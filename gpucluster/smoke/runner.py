@@ -14,6 +14,7 @@ from typing import Any
 from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
+from gpucluster.nproc import COUNT_GPUS, check_nproc, counted_gpus, nproc_for
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.remote.session import Session
@@ -22,7 +23,6 @@ from gpucluster.torchrun import (
     TorchrunSpec,
     command_line,
     interface_exports,
-    nproc_for,
     torchrun_argv,
 )
 
@@ -94,27 +94,33 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
 
     def write(connection: Connection) -> CommandResult:
         # Written beside and renamed: on a work dir every node shares (an NFS home), a
-        # node still writing must not hand another's torchrun half a script.
+        # node still writing must not hand another's torchrun half a script. Its GPUs
+        # are counted on the way: a process each where the inventory gives no `gpus`.
         return connection.run(
             f"mkdir -p {work_dir} && t=$(mktemp {work_dir}/.{SCRIPT}.XXXXXX) && "
-            f'cat > "$t" && chmod 644 "$t" && mv -f "$t" {work_dir}/{SCRIPT}',
-            timeout=30, stdin=job)
+            f'cat > "$t" && chmod 644 "$t" && mv -f "$t" {work_dir}/{SCRIPT} && '
+            f"{COUNT_GPUS}", timeout=30, stdin=job)
 
     def start(connection: Connection) -> CommandResult:
         host = inventory.host(connection.host)
         return connection.run(command_for(inventory, host, rendezvous_id,
-                                          nproc_for(host, nproc), sizes, iterations),
+                                          nproc_for(host, nproc, gpus.get(host.name)),
+                                          sizes, iterations),
                               timeout=timeout,
                               env={**inventory.cluster.env,
                                    JOB_VARIABLE: f"{rendezvous_id}@{host.name}"})
 
     # Every node first: a node that cannot take part would leave the others' torchrun
     # waiting for it until the rendezvous times out (a minute), then fail unclearly.
-    errors = _errors(session.map(inventory.hosts, write), "writing the script exited")
+    written = session.map(inventory.hosts, write)
+    errors = _errors(written, "writing the script exited")
     if errors:
         return SmokeReport(None, 0, [], {}, {}, [
             f"not run: {hostrange.fold(errors)} could not take part",
             *(f"{node}: {error}" for node, error in errors.items())], errors)
+    gpus = {node: count for node, done in written.values.items()
+            if (count := counted_gpus(done.stdout)) is not None}
+    check_nproc(inventory, nproc, gpus)
     result = session.map(inventory.hosts, start)
     errors = _errors(result, "torchrun exited")
     head = result.values.get(inventory.head.name)

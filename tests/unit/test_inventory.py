@@ -327,7 +327,7 @@ def test_arbitrary_bytes(tmp_path: Path, data: bytes) -> None:
 
 
 def test_torch_device_cpu_means_jobs_leave_the_gpus_alone(tmp_path: Path) -> None:
-    from gpucluster.torchrun import nproc_for
+    from gpucluster.nproc import nproc_for
 
     path = tmp_path / "inventory.yaml"
     path.write_text("defaults: {gpus: 8}\nhosts:\n  - a\n  - name: b\n    torch_device: cpu\n")

@@ -30,8 +30,9 @@ from gpucluster.launch.model import (
     NodeState,
     parse_state,
 )
-from gpucluster.launch.request import check_nproc, check_request
+from gpucluster.launch.request import check_request
 from gpucluster.launch.start import large_files_note, sync_summary
+from gpucluster.nproc import check_nproc
 from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
 from tests.cli import gpucluster
 
@@ -404,7 +405,7 @@ def test_without_gpus_in_the_inventory_a_process_per_gpu_the_checks_found(
     two processes on the H200 machine's one GPU would have met NCCL's "Duplicate GPU"."""
     from gpucluster import reports
     from gpucluster.launch.request import gpus_found
-    from gpucluster.torchrun import nproc_for
+    from gpucluster.nproc import nproc_for
 
     probe = (Path(__file__).parents[1] / "fixtures" / "h200" / "probe-idle.txt").read_text()
     found = gpus_found({"one": reports.sections(probe), "bare": {}})

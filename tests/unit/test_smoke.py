@@ -6,8 +6,8 @@ import shlex
 from pathlib import Path
 
 from gpucluster import inventory as inventory_module
+from gpucluster.nproc import nproc_for
 from gpucluster.smoke.runner import command_for, judge, slow_nodes
-from gpucluster.torchrun import nproc_for
 
 
 def _found(correct: bool = True, busbw: float = 5.0) -> dict:
@@ -75,3 +75,39 @@ def test_sizes_take_units_and_a_bad_one_is_refused_before_any_node_runs() -> Non
         with pytest.raises(GpuclusterError, match=r"^--sizes .*: .* is not a message size "
                                                   r"from 4 bytes to 64G \(fix: e.g. "):
             parse_sizes(bad)
+
+
+def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
+        tmp_path: Path) -> None:
+    """A node of two GPUs (the real H200's `nvidia-smi -L` line, and a second like it):
+    two ranks without `gpus:` (they were one), and three refused before torchrun starts.
+    The ranks run on this machine's CPU torch (gloo), as the stand-in has no driver."""
+    import os
+    import sys
+
+    from gpucluster.nproc import counted_gpus
+    from tests.cli import gpucluster
+
+    real = (Path(__file__).parents[1] / "fixtures" / "h200" / "nvidia-smi-idle.txt"
+            ).read_text().split("# $ nvidia-smi -L\n")[1].splitlines()[1]
+    assert real.startswith("GPU 0: NVIDIA H200 (UUID: ")
+    listing = f"{real}\n{real.replace('GPU 0', 'GPU 1')}\n"
+    assert (counted_gpus(f"x\n{len(listing.splitlines())}\n"), counted_gpus("")) == (2, None)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(listing)}\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    bin_dir = Path(sys.executable).parent
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"cluster: {{python: {sys.executable}, torchrun: {bin_dir}/torchrun,"
+                         f" work_dir: {tmp_path}/work, rendezvous_port: 29531}}\n"
+                         f"hosts: [localhost]\n")
+    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    done = gpucluster("smoke", "-i", str(inventory), "--sizes", "64K", "--json", env=env,
+                      timeout=120)
+    assert done.code == 0, done.stdout + done.stderr
+    assert done.json()["world_size"] == 2
+    refused = gpucluster("smoke", "-i", str(inventory), "--nproc-per-node", "3", env=env)
+    assert refused.code == 2
+    assert ("--nproc-per-node 3: localhost has 2 GPUs (found there) (fix: "
+            "--nproc-per-node 2 or fewer, one process per GPU)") in refused.stderr
