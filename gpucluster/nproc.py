@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
+from gpucluster.numerals import is_number
 from gpucluster.wording import counted
 
 # A node's GPUs, counted in the round trip that already goes there (a wedged driver hangs
@@ -18,7 +19,7 @@ COUNT_GPUS = "{ timeout 20 nvidia-smi -L 2>/dev/null || :; } | grep -c '^GPU ' |
 def counted_gpus(output: str) -> int | None:
     """The count COUNT_GPUS printed as the last line of `output`, if it did."""
     last = output.strip().rpartition("\n")[2]
-    return int(last) if last.isascii() and last.isdigit() else None
+    return int(last) if is_number(last) else None
 
 
 def nproc_for(host: Host, override: int | None, found: int | None = None) -> int:
