@@ -22,14 +22,17 @@ def counted_gpus(output: str) -> int | None:
     return int(last) if is_number(last) else None
 
 
-def nproc_for(host: Host, override: int | None, found: int | None = None) -> int:
-    """One process per GPU: the inventory's `gpus`, else the GPUs `found` on the node;
-    1 where jobs run on the CPU or no GPU is known."""
-    if override is not None:
-        return override
+def known_gpus(host: Host, found: int | None = None) -> int:
+    """The GPUs a node's jobs use: the inventory's `gpus`, else those `found` on it; 0
+    where jobs run on the CPU or none is known."""
     if host.torch_device != "cuda":
-        return 1
-    return host.gpus or found or 1
+        return 0
+    return host.gpus or found or 0
+
+
+def nproc_for(host: Host, override: int | None, found: int | None = None) -> int:
+    """One process per GPU (known_gpus); 1 where it knows none."""
+    return override if override is not None else known_gpus(host, found) or 1
 
 
 def check_nproc(inventory: Inventory, nproc: int | None,
@@ -37,10 +40,8 @@ def check_nproc(inventory: Inventory, nproc: int | None,
     """More processes than a node has GPUs fail at start (an invalid device ordinal, or
     NCCL's "Duplicate GPU detected", in every extra rank) or share GPUs unasked: refused
     before anything starts. A node's GPUs: the inventory's `gpus`, else those `found`."""
-    def gpus(host: Host) -> int:
-        if host.torch_device != "cuda":
-            return 0  # jobs on the CPU: as many as asked
-        return host.gpus or (found or {}).get(host.name, 0)
+    def gpus(host: Host) -> int:  # 0 (jobs on the CPU, or none known): as many as asked
+        return known_gpus(host, (found or {}).get(host.name))
     over = [h for h in inventory.hosts if nproc is not None and gpus(h) and nproc > gpus(h)]
     if over:
         fewest = min(gpus(h) for h in over)
