@@ -25,6 +25,7 @@ from gpucluster.observe.model import NodeSample, bus_key, parse_frame
 from gpucluster.observe.snapshot import NodeView, Snapshot, to_json
 from gpucluster.templating import template_dir
 from tests.cli import gpucluster
+from tests.processes import all_ended
 
 JOB = "20261130-120000-abcd"
 
@@ -301,7 +302,6 @@ def test_the_exporter_ends_on_a_sigterm_that_another_of_its_threads_took(
     to a thread other than the main one on purpose (tgkill)."""
     import ctypes
     import platform
-    import time
 
     exporter, _ = _local_exporter(tmp_path, "127.0.0.1")
     try:
@@ -550,10 +550,7 @@ def test_a_sampler_that_fails_ends_its_nvidia_smi_loops(
     try:
         with pytest.raises(RuntimeError, match="before the first frame"):
             sampler["stream"](200, "127.0.0.1")
-        deadline = time.monotonic() + 10
-        while _running(str(loop)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _running(str(loop))
+        assert all_ended(str(loop))
     finally:
         subprocess.run(["pkill", "-f", str(loop)], check=False)
 
@@ -577,11 +574,6 @@ def test_without_ip_the_cluster_interface_is_the_longest_route_of_proc_net_route
     routed = sampler["routed_interface"]
     assert [routed(a) for a in ("10.1.2.5", "10.9.9.9", "8.8.8.8", "127.0.0.1", "::1")] == [
         "eth1", "ib0", "eth0", "lo", None]
-
-
-def _running(pattern: str) -> bool:
-    return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
-                          check=False).returncode == 0
 
 
 def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None:
@@ -665,7 +657,6 @@ def test_the_live_view_takes_c_to_switch_and_q_to_quit(tmp_path: Path) -> None:
     import select
     import struct
     import termios
-    import time
 
     inventory = tmp_path / "local.yaml"
     inventory.write_text("hosts: [localhost]\n")

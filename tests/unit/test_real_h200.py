@@ -21,6 +21,7 @@ from gpucluster.doctor import nvidia_smi, probe
 from gpucluster.doctor.model import REGISTRY, Context, Status
 from gpucluster.doctor.rendezvous import Reachability
 from tests.cli import gpucluster
+from tests.processes import all_ended
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "h200"
 JOB = "20261204-164038-772e"  # the job running during the load capture
@@ -184,13 +185,4 @@ def test_top_samples_a_host_reached_without_ssh(tmp_path: Path, has_ip: bool) ->
     assert row[2] == "NVIDIA H200" and int(row[4]) > 90  # the capture was under load
     assert (gpu["name"], gpu["util_pct"], gpu["mem_used_mib"], gpu["mem_total_mib"]) == (
         row[2], int(row[4]), int(row[5]), int(row[6]))
-    # top's end ended the sampler, and with it the stand-in's loops
-    deadline = time.monotonic() + 10
-    while _running(stand_in) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _running(stand_in)
-
-
-def _running(program: Path) -> bool:
-    found = subprocess.run(["pgrep", "-f", str(program)], capture_output=True, check=False)
-    return found.returncode == 0
+    assert all_ended(str(stand_in))  # top's end ended the sampler, and its loops
