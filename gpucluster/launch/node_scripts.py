@@ -116,7 +116,6 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   rendezvous_port=rendezvous_port, runtimes=runtimes,
                   jobs_dir=record.jobs_dir, code_dir=record.code_dir, command=command,
                   interface_exports=interface_exports, marker=record.marker(node),
-                  marker_variable=f"{JOB_VARIABLE}={record.marker(node)}",
                   checkpoint_dir=record.checkpoints_on_node(),
                   attempt=record.attempt, debug=record.debug, sync_apply=sync_apply,
                   distributed_debug="INFO" if on_cpu else "DETAIL",

@@ -269,18 +269,19 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
 
 
 def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) -> None:
-    """The leader is recorded once it has exec'd: between the fork and the exec its
-    environ is the start script's own, without the marker, and a follow or `jobs`
-    looking then took the job for ended (node3 printed nothing and stayed "running" in
-    a CI run). Looked at the moment the pid is written, before any round trip could
-    hide the gap (it was bare in about one look of five)."""
+    """The leader is recorded once its execs are done: before, its environ is the start
+    script's own, without the marker, and inside each exec (setsid, then sh) it is empty;
+    a follow or `jobs` looking then took the job for ended (node3 printed nothing and
+    stayed "running" in a CI run). Looked at ten times the moment the pid is known,
+    before any round trip could hide the gap: waiting for the marker instead (setsid
+    carries it) left one look in three of 60 starts bare."""
     import shlex
 
     record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
-    look = ('leader=$(cat "$job/leader.pid"); '
+    look = ('looked=carries; for _ in 1 2 3 4 5 6 7 8 9 10; do '
             'grep -q -s -z -x -F -e "GPUCLUSTER_JOB=$GPUCLUSTER_JOB" "/proc/$leader/environ" '
-            '&& echo carries || echo bare')
+            '|| looked=bare; done; echo $looked')
     # A large environment (conda, modules) makes the exec, and so the gap, longer.
     padded = {**os.environ, **{f"GPC_PAD{index}": "x" * 100_000 for index in range(15)}}
     looks, leaders = [], []
@@ -290,7 +291,7 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
             # an empty environ, and looked 'bare' in a unit run beside a CI run.
             script = node_scripts.start_script(record, f"n{index}", "sleep 60", "", False,
                                                None)
-            recorded = 'echo "$leader" > "$job/leader.pid"\n'
+            recorded = 'read -r leader < "$job/leader.pid"\n'
             assert script.count(recorded) == 1
             ran = subprocess.run(["sh", "-c", script.replace(recorded, recorded + look + "\n")],
                                  capture_output=True, text=True, timeout=20, check=True,
