@@ -73,6 +73,37 @@ def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[Line
         data[key] = loader.construct_object(value_node, deep=True)
 
 
+class WrittenInt(int):
+    """An int that keeps its text as written: YAML reads `010` as 8 and `01` as 1, but a
+    key whose value is a string (a name, a label, an env value) means the text."""
+
+    written: str
+
+
+class WrittenFloat(float):
+    """A float that keeps its text as written: `PYTHON_VERSION: 3.10` is 3.1 to YAML."""
+
+    written: str
+
+
+def _construct_int(loader: _LineLoader, node: yaml.ScalarNode) -> WrittenInt:
+    number = WrittenInt(loader.construct_yaml_int(node))
+    number.written = node.value
+    return number
+
+
+def _construct_float(loader: _LineLoader, node: yaml.ScalarNode) -> WrittenFloat:
+    number = WrittenFloat(loader.construct_yaml_float(node))
+    number.written = node.value
+    return number
+
+
+def as_written(value: Any) -> str:
+    """A scalar's text as the file has it (a number's too), else str()."""
+    written = getattr(value, "written", None)
+    return written if isinstance(written, str) else str(value)
+
+
 def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[LineList]:
     data = LineList()
     data.line = node.start_mark.line + 1
@@ -84,6 +115,8 @@ def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[Lin
 
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_LineLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
 def load_with_lines(text: str) -> Any:

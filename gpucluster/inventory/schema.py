@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpucluster.env_names import is_env_name
+from gpucluster.yaml_lines import as_written
 
 
 def _quoted_number(value: Any) -> None:
@@ -21,20 +22,20 @@ def _port(value: Any) -> int:
     _quoted_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise ValueError("use a port number from 1 to 65535")
-    return value
+    return int(value)
 
 
 def _positive_int(value: Any) -> int:
     _quoted_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("use a whole number, 0 or more")
-    return value
+    return int(value)
 
 
 def _fanout(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
         raise ValueError("use a whole number from 1 to 1024")
-    return value
+    return int(value)
 
 
 def _is_positive(value: Any) -> bool:
@@ -59,7 +60,7 @@ def _positive_number(value: Any) -> float:
 def _text(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError("use a plain string")
-    text = str(value)
+    text = as_written(value)
     if not text.strip():
         raise ValueError("use a non-empty string")
     return text
@@ -124,7 +125,7 @@ def _flag(value: Any) -> bool:
 def _labels(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ValueError("use a mapping of label: value")
-    return {str(k): _text(v) for k, v in value.items()}
+    return {as_written(k): _text(v) for k, v in value.items()}
 
 
 def _env(value: Any) -> dict[str, str]:
@@ -235,7 +236,7 @@ def _slurmd_timeout(value: Any) -> int:
     _quoted_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 10 <= value <= 3600:
         raise ValueError("use whole seconds from 10 to 3600, e.g. 60")
-    return value
+    return int(value)
 
 
 SLURM_KEYS: dict[str, tuple[str, Converter]] = {

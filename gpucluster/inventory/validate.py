@@ -36,7 +36,7 @@ from gpucluster.inventory.schema import (
     is_group_name,
 )
 from gpucluster.ssh_config import SshConfig
-from gpucluster.yaml_lines import LineDict, LineList
+from gpucluster.yaml_lines import LineDict, LineList, as_written
 
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # fullmatch: no "\n" tail
 _DOTTED_NUMBERS = re.compile(r"[0-9]+(\.[0-9]*)+")  # not "01": an ssh_config alias may be
@@ -308,10 +308,11 @@ class Validator:
                          "write `groups:` then `name: [gpu[01-04], ...]` lines")
             return {}
         self._repeated(section)
-        for group, members in section.items():
-            line = section.line_of(group)
-            if not is_group_name(str(group)):  # `1:` is YAML's number, the group "1"
-                self.problem(line, f"group name {str(group)!r} is empty or has characters a "
+        for key, members in section.items():
+            line = section.line_of(key)
+            group = as_written(key)  # `01:` is YAML's number 1, the group "01"
+            if not is_group_name(group):
+                self.problem(line, f"group name {group!r} is empty or has characters a "
                              f"group name cannot",
                              f"use {GROUP_NAME_RULE}")
                 continue
@@ -327,7 +328,7 @@ class Validator:
             if unknown and names:
                 self.problem(line, f"group {group!r} names unknown hosts: "
                              f"{hostrange.fold(unknown)}", "add them to `hosts` or fix the names")
-            groups.setdefault(str(group), []).extend(n for n in expanded if n in names)
+            groups.setdefault(group, []).extend(n for n in expanded if n in names)
         return {k: tuple(dict.fromkeys(v)) for k, v in groups.items()}
 
 

@@ -60,6 +60,28 @@ def test_minimal_inventory_gets_defaults(tmp_path: Path) -> None:
     assert loaded.head.name == "gpu01"
 
 
+def test_text_values_are_taken_as_written_where_yaml_reads_a_number(tmp_path: Path
+                                                                    ) -> None:
+    """YAML reads `3.10` as 3.1, `010` as 8 and `01` as 1; where the key means text (an
+    env value, a label, a group's name) the text as written reaches the nodes."""
+    from gpucluster.inventory.export import ansible
+
+    loaded = inventory.load(write(tmp_path, (
+        "cluster:\n  env: {PYTHON_VERSION: 3.10, NCCL_IB_GID_INDEX: 03, THREADS: 8}\n"
+        "groups: {01: [gpu7]}\n"
+        "hosts:\n  - name: gpu7\n    port: 0x8AE\n    gpus: 010\n"
+        "    labels: {rack: 010, 07: row}\n")))
+    assert loaded.cluster.env == {"PYTHON_VERSION": "3.10", "NCCL_IB_GID_INDEX": "03",
+                                  "THREADS": "8"}
+    host = loaded.host("gpu7")
+    assert host.labels == {"rack": "010", "07": "row"}
+    assert loaded.groups == {"01": ("gpu7",)}
+    # Numbers stay numbers, and plain ones: the export writes them with yaml.safe_dump.
+    assert (host.port, host.gpus) == (2222, 8)
+    assert type(host.port) is int and type(host.gpus) is int
+    assert "ansible_port: 2222" in ansible(loaded)
+
+
 def test_every_problem_is_reported_at_once_with_lines(tmp_path: Path) -> None:
     path = write(tmp_path, """\
 cluster:
