@@ -63,9 +63,12 @@ def save(directory: Path, epoch: int, state: dict[str, object], keep: int = 2) -
         (directory / f"epoch-{old}.pt").unlink(missing_ok=True)
 
 
-def finish(use_cuda: bool) -> None:
+def finish(device: torch.device) -> None:
     """Leave once every rank is done with its collectives."""
-    dist.barrier()
+    use_cuda = device.type == "cuda"
+    # On a GPU, named: else torch warns "barrier(): using the device under current
+    # context" (seen on an H200), though set_device already chose this one.
+    dist.barrier(device_ids=[device.index] if use_cuda else None)
     if use_cuda:
         dist.destroy_process_group()
         return
@@ -136,7 +139,7 @@ def main() -> None:
                                       "optimizer": optimizer.state_dict(), "epoch": epoch})
     if rank == 0:
         say("done")
-    finish(use_cuda)
+    finish(device)
 
 
 if __name__ == "__main__":
