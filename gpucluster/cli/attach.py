@@ -35,7 +35,9 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     from gpucluster.launch.follow import follow
 
     outcome: JobOutcome
-    printer = view.line_printer(sys.stderr if json_output else sys.stdout)
+    lines = view.LinePrinter(sys.stderr if json_output else sys.stdout,
+                             full_logs=f"gpucluster logs {record.id}" if live else None)
+    printer: OutputCallback = lines
     shown: list[LogLine] = []
     try:
         if tail is not None:
@@ -49,6 +51,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
                              on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: "
                                                                f"{why}[/]"))
     except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
+        lines.finish()
         raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
     # Nodes that no longer have the job sent nothing: what the controller kept of their
     # logs is shown instead (with `tail`, it was among the lines shown), said to be the copy.
@@ -57,6 +60,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     if gone and tail is None:
         kept = logsearch.merged(store, [record], logsearch.LogFilter(nodes=gone))
     _print_lines(printer, kept)
+    lines.finish()
     from_copy = [line.node for line in kept or shown if line.node in gone]
     if from_copy:
         err.print(f"{hostrange.fold(from_copy)}: job {record.id} "

@@ -82,17 +82,21 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
     from gpucluster.launch.model import LaunchRefused
     from gpucluster.launch.recover import recover
 
+    lines = view.LinePrinter(sys.stderr if json_output else sys.stdout,
+                             full_logs="gpucluster logs JOB (each attempt's)")
     try:
         result = recover(session, inventory, store, request, policy,
                          on_attempt=lambda record: supervisor.record_pid(
                              store, record.id, os.getpid()),
                          say=lambda text: err.print(f"[bold yellow]gpucluster: "
                                                     f"{escape(text)}[/]"),
-                         on_output=view.line_printer(sys.stderr if json_output else sys.stdout),
+                         on_output=lines,
                          on_phase=view.phase_printer(err))
     except LaunchRefused as refused:
         view.print_refusal(err, refused)
         raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        lines.finish()
     if result.outcome is not None:
         view.print_outcome(err, result.outcome, store)
     print_recovery(err, result)

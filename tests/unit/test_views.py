@@ -113,12 +113,47 @@ def test_job_lines_into_a_full_disk_stop_there_and_say_so_once(tmp_path: Path) -
 
     notes = io.StringIO()
     with Path("/dev/full").open("w") as full:  # every write: ENOSPC
-        printer = launch_view.line_printer(full, notes)
+        printer = launch_view.LinePrinter(full, notes)
         for number in range(3):
             printer("node1", "0", f"epoch {number}")  # no error reaches the follower
     assert notes.getvalue() == ("gpucluster: /dev/full: No space left on device: the job's "
                                 "lines are no longer written there; the job goes on "
                                 "(gpucluster logs shows them)\n")
+
+
+def test_a_cpp_backtrace_is_one_line_per_node_in_the_live_view() -> None:
+    """torch's teardown warning at the end of a multi-node job (the head's agent took the
+    rendezvous store with it) printed 15 frames per node, interleaved: the live view
+    says where the error was raised and how many frames it left out, each node apart."""
+    from gpucluster.cli.views import launch as launch_view
+
+    out = io.StringIO()
+    printer = launch_view.LinePrinter(out, full_logs="gpucluster logs J")
+    printer("node2", None, "[W1204 TCPStore.cpp:115] [c10d] recvVector failed")
+    printer("node2", None, "Exception raised from recvBytes at Utils.hpp:787 (most recent "
+                           "call first):")
+    for number in range(3):
+        printer("node2", None, f"frame #{number}: c10::Error::Error + 0x9d")
+        printer("node3", "1", f"frame #{number}: <unknown function> + 0x3d2825")
+    printer("node2", None, "<omitting python frames>")
+    printer("node2", None, "frame #27: _start + 0x21")
+    printer("node2", None, "The node has failed to shutdown the rendezvous")
+    printer("node1", "0", "frame counts: 3 (not a backtrace)")
+    assert out.getvalue().splitlines() == [
+        "[node2] [W1204 TCPStore.cpp:115] [c10d] recvVector failed",
+        "[node2] Exception raised from recvBytes at Utils.hpp:787 (most recent call first):",
+        "[node2] (5 lines of C++ backtrace left out: gpucluster logs J prints them)",
+        "[node2] The node has failed to shutdown the rendezvous",
+        "[node1/0] frame counts: 3 (not a backtrace)"]
+    printer.finish()  # node3's output ended inside its backtrace
+    assert out.getvalue().splitlines()[-1] == \
+        "[node3/1] (3 lines of C++ backtrace left out: gpucluster logs J prints them)"
+    printer.finish()
+    assert len(out.getvalue().splitlines()) == 6
+    # Not live (`logs JOB`), every line as it came.
+    whole = io.StringIO()
+    launch_view.LinePrinter(whole)("node2", None, "frame #0: c10::Error::Error + 0x9d")
+    assert whole.getvalue() == "[node2] frame #0: c10::Error::Error + 0x9d\n"
 
 
 def test_run_json_schema_is_pinned() -> None:

@@ -4,6 +4,7 @@ first failure, the jobs table, what stop found; and each as JSON."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 import time
@@ -22,7 +23,6 @@ from gpucluster.launch.model import (
     JobOutcome,
     LaunchRefused,
     NodeState,
-    OutputCallback,
     OutputClosed,
     StopResult,
 )
@@ -37,33 +37,68 @@ def phase_printer(err: Console) -> Callable[[str], None]:
     return say
 
 
-def line_printer(stream: TextIO, notes: TextIO | None = None) -> OutputCallback:
-    """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun).
-    A stream that cannot be written (stdout redirected to a full disk) stops taking
-    them, said once on `notes`; the job and its follow go on (the error used to end the
-    node's follower, and the node was taken for lost: --recover relaunched the job)."""
-    lock = threading.Lock()
-    failed: list[OSError] = []
+# One line of a C++ backtrace, as torch's c10 errors print them (under the line that
+# says where the error was raised, which stays).
+_BACKTRACE_FRAME = re.compile(r"frame #[0-9]+: |<omitting python frames>$")
 
-    def write(node: str, rank: str | None, text: str) -> None:
-        prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
-        with lock:
-            if failed:
+
+class LinePrinter:
+    """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun).
+
+    Live (`full_logs` names the command that prints a job's lines in full), a C++
+    backtrace becomes one line: torch prints 20-30 frames even for a warning, such as the
+    one a multi-node job can end with on the nodes but the head (whose agent, done first,
+    took the rendezvous store with it). The node's log keeps them.
+
+    A stream that cannot be written (stdout redirected to a full disk) stops taking
+    lines, said once on `notes`; the job and its follow go on (the error used to end the
+    node's follower, and the node was taken for lost: --recover relaunched the job)."""
+
+    def __init__(self, stream: TextIO, notes: TextIO | None = None,
+                 full_logs: str | None = None) -> None:
+        self._stream, self._notes, self._full_logs = stream, notes, full_logs
+        self._lock = threading.Lock()
+        self._failed = False
+        self._frames: dict[tuple[str, str | None], int] = {}  # left out, not yet said
+
+    def __call__(self, node: str, rank: str | None, text: str) -> None:
+        with self._lock:
+            if self._full_logs and _BACKTRACE_FRAME.match(text):
+                self._frames[(node, rank)] = self._frames.get((node, rank), 0) + 1
                 return
-            try:
-                stream.write(f"{prefix} {text}\n")
-                stream.flush()
-            except BrokenPipeError:
-                discard_writes(stream)
-                raise OutputClosed(f"{stream.name}: its reader went away") from None
-            except OSError as error:
-                failed.append(error)
-                discard_writes(stream)
-                with contextlib.suppress(OSError, ValueError):
-                    print(f"gpucluster: {stream.name}: {error.strerror or error}: the job's "
-                          f"lines are no longer written there; the job goes on (gpucluster "
-                          f"logs shows them)", file=notes or sys.stderr, flush=True)
-    return write
+            self._say_frames(node, rank)
+            self._write(node, rank, text)
+
+    def finish(self) -> None:
+        """Says the frames left out at the very end of a node's output."""
+        with self._lock:
+            for node, rank in list(self._frames):
+                self._say_frames(node, rank)
+
+    def _say_frames(self, node: str, rank: str | None) -> None:
+        count = self._frames.pop((node, rank), 0)
+        if count:
+            self._write(node, rank, f"({counted(count, 'line')} of C++ backtrace left out: "
+                                    f"{self._full_logs} prints them)")
+
+    def _write(self, node: str, rank: str | None, text: str) -> None:
+        if self._failed:
+            return
+        prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
+        try:
+            self._stream.write(f"{prefix} {text}\n")
+            self._stream.flush()
+        except BrokenPipeError:
+            discard_writes(self._stream)
+            raise OutputClosed(f"{self._stream.name}: its reader went away") from None
+        except OSError as error:
+            self._failed = True
+            discard_writes(self._stream)
+            with contextlib.suppress(OSError, ValueError):
+                print(f"gpucluster: {self._stream.name}: {error.strerror or error}: the "
+                      f"job's lines are no longer written there; the job goes on "
+                      f"(gpucluster logs shows them)", file=self._notes or sys.stderr,
+                      flush=True)
 
 
 def failure_cause(failure: FirstFailure) -> str:
