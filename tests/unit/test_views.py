@@ -132,28 +132,52 @@ def test_a_cpp_backtrace_is_one_line_per_node_in_the_live_view() -> None:
     printer("node2", None, "[W1204 TCPStore.cpp:115] [c10d] recvVector failed")
     printer("node2", None, "Exception raised from recvBytes at Utils.hpp:787 (most recent "
                            "call first):")
+    printer("node3", "1", "Exception raised from recv at Utils.hpp:9 (most recent call first):")
     for number in range(3):
         printer("node2", None, f"frame #{number}: c10::Error::Error + 0x9d")
         printer("node3", "1", f"frame #{number}: <unknown function> + 0x3d2825")
+        printer("node1", "0", f"frame #{number}: decoded")  # a script's own, no backtrace
     printer("node2", None, "<omitting python frames>")
     printer("node2", None, "frame #27: _start + 0x21")
     printer("node2", None, "The node has failed to shutdown the rendezvous")
-    printer("node1", "0", "frame counts: 3 (not a backtrace)")
+    printer("node2", None, "frame #4: after the backtrace: the script's own")
     assert out.getvalue().splitlines() == [
         "[node2] [W1204 TCPStore.cpp:115] [c10d] recvVector failed",
         "[node2] Exception raised from recvBytes at Utils.hpp:787 (most recent call first):",
+        "[node3/1] Exception raised from recv at Utils.hpp:9 (most recent call first):",
+        *(f"[node1/0] frame #{number}: decoded" for number in range(3)),
         "[node2] (5 lines of C++ backtrace left out: gpucluster logs J prints them)",
         "[node2] The node has failed to shutdown the rendezvous",
-        "[node1/0] frame counts: 3 (not a backtrace)"]
+        "[node2] frame #4: after the backtrace: the script's own"]
     printer.finish()  # node3's output ended inside its backtrace
     assert out.getvalue().splitlines()[-1] == \
         "[node3/1] (3 lines of C++ backtrace left out: gpucluster logs J prints them)"
     printer.finish()
-    assert len(out.getvalue().splitlines()) == 6
+    assert len(out.getvalue().splitlines()) == 10
     # Not live (`logs JOB`), every line as it came.
     whole = io.StringIO()
-    launch_view.LinePrinter(whole)("node2", None, "frame #0: c10::Error::Error + 0x9d")
-    assert whole.getvalue() == "[node2] frame #0: c10::Error::Error + 0x9d\n"
+    printer = launch_view.LinePrinter(whole)
+    printer("node2", None, "Exception raised from recv at Utils.hpp:9 (most recent call first):")
+    printer("node2", None, "frame #0: c10::Error::Error + 0x9d")
+    assert whole.getvalue().splitlines()[-1] == "[node2] frame #0: c10::Error::Error + 0x9d"
+
+
+def test_torchs_teardown_warning_as_a_sandbox_node_printed_it_is_five_lines_live() -> None:
+    """The real thing: node2's end of a demo job that exited 0 (torch 2.13)."""
+    from gpucluster.cli.views import launch as launch_view
+
+    captured = Path(__file__).parents[1] / "fixtures/torch/teardown-race-node2.log"
+    out = io.StringIO()
+    printer = launch_view.LinePrinter(out, full_logs="gpucluster logs J")
+    for text in captured.read_text().splitlines():
+        printer("node2", None, text)
+    printer.finish()
+    shown = out.getvalue().splitlines()
+    assert len(shown) == 5 and shown[3] == "[node2] "
+    assert shown[1].startswith("[node2] Exception raised from recvBytes at ")
+    assert shown[2] == "[node2] (12 lines of C++ backtrace left out: gpucluster logs J " \
+                       "prints them)"
+    assert "has failed to shutdown the rendezvous" in shown[4]
 
 
 def test_run_json_schema_is_pinned() -> None:

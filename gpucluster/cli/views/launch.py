@@ -37,8 +37,9 @@ def phase_printer(err: Console) -> Callable[[str], None]:
     return say
 
 
-# One line of a C++ backtrace, as torch's c10 errors print them (under the line that
-# says where the error was raised, which stays).
+# A C++ backtrace as torch's c10 errors print it: the line that says where the error was
+# raised (which stays), then one line per frame.
+_BACKTRACE_START = re.compile(r"Exception raised from .* \(most recent call first\):$")
 _BACKTRACE_FRAME = re.compile(r"frame #[0-9]+: |<omitting python frames>$")
 
 
@@ -59,15 +60,18 @@ class LinePrinter:
         self._stream, self._notes, self._full_logs = stream, notes, full_logs
         self._lock = threading.Lock()
         self._failed = False
-        self._frames: dict[tuple[str, str | None], int] = {}  # left out, not yet said
+        # Per node and rank inside a backtrace: its frames left out so far.
+        self._frames: dict[tuple[str, str | None], int] = {}
 
     def __call__(self, node: str, rank: str | None, text: str) -> None:
         with self._lock:
-            if self._full_logs and _BACKTRACE_FRAME.match(text):
-                self._frames[(node, rank)] = self._frames.get((node, rank), 0) + 1
+            if (node, rank) in self._frames and _BACKTRACE_FRAME.match(text):
+                self._frames[(node, rank)] += 1
                 return
             self._say_frames(node, rank)
             self._write(node, rank, text)
+            if self._full_logs and _BACKTRACE_START.search(text):
+                self._frames[(node, rank)] = 0
 
     def finish(self) -> None:
         """Says the frames left out at the very end of a node's output."""
