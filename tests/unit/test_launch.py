@@ -274,7 +274,7 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
     a follow or `jobs` looking then took the job for ended (node3 printed nothing and
     stayed "running" in a CI run). Looked at ten times the moment the pid is known,
     before any round trip could hide the gap: waiting for the marker instead (setsid
-    carries it) left one look in three of 60 starts bare."""
+    carries it), 3 starts of 60 had a bare look."""
     import shlex
 
     record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
