@@ -104,6 +104,12 @@ def as_written(value: Any) -> str:
     return written if isinstance(written, str) else str(value)
 
 
+def _construct_timestamp(loader: _LineLoader, node: yaml.ScalarNode) -> str:
+    """No inventory key takes a date: `RUN_DATE: 2024-01-01` means the text (PyYAML would
+    give a date, which no text key takes, and fail on `2024-13-45`)."""
+    return str(node.value)
+
+
 def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[LineList]:
     data = LineList()
     data.line = node.start_mark.line + 1
@@ -117,6 +123,7 @@ _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
 _LineLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _LineLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+_LineLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
 
 
 def load_with_lines(text: str) -> Any:

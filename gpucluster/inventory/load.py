@@ -56,7 +56,7 @@ def load(path: str | Path) -> Inventory:
             [Problem(str(path), line, f"not valid YAML: {reason}", "fix the YAML syntax")]
         ) from None
     except (ValueError, TypeError, RecursionError) as error:
-        # PyYAML raises ValueError for impossible dates such as 2024-13-45.
+        # PyYAML raises ValueError for a tagged value it cannot read: `!!int abc`.
         raise InventoryError(
             [Problem(str(path), None, f"not valid YAML: {error}", "quote the value")]
         ) from None

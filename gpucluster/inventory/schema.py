@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -57,8 +58,13 @@ def _positive_number(value: Any) -> float:
     return float(value)
 
 
+_BOOLEAN_TEXT = "quote it: YAML reads an unquoted yes/no, on/off or true/false as a boolean"
+
+
 def _text(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    if isinstance(value, bool):
+        raise ValueError(_BOOLEAN_TEXT)
+    if not isinstance(value, (str, int, float)):
         raise ValueError("use a plain string")
     text = as_written(value)
     if not text.strip():
@@ -122,26 +128,76 @@ def _flag(value: Any) -> bool:
     return value
 
 
-def _labels(value: Any) -> dict[str, str]:
+class BadItem(ValueError):
+    """One item of a mapping is wrong in a way "has a bad value" would not say."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(fix)
+        self.what = what
+
+
+class ItemProblems(ValueError):
+    """A mapping's bad items, each (item key as in the file, what is wrong, fix): said at
+    each item's own line, all at once, rather than once at the mapping's key."""
+
+    def __init__(self, problems: list[tuple[Any, str, str]]) -> None:
+        super().__init__("; ".join(f"{as_written(key)} {what}" for key, what, _ in problems))
+        self.problems = problems
+
+
+def _items(value: Any, convert: Callable[[str, Any], str], shape: str) -> dict[str, str]:
+    """A mapping of text to text, each item through `convert(key, item)`, which raises
+    BadItem, or ValueError(fix) for a bad value."""
     if not isinstance(value, dict):
-        raise ValueError("use a mapping of label: value")
-    return {as_written(k): _text(v) for k, v in value.items()}
+        raise ValueError(f"use a mapping of {shape}")
+    converted: dict[str, str] = {}
+    problems: list[tuple[Any, str, str]] = []
+    for key, item in value.items():
+        name = as_written(key)
+        try:
+            converted[name] = convert(name, item)
+        except BadItem as error:
+            problems.append((key, error.what, str(error)))
+        except ValueError as error:
+            problems.append((key, f"has a bad value {short_repr(item)}", str(error)))
+    if problems:
+        raise ItemProblems(problems)
+    return converted
+
+
+def short_repr(value: Any) -> str:
+    """A short repr for messages, bounded however large or deep the value."""
+    text = reprlib.repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _label(_name: str, item: Any) -> str:
+    if item is None:
+        raise BadItem("has no value", "give it a value, or remove the line")
+    return _text(item)
+
+
+def _labels(value: Any) -> dict[str, str]:
+    return _items(value, _label, "label: value")
+
+
+def _env_value(name: str, item: Any) -> str:
+    if not is_env_name(name):
+        raise BadItem("is not a valid environment variable name",
+                      "use letters, digits and '_', not starting with a digit")
+    if item is None:
+        raise BadItem("has no value", f'write {name}: "" for an empty value, or remove the line')
+    if isinstance(item, bool):
+        return "1" if item else "0"
+    if isinstance(item, str):
+        return item  # "" and " " too: a variable may be set to anything
+    if isinstance(item, int | float):
+        return as_written(item)
+    raise ValueError(f"give {name} one value: a string, a number or true/false")
 
 
 def _env(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ValueError("use a mapping of NAME: value")
-    env: dict[str, str] = {}
-    for key, item in value.items():
-        if not is_env_name(key):
-            raise ValueError(f"{key!r} is not a valid environment variable name")
-        if isinstance(item, bool):
-            env[key] = "1" if item else "0"
-        elif isinstance(item, dict | list):
-            raise ValueError(f"give {key} one value: a string, a number or true/false")
-        else:
-            env[key] = _text(item) if item != "" else ""
-    return env
+    return _items(value, _env_value, "NAME: value")
 
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import reprlib
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +32,9 @@ from gpucluster.inventory.schema import (
     SMOKE_KEYS,
     TOP_KEYS,
     Converter,
+    ItemProblems,
     is_group_name,
+    short_repr,
 )
 from gpucluster.ssh_config import SshConfig
 from gpucluster.yaml_lines import LineDict, LineList, as_written
@@ -134,9 +135,14 @@ class Validator:
                 values[key] = convert(raw)
                 if key in PATH_KEYS:
                     values[key] = self._path(values[key])
+            except ItemProblems as error:
+                for item, what, fix in error.problems:
+                    line = raw.line_of(item) if isinstance(raw, LineDict) else None
+                    self.problem(line or mapping.line_of(key),
+                                 f"{where}.{key}.{as_written(item)} {what}", fix)
             except (ValueError, TypeError) as error:
                 self.problem(mapping.line_of(key),
-                             f"{where}.{key} has a bad {kind} value {_show(raw)}", str(error))
+                             f"{where}.{key} has a bad {kind} value {short_repr(raw)}", str(error))
         return values
 
     def _section(self, document: LineDict, name: str,
@@ -212,7 +218,7 @@ class Validator:
             if "name" not in fields:
                 return []
         else:
-            self.problem(line, f"host entry must be a name or a mapping, not {_show(entry)}",
+            self.problem(line, f"host entry must be a name or a mapping, not {short_repr(entry)}",
                          "write `- name: gpu01` (optionally with address, user...)")
             return []
         names = self._expand(fields["name"], line, "name")
@@ -337,7 +343,3 @@ def _with_groups(host: Host, groups: Mapping[str, tuple[str, ...]]) -> Host:
     return replace(host, groups=member_of)
 
 
-def _show(value: Any) -> str:
-    """A short repr for messages, bounded however large or deep the value."""
-    text = reprlib.repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -82,6 +82,47 @@ def test_text_values_are_taken_as_written_where_yaml_reads_a_number(tmp_path: Pa
     assert "ansible_port: 2222" in ansible(loaded)
 
 
+def test_dates_are_text_as_written(tmp_path: Path) -> None:
+    """No key takes a date: YAML's would reach a node as `2024-01-01` only by luck of
+    str(), and `2024-13-45` would not load at all."""
+    loaded = inventory.load(write(tmp_path, (
+        "cluster:\n  env: {RUN_DATE: 2024-01-01, ODD: 2024-13-45, AT: 2024-01-01 10:00:00}\n"
+        "hosts:\n  - name: gpu7\n    labels: {since: 2024-01-01}\n")))
+    assert loaded.cluster.env == {"RUN_DATE": "2024-01-01", "ODD": "2024-13-45",
+                                  "AT": "2024-01-01 10:00:00"}
+    assert loaded.host("gpu7").labels == {"since": "2024-01-01"}
+
+
+def test_each_bad_item_of_env_and_labels_is_said_at_its_own_line(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+hosts:
+  - name: gpu01
+    labels:
+      rack:
+      ib: yes
+cluster:
+  env:
+    EMPTY:
+    1BAD: x
+    FINE: " "
+    LIST: [1, 2]
+""")
+    with pytest.raises(InventoryError) as error:
+        inventory.load(path)
+    lines = str(error.value).splitlines()
+    assert lines == [
+        f"{path}:4: host.labels.rack has no value (fix: give it a value, or remove the line)",
+        f"{path}:5: host.labels.ib has a bad value True (fix: quote it: YAML reads an "
+        "unquoted yes/no, on/off or true/false as a boolean)",
+        f'{path}:8: cluster.env.EMPTY has no value (fix: write EMPTY: "" for an empty value, '
+        "or remove the line)",
+        f"{path}:9: cluster.env.1BAD is not a valid environment variable name (fix: use "
+        "letters, digits and '_', not starting with a digit)",
+        f"{path}:11: cluster.env.LIST has a bad value [1, 2] (fix: give LIST one value: a "
+        "string, a number or true/false)",
+    ]
+
+
 def test_every_problem_is_reported_at_once_with_lines(tmp_path: Path) -> None:
     path = write(tmp_path, """\
 cluster:
@@ -140,10 +181,11 @@ hosts:
     ("hosts:\n  - name: a\n    groups: ['a,b']\n", ":3: host.groups has a bad list value"),
     ("hosts: [a]\ncluster:\n  env: {1BAD: x}\n", "not a valid environment variable name"),
     ("hosts: [a]\ncluster:\n  env: {OK: 1, A: [1, 2]}\n",
-     "(fix: give A one value: a string, a number or true/false)"),
+     ":3: cluster.env.A has a bad value [1, 2] (fix: give A one value: a string, a number "
+     "or true/false)"),
     ("hosts: [a]\nhosts: [b]\n", ":2: key 'hosts' appears twice"),
     ("hosts: [a\n", "not valid YAML"),
-    ("hosts: [a]\nwhen: 2024-13-45\n", "not valid YAML"),
+    ("hosts: [a]\nwhen: !!int abc\n", "not valid YAML"),
     ("hosts:\n  - name: 'a b'\n", "characters a hostname cannot"),
     ("hosts:\n  - name: a\n    address: '10.0.0.1; rm -rf /'\n",
      ":3: address '10.0.0.1; rm -rf /' is neither an IP address nor a host name"),
