@@ -129,6 +129,10 @@ class Validator:
             if raw is None:
                 if key in NULLABLE_KEYS:  # `jump_host: null` overrides a default
                     values[key] = None
+                else:  # `address:` left empty would quietly mean the default
+                    self.problem(mapping.line_of(key), f"{where}.{key} has no value",
+                                 "give it a value" if key == "name" else
+                                 "give it a value, or remove the line for the default")
                 continue
             kind, convert = schema[key]
             try:

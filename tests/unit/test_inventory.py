@@ -172,6 +172,10 @@ hosts:
     ("hosts:\n  - name: gpu[01-04]\n    address: 10.0.0.[1-3]\n", ":2: 4 names but 3 addresses"),
     ("hosts:\n  - name: gpu[04-01]\n", ":2: bad host range in name"),
     ("hosts:\n  - address: 10.0.0.1\n", ":2: host entry has no `name`"),
+    # A key left empty was dropped: the host with it, or the value for the default.
+    ("hosts:\n  - name:\n", ":2: host.name has no value (fix: give it a value)"),
+    ("hosts:\n  - name: a\n    address:\n", ":3: host.address has no value (fix: give it a "
+     "value, or remove the line for the default)"),
     ("hosts:\n  - [a, b]\n", ":2: host entry must be a name or a mapping"),
     ("hosts: [a]\ngroups:\n  g: [b]\n", ":3: group 'g' names unknown hosts: b"),
     # A group -g can never select, or that splits in a genders file (pdsh -g).
