@@ -19,7 +19,8 @@ CHECKPOINT_COPY_S = 3600.0
 SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
 # Set for every job so that output streams live and each line names its global rank.
 JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
-                 "GPUCLUSTER_CHECKPOINT_DIR", "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT")
+                 "GPUCLUSTER_CHECKPOINT_DIR", "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT",
+                 "OMP_NUM_THREADS")
 # launch --debug: set on every rank unless the job's env sets them (templates/launch/start).
 DEBUG_ENV_NAMES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
                    "TORCH_DISTRIBUTED_DEBUG", "TORCH_FR_BUFFER_SIZE",
@@ -103,8 +104,10 @@ def engine_command(runtime: str) -> str:
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None, on_cpu: bool = False,
-                 sync_apply: str = "", image_check: str = "") -> str:
-    """`rendezvous_port` on the head only: wait for it to be free, else refuse. `on_cpu`:
+                 sync_apply: str = "", image_check: str = "", nproc: int = 1) -> str:
+    """`rendezvous_port` on the head only: wait for it to be free, else refuse. `nproc`:
+    the node's workers; above 1, torchrun's own default of one OpenMP thread each is set
+    ahead of it, which spares its 4-line banner about that default on every node. `on_cpu`:
     the node's jobs run on CPU (gloo), where torch 2.13's DistributedDataParallel dies of
     SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (seen on the sandbox; see
     pytorch/pytorch#148976): --debug sets INFO there. `sync_apply`: the sync's unpack,
@@ -120,7 +123,8 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   attempt=record.attempt, debug=record.debug, sync_apply=sync_apply,
                   distributed_debug="INFO" if on_cpu else "DETAIL",
                   any_job_pattern=any_job_pattern(node), container=container,
-                  image=record.image, image_check=image_check, stamper=stamper_script())
+                  image=record.image, image_check=image_check, stamper=stamper_script(),
+                  one_thread_default=nproc > 1)
 
 
 def stamper_script() -> str:

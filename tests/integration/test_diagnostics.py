@@ -75,7 +75,8 @@ def _environ(pid: int) -> dict[str, str]:
 def test_launch_debug_sets_the_variables_on_every_rank(cluster: Sandbox,
                                                        project: Path) -> None:
     started = gpucluster("launch", "-i", str(cluster.inventory), "-d", "--debug",
-                         "--nproc-per-node", "2", "--secret-env", "HF_TOKEN", "train.py",
+                         "--nproc-per-node", "2", "--secret-env", "HF_TOKEN",
+                         "--env", "OMP_NUM_THREADS=3", "train.py",
                          "--", "--epochs", "100000", cwd=str(project),
                          env={"HF_TOKEN": SECRET}, timeout=180)
     assert started.code == 0, started.stderr
@@ -98,6 +99,7 @@ def test_launch_debug_sets_the_variables_on_every_rank(cluster: Sandbox,
                 assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] \
                     == "2000"
                 assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+                assert env["OMP_NUM_THREADS"] == "3"  # the job's, not the default of 1
                 assert env["TORCH_FR_DUMP_TEMP_FILE"] == \
                     env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{job_dir}/flight-recorder/rank_"
                 assert env["HF_TOKEN"] == SECRET  # passed, never written down:
