@@ -75,7 +75,8 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
         container = Container(request.image, "gpucluster-slurm-$SLURM_JOB_ID",
                               head.jobs_use_gpus, sorted({*env, *SOCKET_IFNAME_VARIABLES,
                                                           "GPUCLUSTER_CHECKPOINT_DIR",
-                                                          "GPUCLUSTER_ATTEMPT", *debug_env}),
+                                                          "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS",
+                                                          *debug_env}),
                               name_expands=True)
         command = container_command(container, command, node_images_dir(cluster.work_dir))
     work_dir = shell_path(cluster.work_dir)
@@ -85,7 +86,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
         ifname_variables=[n for n in SOCKET_IFNAME_VARIABLES if n not in env],
         jobs_dir=f"{work_dir}/jobs", checkpoints_dir=f"{work_dir}/checkpoints",
         peers=[h.name for h in inventory.hosts], fetch_timeout=int(CHECKPOINT_COPY_S),
-        container=container is not None, debug=request.debug,
+        container=container is not None, debug=request.debug, one_thread_default=nproc > 1,
         # As launch: DETAIL kills DDP on CPU (gloo) under torch 2.13, INFO there.
         distributed_debug="DETAIL" if head.jobs_use_gpus else "INFO",
         runtimes=("apptainer", "singularity") if sif else ("podman", "docker"))

@@ -189,6 +189,8 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
     assert ('--nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
             '--rdzv-endpoint "$GPC_HEAD_ADDR:29500" --rdzv-id "slurm-$SLURM_JOB_ID"') in text
     assert '--local_addr "$addr" train.py --epochs 3' in text  # its own NodeAddr
+    # As launch: torchrun's default for 8 per node, set ahead of it (no banner from it)
+    assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in text
     module = sbatch_script(inventory.load(path), SbatchRequest(
         "pkg.train", ("--epochs", "3"), "/srv/gpucluster/proj", synced=True, module=True))
     assert '--max-restarts 0 --local_addr "$addr" -m pkg.train --epochs 3\n' in module
