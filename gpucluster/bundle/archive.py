@@ -27,7 +27,7 @@ _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
 def summary(collected: Collected, inventory_path: Path) -> str:
     lines = [f"# gpucluster bundle: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", "",
-             f"Inventory: `{inventory_path.absolute()}`; nodes: "  # as read elsewhere
+             f"Inventory: `{inventory_path.resolve()}`; nodes: "  # as read elsewhere
              f"{hostrange.fold(list(collected.nodes))}; collected in "
              f"{collected.duration_s:.1f}s.", ""]
     record = collected.record

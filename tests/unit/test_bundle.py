@@ -75,7 +75,8 @@ def test_no_gpu_errors_is_not_claimed_where_the_kernel_log_was_unreadable() -> N
         CheckResult("xid", "node1", Status.SKIP, "kernel log not readable (dmesg_restrict=1)"),
         CheckResult("xid", "node2", Status.OK, "no Xid errors")))
     nodes = {n: NodeBundle(n) for n in ("node1", "node2")}
-    text = summary(Collected(nodes, doctor, None, None, 1.0, None), Path("inv.yaml"))
+    text = summary(Collected(nodes, doctor, None, None, 1.0, None), Path("proj/../inv.yaml"))
+    assert f"Inventory: `{Path.cwd() / 'inv.yaml'}`;" in text  # `-i ../inv.yaml`, as a path
     errors = text.split("## GPU errors found")[1].split("##")[0]
     assert "passed" not in errors
     assert "None found, but the kernel log could not be read on node1 (doctor `xid`: " \
