@@ -65,7 +65,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     if from_copy:
         err.print(f"{hostrange.fold(from_copy)}: job {record.id} "
                   f"is gone from the node; its lines above are the controller's copy")
-    view.print_outcome(err, outcome, store)
+    view.print_outcome(err, outcome, store, lines.rendezvous_not_closed)
     if json_output:
         common.print_json(stdout_console(), view.outcome_payload(outcome, store))
     if live:

@@ -180,6 +180,42 @@ def test_torchs_teardown_warning_as_a_sandbox_node_printed_it_is_five_lines_live
     assert "has failed to shutdown the rendezvous" in shown[4]
 
 
+def test_the_teardown_warning_after_a_clean_end_is_named_in_the_outcome(tmp_path: Path
+                                                                         ) -> None:
+    """The same capture on node2 and node3: where the job then exited 0, the outcome says
+    it is torch's race; where it failed, the warning may be the failure's: nothing said."""
+    from gpucluster.cli.views import launch as launch_view
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.model import JobOutcome, NodeState
+
+    captured = Path(__file__).parents[1] / "fixtures/torch/teardown-race-node2.log"
+    printer = launch_view.LinePrinter(io.StringIO(), full_logs="gpucluster logs J")
+    for node in ("node2", "node3"):
+        for text in captured.read_text().splitlines():
+            printer(node, None, text)
+    printer("node1", "0", "The node 'x' has failed to shutdown the rendezvous 'y' (a rank's)")
+    record = JobRecord("20261130-120000-abcd", "t.py", [], ["node1", "node2", "node3"],
+                       "/c", "/j", 0.0, {"node1": 1, "node2": 1, "node3": 1})
+    store = JobStore(tmp_path)
+
+    def outcome(node3_exit: int) -> str:
+        states = {"node1": NodeState("node1", "exited", 0),
+                  "node2": NodeState("node2", "exited", 0),
+                  "node3": NodeState("node3", "exited", node3_exit)}
+        return _text(lambda console: launch_view.print_outcome(
+            console, JobOutcome(record, states), store, printer.rendezvous_not_closed),
+            width=300)
+
+    assert 'node[2-3]: torch\'s "failed to shutdown the rendezvous" came after the job ' \
+           "exited 0 there: torch's teardown race" in outcome(0)
+    assert "node2: torch's" in outcome(1) and "node[2-3]" not in outcome(1)
+    quiet = launch_view.LinePrinter(io.StringIO())
+    quiet("node2", None, "epoch 1 loss 0.5")
+    assert "teardown race" not in _text(lambda console: launch_view.print_outcome(
+        console, JobOutcome(record, {"node2": NodeState("node2", "exited", 0)}), store,
+        quiet.rendezvous_not_closed))
+
+
 def test_run_json_schema_is_pinned() -> None:
     payload = json.loads(_text(lambda c: common.print_json(
         c, run.run_payload("cmd", _result()))))

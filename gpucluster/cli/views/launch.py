@@ -8,7 +8,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -41,6 +41,8 @@ def phase_printer(err: Console) -> Callable[[str], None]:
 # raised (which stays), then one line per frame.
 _BACKTRACE_START = re.compile(r"Exception raised from .* \(most recent call first\):$")
 _BACKTRACE_FRAME = re.compile(r"frame #[0-9]+: |<omitting python frames>$")
+# What a node's torchrun agent says when the rendezvous store is gone as it closes it.
+_RENDEZVOUS_NOT_CLOSED = re.compile(r"has failed to shutdown the rendezvous ")
 
 
 class LinePrinter:
@@ -62,6 +64,9 @@ class LinePrinter:
         self._failed = False
         # Per node and rank inside a backtrace: its frames left out so far.
         self._frames: dict[tuple[str, str | None], int] = {}
+        # Nodes whose agent could not close the rendezvous: after a clean end, torch's
+        # teardown race, which print_outcome then names as such.
+        self.rendezvous_not_closed: set[str] = set()
 
     def __call__(self, node: str, rank: str | None, text: str) -> None:
         with self._lock:
@@ -70,6 +75,8 @@ class LinePrinter:
                 return
             self._say_frames(node, rank)
             self._write(node, rank, text)
+            if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
+                self.rendezvous_not_closed.add(node)
             if self._full_logs and _BACKTRACE_START.search(text):
                 self._frames[(node, rank)] = 0
 
@@ -121,7 +128,10 @@ def failure_cause(failure: FirstFailure) -> str:
     return cause
 
 
-def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
+def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
+                  rendezvous_not_closed: Collection[str] = ()) -> None:
+    """How the job ended: its first failure, every node's state. `rendezvous_not_closed`:
+    nodes whose agent warned that it could not close the rendezvous (LinePrinter)."""
     record = outcome.record
     failure = outcome.first_failure
     if failure is not None:
@@ -142,6 +152,7 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
                        for label, nodes in by_state.items())
     err.print(f"job {record.id}: {states or 'no node sent its state (gpucluster jobs asks again)'}"
               f"; logs in {store.directory(record.id)}")
+    _name_the_teardown_race(err, outcome, rendezvous_not_closed)
     for reason, nodes in hostrange.hosts_by((why, node) for node, why in
                                             outcome.copies_cut.items()).items():
         err.print(f"[bold yellow]{hostrange.fold(nodes)}: the copy of the log in "
@@ -149,6 +160,20 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore) -> None:
                   f"keep it whole (fix: make room, then gpucluster logs {record.id})[/]")
     if outcome.stopped:
         print_stopped(err, record, outcome.stopped)
+
+
+def _name_the_teardown_race(err: Console, outcome: JobOutcome,
+                            rendezvous_not_closed: Collection[str]) -> None:
+    """The head's agent hosts the rendezvous store; done first, it can exit before the
+    others have closed the rendezvous, and they warn, with a C++ backtrace, at the end of
+    a job that succeeded. Said once, so that nobody debugs it."""
+    clean = [node for node in rendezvous_not_closed
+             if (state := outcome.states.get(node)) is not None
+             and state.state == "exited" and state.exit_code == 0]
+    if clean:
+        err.print(f"[dim]{hostrange.fold(clean)}: torch's \"failed to shutdown the rendezvous\" "
+                  f"came after the job exited 0 there: torch's teardown race (the head's "
+                  f"agent, done first, took the rendezvous store with it), not a failure[/]")
 
 
 def print_refusal(err: Console, refused: LaunchRefused) -> None:
