@@ -16,7 +16,7 @@ from gpucluster.cli.views import common
 from gpucluster.cli.views import launch as view
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.inventory import Inventory
-from gpucluster.launch.jobs import JobStore
+from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import LaunchRequest
 from gpucluster.launch.recover import RecoveryPolicy
 from gpucluster.remote.session import Session
@@ -84,10 +84,15 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
 
     lines = view.LinePrinter(sys.stderr if json_output else sys.stdout,
                              full_logs="gpucluster logs JOB (each attempt's)")
+
+    def attempt_started(record: JobRecord) -> None:
+        supervisor.record_pid(store, record.id, os.getpid())
+        # The outcome shown is the last attempt's: an earlier one's warnings are not its.
+        lines.rendezvous_not_closed.clear()
+
     try:
         result = recover(session, inventory, store, request, policy,
-                         on_attempt=lambda record: supervisor.record_pid(
-                             store, record.id, os.getpid()),
+                         on_attempt=attempt_started,
                          say=lambda text: err.print(f"[bold yellow]gpucluster: "
                                                     f"{escape(text)}[/]"),
                          on_output=lines,
@@ -98,7 +103,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
     finally:
         lines.finish()
     if result.outcome is not None:
-        view.print_outcome(err, result.outcome, store)
+        view.print_outcome(err, result.outcome, store, lines.rendezvous_not_closed)
     print_recovery(err, result)
     if json_output:
         common.print_json(stdout_console(), recovery_payload(result, store))
