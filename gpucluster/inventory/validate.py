@@ -345,5 +345,3 @@ class Validator:
 def _with_groups(host: Host, groups: Mapping[str, tuple[str, ...]]) -> Host:
     member_of = tuple(g for g, members in groups.items() if host.name in members)
     return replace(host, groups=member_of)
-
-

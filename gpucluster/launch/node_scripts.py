@@ -17,7 +17,8 @@ HEARTBEAT_S = 2
 # large, but bounded.
 CHECKPOINT_COPY_S = 3600.0
 SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
-# Set for every job so that output streams live and each line names its global rank.
+# What start sets for a job, passed into its container: output that streams live, lines
+# that name their global rank, the job's dirs, torchrun's one-thread default...
 JOB_ENV_NAMES = (JOB_VARIABLE, "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
                  "GPUCLUSTER_CHECKPOINT_DIR", "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT",
                  "OMP_NUM_THREADS")

@@ -23,7 +23,7 @@ import yaml
 
 from gpucluster import hostrange
 from tests.cli import gpucluster
-from tests.sandbox import Sandbox, busybox_image, start_sandbox
+from tests.sandbox import TRAIN, Sandbox, busybox_image, start_sandbox
 
 pytestmark = pytest.mark.sandbox
 
@@ -217,11 +217,15 @@ if socket.gethostname() != "node1" and sys.argv[0].endswith("torchrun"):
 
 
 def test_torchs_teardown_race_after_a_clean_job_is_named_not_left_to_alarm(
-        cluster: Sandbox, project: Path) -> None:
-    (project / "late_close").mkdir()
-    (project / "late_close" / "sitecustomize.py").write_text(LATE_CLOSE)
+        cluster: Sandbox, tmp_path: Path) -> None:
+    # A project of its own: the bytecode of the aid stays in its code dir on the nodes,
+    # where the shared `project` would carry it into the other tests' listings.
+    project = tmp_path / "late-close"
+    (project / "hooks").mkdir(parents=True)
+    (project / "hooks" / "sitecustomize.py").write_text(LATE_CLOSE)
+    shutil.copy(TRAIN, project / "train.py")
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
-                      "--env", "PYTHONPATH=/srv/gpucluster/project/late_close", "train.py",
+                      "--env", "PYTHONPATH=/srv/gpucluster/late-close/hooks", "train.py",
                       "--", "--epochs", "1", cwd=str(project), timeout=120)
     assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for node in ("node2", "node3"):  # torch's warning, its backtrace folded live
