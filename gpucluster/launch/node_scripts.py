@@ -105,10 +105,10 @@ def engine_command(runtime: str) -> str:
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None, on_cpu: bool = False,
-                 sync_apply: str = "", image_check: str = "", nproc: int = 1) -> str:
-    """`rendezvous_port` on the head only: wait for it to be free, else refuse. `nproc`:
-    the node's workers; above 1, torchrun's own default of one OpenMP thread each is set
-    ahead of it, which spares its 4-line banner about that default on every node. `on_cpu`:
+                 sync_apply: str = "", image_check: str = "") -> str:
+    """`rendezvous_port` on the head only: wait for it to be free, else refuse. With more
+    than one of the record's workers on the node, torchrun's own default of one OpenMP
+    thread each is set ahead of it, which spares its 4-line banner about it. `on_cpu`:
     the node's jobs run on CPU (gloo), where torch 2.13's DistributedDataParallel dies of
     SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (seen on the sandbox; see
     pytorch/pytorch#148976): --debug sets INFO there. `sync_apply`: the sync's unpack,
@@ -125,7 +125,7 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   distributed_debug="INFO" if on_cpu else "DETAIL",
                   any_job_pattern=any_job_pattern(node), container=container,
                   image=record.image, image_check=image_check, stamper=stamper_script(),
-                  one_thread_default=nproc > 1)
+                  one_thread_default=record.nproc_per_node.get(node, 1) > 1)
 
 
 def stamper_script() -> str:

@@ -290,7 +290,7 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,
                                      head_port, on_cpu=not host.jobs_use_gpus,
-                                     sync_apply=apply, nproc=record.nproc_per_node[host.name],
+                                     sync_apply=apply,
                                      image_check=node_scripts.image_check(container, images_dir)
                                      if container is not None else "")
 
