@@ -172,7 +172,8 @@ def test_duplicate_hostname_and_dead_node(resolvable: Sandbox) -> None:
         assert result.code == 1
         for node in ("node2", "node3"):
             assert results[("hostname", node)]["status"] == "FAIL"
-            assert "also the hostname of" in results[("hostname", node)]["message"]
+            assert results[("hostname", node)]["message"] == \
+                "hostname 'node3' is shared by node[2-3]"
         assert results[("ssh", "node4")]["status"] == "FAIL"
         assert results[("ssh", "node4")]["message"].startswith("unreachable:")
         assert results[("driver", "node4")]["status"] == "SKIP"

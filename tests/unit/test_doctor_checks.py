@@ -431,3 +431,93 @@ def test_a_refusal_while_a_job_holds_the_head_port_is_not_called_a_firewall(
     free = dataclasses.replace(ctx, rendezvous_note=None)  # nothing held: a refusal is one
     assert {r.host: r.status for r in REGISTRY["rendezvous-port"].run(free)}["b"] is \
         Status.FAIL
+
+
+@pytest.mark.parametrize("names", [("a", "b", "c"), ("a", "b")])
+def test_a_cluster_where_no_node_knows_the_others_gets_one_finding(
+        tmp_path: Path, names: tuple[str, ...]) -> None:
+    """A fresh cluster: each node resolves only itself (or itself to 127.0.1.1). Each node
+    had its own finding ("b, c do not resolve" on a, "a, c" on b...), each fix a list of
+    every other node: on 16 nodes, 16 findings of 15 lines each. Now one, for all."""
+    from gpucluster.doctor.rendezvous import Reachability
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n" + "".join(
+        f"  - {{name: {n}, address: 10.0.0.{i}}}\n" for i, n in enumerate(names, 1)))
+    address = {n: f"10.0.0.{i}" for i, n in enumerate(names, 1)}
+
+    def failures(resolved: dict[str, dict[str, str | None]]) -> dict[str, tuple[str, str]]:
+        ctx = Context(inventory_module.load(path), {n: facts(hostname=n) for n in names}, {},
+                      {n: Reachability(resolved[n]) for n in names})
+        return {r.host: (r.message, r.remedy) for r in REGISTRY["name-resolution"].run(ctx)
+                if r.status is Status.FAIL}
+
+    every_line = "; ".join(f"{address[n]} {n}" for n in names)
+    others = "no other node's hostname resolves" if len(names) > 2 else \
+        "the other node's hostname does not resolve"
+    for own, said in (("cluster", others),
+                      ("127.0.1.1", f"{others}; its own hostname resolves to 127.0.1.1 "
+                                    f"(loopback)")):
+        resolved = {n: {m: (address[n] if own == "cluster" else own) if m == n else None
+                        for m in names} for n in names}
+        found = failures(resolved)
+        assert set(found) == set(names)
+        [(message, remedy)] = set(found.values())
+        assert message == said
+        assert f"on the node: {every_line} (and remove" in remedy
+    if len(names) == 2:
+        return
+    # one name that every other node misses is still named, with its line alone
+    resolved = {n: {m: address[m] if m == n or m != names[0] else None for m in names}
+                for n in names}
+    found = failures(resolved)
+    assert set(found) == set(names[1:])
+    for message, remedy in found.values():
+        assert message == f"{names[0]} does not resolve"
+        assert f"on the node: {address[names[0]]} {names[0]} (and remove" in remedy
+
+
+def test_a_fix_past_eight_hosts_names_the_command_that_prints_them() -> None:
+    from gpucluster.doctor.checks.network import _resolution_remedy
+
+    assert "10.0.0.8 n8 (and" in _resolution_remedy([f"10.0.0.{i} n{i}" for i in range(1, 9)])
+    many = _resolution_remedy([f"10.0.0.{i} n{i}" for i in range(1, 10)])
+    assert "10.0.0.1" not in many and "`gpucluster provision --only hosts --dry-run`" in many
+
+
+def test_nodes_blocked_from_the_head_port_share_one_finding_and_one_rule(
+        tmp_path: Path) -> None:
+    """Each blocked node's fix named its own address (`-s b`, `-s c`...), so a fresh
+    cluster behind a default-drop firewall got a finding per node; one rule with every
+    blocked address makes them one finding, and opens the port to all of them."""
+    from gpucluster.doctor.rendezvous import Reachability
+
+    nodes = {name: facts() for name in ("a", "b", "c", "d")}
+    ctx = dataclasses.replace(context(tmp_path, nodes), network={
+        "b": Reachability(port="timeout"), "c": Reachability(port="timeout"),
+        "d": Reachability(port="open")})
+    results = {r.host: r for r in REGISTRY["rendezvous-port"].run(ctx)}
+    assert {h: r.status for h, r in results.items()} == {
+        "a": Status.OK, "b": Status.FAIL, "c": Status.FAIL, "d": Status.OK}
+    assert (results["b"].message, results["b"].remedy) == \
+        (results["c"].message, results["c"].remedy)
+    assert "on a: sudo iptables -I INPUT -p tcp --dport 29500 -s b,c -j ACCEPT" in \
+        results["b"].remedy
+
+
+def test_nodes_named_alike_share_one_finding_in_inventory_order(tmp_path: Path) -> None:
+    """Clones all named `ubuntu`: each node's message listed the others and its fix named
+    the node, a finding per node. Now one message for the group and one fix, with an
+    example; the results stay in inventory order."""
+    hostnames = {"a": "ubuntu", "b": "localhost", "c": "ubuntu", "d": "d", "e": "ubuntu"}
+    ctx = context(tmp_path, {node: facts(hostname=name) for node, name in hostnames.items()})
+    results = REGISTRY["hostname"].run(ctx)
+    assert [r.host for r in results] == list(hostnames)
+    by_host = {r.host: r for r in results}
+    assert {(by_host[h].message, by_host[h].remedy) for h in "ace"} == {(
+        "hostname 'ubuntu' is shared by a,c,e", "torchrun and NCCL identify nodes by "
+        "hostname: give each node its own (its inventory name: on a, sudo hostnamectl "
+        "set-hostname a)")}
+    assert by_host["b"].message == "hostname is 'localhost'"
+    assert "on b, sudo hostnamectl set-hostname b" in by_host["b"].remedy
+    assert by_host["d"].status is Status.OK

@@ -3,13 +3,17 @@ InfiniBand. What makes torchrun rendezvous time out and NCCL pick the wrong NIC.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+from collections.abc import Mapping
 
 from gpucluster import hostrange
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
-from gpucluster.inventory import is_ip
+from gpucluster.inventory import Host, is_ip
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
+# /etc/hosts lines a fix spells out; past that it names the command that prints them all
+HOSTS_LINES_SHOWN = 8
 
 
 def _is_loopback(address: str) -> bool:
@@ -21,23 +25,29 @@ def _is_loopback(address: str) -> bool:
 
 @check("hostname", "network", "each node's hostname is unique and not localhost")
 def hostname(context: Context) -> list[CheckResult]:
-    names = {h.name: context.facts[h.name].hostname for h in context.answering()}
-    results = []
-    for host, name in names.items():
-        twins = [other for other, n in names.items() if n == name and other != host]
+    names = {h.name: context.facts[h.name].hostname or "" for h in context.answering()}
+    results: list[CheckResult] = []
+    # Said alike on every node of a group (a fresh image's `localhost` on every node,
+    # clones all named `ubuntu`), so that doctor says it once, not once per node.
+    for name, hosts in hostrange.hosts_by((n, h) for h, n in names.items()).items():
+        example = (f"its inventory name: on {hosts[0]}, sudo hostnamectl set-hostname "
+                   f"{hosts[0]}" if not is_ip(hosts[0]) else
+                   f"e.g. on {hosts[0]}, sudo hostnamectl set-hostname gpu01")
         if not name or name in LOCAL_NAMES:
-            results.append(CheckResult(
+            results.extend(CheckResult(
                 "hostname", host, Status.FAIL, f"hostname is {name or 'empty'!r}",
-                f"give the node its own name: sudo hostnamectl set-hostname {host}"))
-        elif twins:
-            results.append(CheckResult(
+                f"give each node its own name ({example})")
+                for host in hosts)
+        elif len(hosts) > 1:
+            results.extend(CheckResult(
                 "hostname", host, Status.FAIL,
-                f"hostname {name!r} is also the hostname of {', '.join(twins)}",
-                f"torchrun and NCCL identify nodes by hostname: sudo hostnamectl "
-                f"set-hostname {host} (a unique name per node)"))
+                f"hostname {name!r} is shared by {hostrange.fold(hosts)}",
+                f"torchrun and NCCL identify nodes by hostname: give each node its own "
+                f"({example})") for host in hosts)
         else:
-            results.append(CheckResult("hostname", host, Status.OK, name))
-    return results
+            results.append(CheckResult("hostname", hosts[0], Status.OK, name))
+    order = list(names)
+    return sorted(results, key=lambda result: order.index(result.host))
 
 
 @check("name-resolution", "network",
@@ -54,41 +64,68 @@ def name_resolution(context: Context) -> list[CheckResult]:
             results.append(CheckResult("name-resolution", host.name, Status.SKIP,
                                        "the second probe did not run on this node"))
             continue
-        unresolved, problems, fixes = [], [], []
-        for peer, name in peers:
-            if not name:
-                continue
-            address = seen.resolved.get(name)
-            expected = peer.address if is_ip(peer.address) else None
-            if address is None:
-                unresolved.append(name)
-            elif _is_loopback(address) and not one_machine:
-                problems.append(f"{name} resolves to {address} (loopback)")
-            elif expected is not None and address != expected:
-                problems.append(f"{name} resolves to {address}, not {expected}")
-            else:
-                continue
-            if expected is not None:
-                fixes.append(f"{expected} {name}")
-        if unresolved:
-            problems.insert(0, f"{hostrange.fold(unresolved)} "
-                               f"{'does' if len(unresolved) == 1 else 'do'} not resolve")
+        problems, fixes = _resolution_problems(peers, context.facts[host.name].hostname or "",
+                                               seen.resolved, one_machine)
         if problems:
-            # provision's hosts block maps inventory addresses: not for DNS-named hosts
-            remedy = ("gpucluster provision --only hosts (a block at the top of every "
-                      "node's /etc/hosts, above any 127.0.1.1 line); by hand, add to "
-                      "/etc/hosts on this node: " + "; ".join(fixes) + " (and remove any "
-                      "127.0.1.1 line naming the host)" if fixes else
-                      "fix DNS or /etc/hosts so every hostname resolves to the node's "
-                      "cluster address (and remove any 127.0.1.1 line naming the host)")
             results.append(CheckResult("name-resolution", host.name, Status.FAIL,
-                                       "; ".join(problems), remedy,
+                                       "; ".join(problems), _resolution_remedy(fixes),
                                        {"resolved": dict(seen.resolved)}))
         else:
             said = f"all {len(peers)} hostnames resolve to cluster addresses" \
                 if len(peers) > 1 else "its hostname resolves to its cluster address"
             results.append(CheckResult("name-resolution", host.name, Status.OK, said))
     return results
+
+
+def _resolution_problems(peers: list[tuple[Host, str | None]], own: str,
+                         resolved: Mapping[str, str | None], one_machine: bool
+                         ) -> tuple[list[str], list[str]]:
+    """What is wrong with the names one node resolves, and the /etc/hosts lines that fix
+    it. Worded alike on every node where the cause is the same (a fresh cluster: no node
+    knows the others), so that doctor says it once for all of them, not once per node
+    with a list of every other node each time."""
+    unresolved, problems, fixes = [], [], []
+    for peer, name in peers:
+        if not name:
+            continue
+        address = resolved.get(name)
+        expected = peer.address if is_ip(peer.address) else None
+        whose = "its own hostname" if name == own else name
+        if address is None:
+            unresolved.append(name)
+        elif _is_loopback(address) and not one_machine:
+            problems.append(f"{whose} resolves to {address} (loopback)")
+        elif expected is not None and address != expected:
+            problems.append(f"{whose} resolves to {address}, not {expected}")
+        else:
+            continue
+        if expected is not None:
+            fixes.append(f"{expected} {name}")
+    if own in unresolved:
+        unresolved.remove(own)
+        problems.insert(0, "its own hostname does not resolve")
+    others = [name for _, name in peers if name and name != own]
+    if others and sorted(unresolved) == sorted(others):
+        problems.insert(0, "no other node's hostname resolves" if len(others) > 1
+                        else "the other node's hostname does not resolve")
+        # every node's line, its own included: the same lines for every node
+        fixes = [f"{peer.address} {name}" for peer, name in peers
+                 if name and is_ip(peer.address)]
+    elif unresolved:
+        problems.insert(0, f"{hostrange.fold(unresolved)} "
+                           f"{'does' if len(unresolved) == 1 else 'do'} not resolve")
+    return problems, fixes
+
+
+def _resolution_remedy(fixes: list[str]) -> str:
+    if not fixes:  # provision's hosts block maps inventory addresses: not for DNS names
+        return ("fix DNS or /etc/hosts so every hostname resolves to the node's cluster "
+                "address (and remove any 127.0.1.1 line naming the host)")
+    by_hand = "; ".join(fixes) if len(fixes) <= HOSTS_LINES_SHOWN else (
+        "the block `gpucluster provision --only hosts --dry-run` shows")
+    return ("gpucluster provision --only hosts (a block at the top of every node's "
+            f"/etc/hosts, above any 127.0.1.1 line); by hand, add to /etc/hosts on the "
+            f"node: {by_hand} (and remove any 127.0.1.1 line naming the host)")
 
 
 @check("rendezvous-port", "network",
@@ -99,6 +136,7 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
     port = context.inventory.cluster.rendezvous_port
     note = context.rendezvous_note
     results = []
+    blocked: list[str] = []  # the addresses of the nodes that cannot reach the head
     busy = note is not None and note.startswith("busy")
     for host in context.answering():
         if host.name == head.name:
@@ -137,14 +175,18 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
         else:
             how = {"timeout": "no answer (a firewall drops it)",
                    "refused": "refused (a firewall rejects it)"}.get(state.port, state.port)
-            results.append(CheckResult(
-                "rendezvous-port", host.name, Status.FAIL,
-                f"cannot reach {head.name} ({head.address}):{port}: {how}",
-                f"gpucluster provision --only firewall (opens tcp/{port} and NCCL's ports "
-                f"to the cluster's addresses only, on every node); by hand, on {head.name}: "
-                f"sudo iptables -I INPUT -p tcp --dport {port} -s {host.address} -j ACCEPT; "
-                f"a cloud security group may drop it too"))
-    return results
+            results.append(CheckResult("rendezvous-port", host.name, Status.FAIL,
+                                       f"cannot reach {head.name} ({head.address}):{port}: "
+                                       f"{how}"))
+            blocked.append(host.address)
+    # One rule for every blocked node (iptables takes a list of sources), so that the
+    # nodes' findings are alike and said once, not once per node with its own address.
+    remedy = (f"gpucluster provision --only firewall (opens tcp/{port} and NCCL's ports to "
+              f"the cluster's addresses only, on every node); by hand, on {head.name}: sudo "
+              f"iptables -I INPUT -p tcp --dport {port} -s {','.join(blocked)} -j ACCEPT; a "
+              f"cloud security group may drop it too")
+    return [dataclasses.replace(r, remedy=remedy) if r.status is Status.FAIL and
+            r.host != head.name else r for r in results]
 
 
 @check("interface", "network",
