@@ -39,26 +39,90 @@ class LineList(list[Any]):
         return self.item_lines[index] if index < len(self.item_lines) else self.line
 
 
+# The most nodes a document's aliases may add: hundreds of hosts that merge a shared
+# mapping (`<<: *gpu`) are a few thousand; nested aliases (a "billion laughs") reach
+# this after a handful of levels, long before memory runs out.
+MAX_ALIAS_NODES = 100_000
+
+
+class AliasError(yaml.composer.ComposerError):
+    """Valid YAML whose aliases this loader will not expand; `fix` says what to write."""
+
+    def __init__(self, problem: str, mark: Any, fix: str) -> None:
+        super().__init__(None, None, problem, mark)
+        self.fix = fix
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader whose maps and sequences are LineDict and LineList, and which refuses
-    aliases: an inventory needs none, and nested ones (a "billion laughs") expand to
-    more than any memory when a value is looked at."""
+    """SafeLoader whose maps and sequences are LineDict and LineList. An alias (`*gpu`,
+    `<<: *gpu`) becomes a copy of what its anchor holds, so no two places of the
+    inventory share one object; copies are counted, and an alias inside its own anchor
+    is refused, so that nothing expands without bound."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.open_anchors: set[str] = set()
+        self.alias_nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(
-                None, None, "YAML aliases (*name) are not allowed in an inventory: write "
-                "the value out", event.start_mark)
-        return super().compose_node(parent, index)
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.open_anchors:
+                raise AliasError(f"the alias *{event.anchor} is inside its own anchor "
+                                 f"&{event.anchor}: it would never end", event.start_mark,
+                                 "move the alias out of the anchored value")
+            if event.anchor not in self.anchors:
+                raise AliasError(f"the alias *{event.anchor} has no anchor "
+                                 f"&{event.anchor} above it", event.start_mark,
+                                 f"mark the value to repeat with &{event.anchor} before "
+                                 f"its first use: YAML reads from the top")
+            node = self.anchors[event.anchor]
+            self.get_event()  # type: ignore[no-untyped-call]
+            self.alias_nodes += _size(node)
+            if self.alias_nodes > MAX_ALIAS_NODES:
+                raise AliasError(f"the aliases up to here expand to more than "
+                                 f"{MAX_ALIAS_NODES} values", event.start_mark,
+                                 "write the values out, or nest fewer aliases")
+            return _copy(node)
+        anchor = getattr(event, "anchor", None)
+        if anchor is None:
+            return super().compose_node(parent, index)
+        self.open_anchors.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.open_anchors.discard(anchor)
+
+
+def _size(node: yaml.Node) -> int:
+    if isinstance(node, yaml.SequenceNode):
+        return 1 + sum(_size(item) for item in node.value)
+    if isinstance(node, yaml.MappingNode):
+        return 1 + sum(_size(key) + _size(value) for key, value in node.value)
+    return 1
+
+
+def _copy(node: yaml.Node) -> yaml.Node:
+    """A node tree of its own (the marks shared: they are only read)."""
+    if isinstance(node, yaml.SequenceNode):
+        return yaml.SequenceNode(node.tag, [_copy(item) for item in node.value],
+                                 node.start_mark, node.end_mark, node.flow_style)
+    if isinstance(node, yaml.MappingNode):
+        return yaml.MappingNode(node.tag, [(_copy(k), _copy(v)) for k, v in node.value],
+                                node.start_mark, node.end_mark, node.flow_style)
+    return yaml.ScalarNode(node.tag, node.value, node.start_mark, node.end_mark,
+                           getattr(node, "style", None))
 
 
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[LineDict]:
     data = LineDict()
     data.line = node.start_mark.line + 1
     yield data
-    loader.flatten_mapping(node)
-    for key_node, value_node in node.value:
+    own = sum(key.tag != "tag:yaml.org,2002:merge" for key, _ in node.value)
+    loader.flatten_mapping(node)  # what `<<: *gpu` merges comes first, its own keys win
+    merged = len(node.value) - own
+    own_keys: set[Any] = set()
+    for position, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=True)
         try:
             hash(key)
@@ -67,8 +131,10 @@ def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[Line
                 None, None, "a mapping key must be a plain value", key_node.start_mark
             ) from None
         line = key_node.start_mark.line + 1
-        if key in data:
-            data.repeated_keys.append((key, line))
+        if position >= merged:  # a key merged in may be overridden; its own, once
+            if key in own_keys:
+                data.repeated_keys.append((key, line))
+            own_keys.add(key)
         data.key_lines[key] = line
         data[key] = loader.construct_object(value_node, deep=True)
 

@@ -11,7 +11,7 @@ import yaml
 from gpucluster.errors import GpuclusterError, InventoryError, Problem
 from gpucluster.inventory.model import Inventory
 from gpucluster.inventory.validate import Validator
-from gpucluster.yaml_lines import load_with_lines
+from gpucluster.yaml_lines import AliasError, load_with_lines
 
 INVENTORY_ENV_VAR = "GPUCLUSTER_INVENTORY"
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -52,6 +52,8 @@ def load(path: str | Path) -> Inventory:
             raise InventoryError([Problem(
                 str(path), line, "a tab indents this line: YAML indents with spaces only",
                 "replace the tab with spaces")]) from None
+        if isinstance(error, AliasError):  # valid YAML, but not expanded here
+            raise InventoryError([Problem(str(path), line, reason, error.fix)]) from None
         raise InventoryError(
             [Problem(str(path), line, f"not valid YAML: {reason}", "fix the YAML syntax")]
         ) from None

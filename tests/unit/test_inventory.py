@@ -516,13 +516,47 @@ def test_a_huge_product_of_ranges_is_refused_before_it_is_built(tmp_path: Path) 
     assert peak < 200 * 1024 * 1024  # building the product first took gigabytes
 
 
-def test_yaml_aliases_are_refused_with_their_line(tmp_path: Path) -> None:
-    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
-        for i in range(8)) + "hosts: [n1]\n"
+def test_yaml_anchors_and_merge_keys_give_each_host_its_own_copy(tmp_path: Path) -> None:
+    """Anchors and `<<:` merges, as docker-compose files use them, were refused ("YAML
+    aliases are not allowed ... fix the YAML syntax": valid YAML called invalid). A key of
+    the host's own overrides a merged one; its own key written twice is still an error."""
+    text = ("defaults:\n  labels: &labels {rack: b}\n"
+            "hosts:\n"
+            "  - &gpu\n    name: gpu01\n    user: ubuntu\n    gpus: 8\n"
+            "    labels: {rack: a}\n"
+            "  - <<: *gpu\n    name: gpu02\n    gpus: 4\n"
+            "  - {<<: *gpu, name: gpu03, labels: *labels}\n")
+    loaded = inventory.load(write(tmp_path, text))
+    hosts = {h.name: h for h in loaded.hosts}
+    assert {n: (h.user, h.gpus) for n, h in hosts.items()} == {
+        "gpu01": ("ubuntu", 8), "gpu02": ("ubuntu", 4), "gpu03": ("ubuntu", 8)}
+    assert {n: h.labels for n, h in hosts.items()} == {
+        "gpu01": {"rack": "a"}, "gpu02": {"rack": "a"}, "gpu03": {"rack": "b"}}
+    with pytest.raises(InventoryError, match=r":12: key 'gpus' appears twice"):
+        inventory.load(write(tmp_path, text.replace("    gpus: 4\n",
+                                                    "    gpus: 4\n    gpus: 2\n")))
+
+
+def test_yaml_aliases_that_expand_without_bound_are_refused_at_their_line(
+        tmp_path: Path) -> None:
+    import tracemalloc
+
+    laughs = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)
+    ) + "hosts: [n1]\n"
+    tracemalloc.start()
     with pytest.raises(InventoryError) as error:
         inventory.load(write(tmp_path, laughs))
-    assert ":2: not valid YAML: YAML aliases (*name) are not allowed" in str(error.value)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert ":5: the aliases up to here expand to more than 100000 values (fix: write " \
+        "the values out, or nest fewer aliases)" in str(error.value)
+    assert peak < 100 * 1024 * 1024
+    with pytest.raises(InventoryError, match=r":1: the alias \*h is inside its own anchor"):
+        inventory.load(write(tmp_path, "hosts: &h [n1, *h]\n"))
+    with pytest.raises(InventoryError, match=r":1: the alias \*g has no anchor &g above it "
+                                             r"\(fix: mark the value to repeat with &g"):
+        inventory.load(write(tmp_path, "hosts: [*g]\n"))
 
 
 def test_a_second_launch_from_beside_the_same_inventory_is_refused(tmp_path: Path) -> None:
