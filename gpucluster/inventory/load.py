@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -54,15 +55,28 @@ def load(path: str | Path) -> Inventory:
                 "replace the tab with spaces")]) from None
         if isinstance(error, AliasError):  # valid YAML, but not expanded here
             raise InventoryError([Problem(str(path), line, reason, error.fix)]) from None
-        raise InventoryError(
-            [Problem(str(path), line, f"not valid YAML: {reason}", "fix the YAML syntax")]
-        ) from None
+        message, fix = _plainly(reason)
+        raise InventoryError([Problem(str(path), line, message, fix)]) from None
     except (ValueError, TypeError, RecursionError) as error:
         # PyYAML raises ValueError for a tagged value it cannot read: `!!int abc`.
         raise InventoryError(
             [Problem(str(path), None, f"not valid YAML: {error}", "quote the value")]
         ) from None
     return Validator(path).inventory(document)
+
+
+def _plainly(reason: str) -> tuple[str, str]:
+    """PyYAML's words for valid YAML an inventory does not take, said as that; the
+    rest is a syntax error."""
+    if reason.startswith("but found another document"):
+        return ("a second YAML document starts here (a `---` line): an inventory is one "
+                "document", "remove the `---` line, or merge the documents into one")
+    tag = re.match(r"could not determine a constructor for the tag '(.*)'", reason)
+    if tag:
+        written = tag[1].replace("tag:yaml.org,2002:", "!!")  # as the file has it
+        return (f"the YAML tag {written} is not one an inventory reads",
+                "write the value itself: an inventory has no includes or custom tags")
+    return f"not valid YAML: {reason}", "fix the YAML syntax"
 
 
 def _indented_by_tab(text: str, line: int | None) -> bool:

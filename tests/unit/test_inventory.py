@@ -190,6 +190,13 @@ hosts:
     ("hosts: [a]\nhosts: [b]\n", ":2: key 'hosts' appears twice"),
     ("hosts: [a\n", "not valid YAML"),
     ("hosts: [a]\nwhen: !!int abc\n", "not valid YAML"),
+    # Valid YAML an inventory does not take is not called invalid (nor "fix the syntax").
+    ("hosts: [a]\n---\nhosts: [b]\n", ":2: a second YAML document starts here (a `---` "
+     "line): an inventory is one document (fix: remove the `---` line, or merge"),
+    ("hosts: [a]\ncluster:\n  env:\n    X: !include x.yaml\n", ":4: the YAML tag !include "
+     "is not one an inventory reads (fix: write the value itself"),
+    ("hosts: [a]\nx: !!python/object:os.system ls\n",
+     ":2: the YAML tag !!python/object:os.system is not one"),
     ("hosts:\n  - name: 'a b'\n", "characters a hostname cannot"),
     ("hosts:\n  - name: a\n    address: '10.0.0.1; rm -rf /'\n",
      ":3: address '10.0.0.1; rm -rf /' is neither an IP address nor a host name"),
