@@ -137,6 +137,8 @@ def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list
             + (f", exit {failure.exit_code}" if failure.exit_code is not None else "")
             + (f", worker exit {failure.worker_exit}" if failure.worker_exit is not None
                else "") + ").", "", "Its last lines:", "", "```", *last, "```", "",
+            *([f"Likely cause: {failure.cause.what} (fix: {failure.cause.fix}).", ""]
+              if failure.cause else []),
             f"States: {states}."]
 
 

@@ -3,9 +3,12 @@ torchrun's own report in a node's log."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import signal
 from pathlib import Path
 
+from gpucluster.launch.known_causes import SIGKILLED, KnownCause, known_cause
 from gpucluster.launch.model import FirstFailure, NodeState
 
 RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")
@@ -53,7 +56,19 @@ def failure_of(node: str, state: NodeState, log: Path) -> FirstFailure:
     worker = re.match(r"-?\d+", fields.get("exitcode", ""))
     prefix = f"[{rank.group()}]:" if rank else None
     rank_lines = [line[len(prefix):] for line in lines if prefix and line.startswith(prefix)]
+    worker_exit = int(worker.group()) if worker else None
     return FirstFailure(node, state, int(rank.group()) if rank else None, state.exit_code,
-                        tuple(lines[-FAILURE_TAIL_LINES:]),
-                        int(worker.group()) if worker else None, fields.get("time", ""),
-                        tuple(rank_lines[-FAILURE_TAIL_LINES:]))
+                        tuple(lines[-FAILURE_TAIL_LINES:]), worker_exit,
+                        fields.get("time", ""), tuple(rank_lines[-FAILURE_TAIL_LINES:]),
+                        cause_of(node, worker_exit, rank_lines, lines))
+
+
+def cause_of(node: str, worker_exit: int | None, rank_lines: list[str],
+             lines: list[str]) -> KnownCause | None:
+    """The failing rank's own words first; then the node's lines that are no rank's (its
+    torchrun's: a rendezvous it could not reach), never another rank's, whose errors are
+    most often the echo of this one."""
+    if worker_exit == -signal.SIGKILL:
+        return dataclasses.replace(SIGKILLED, fix=SIGKILLED.fix.replace("<node>", node))
+    return known_cause(rank_lines, node) or known_cause(
+        [line for line in lines if not RANK_PREFIX.match(line)], node)

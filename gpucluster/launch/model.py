@@ -11,6 +11,7 @@ from pathlib import Path
 from gpucluster.doctor.model import CheckResult
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.jobs import JobRecord
+from gpucluster.launch.known_causes import KnownCause
 
 DEFAULT_GRACE_S = 10.0
 WARNING = "warning: "  # a progress line (on_phase) that starts so is one to heed
@@ -123,6 +124,7 @@ class FirstFailure:
     worker_exit: int | None = None  # negative: killed by that signal
     failed_at: str = ""  # torchrun's root-cause time (second resolution)
     rank_tail: tuple[str, ...] = ()  # the failing rank's own last lines
+    cause: KnownCause | None = None  # what its lines say, where they say a known cause
 
     @property
     def killing_signal(self) -> str | None:

@@ -381,6 +381,8 @@ def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
     assert code == 1, stderr
     assert re.search(r"first failure: rank [23] on node2, worker killed by signal 9 "
                      r"\(SIGKILL\)", stderr), stderr
+    assert "likely cause: the worker was killed by SIGKILL: most often the kernel's " \
+        "out-of-memory killer, for host memory (fix: `gpucluster run -w node2 --sudo" in stderr
     assert "nothing of it is left on node[1-3]" in stderr
     assert took < 30, f"took {took:.1f} s to end after the kill"
     assert job_processes(cluster) == {}
@@ -648,15 +650,26 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         assert set(payload["nodes"]["node1"]) == {"found", "how", "left", "detail"}
     finally:
         gpucluster("stop", "-i", inventory, job)
-    failing = gpucluster("launch", "-i", inventory, "--json", "--nproc-per-node", "1",
-                         "train.py", "--", "--no-such-option",  # every rank exits 2
-                         cwd=str(project), timeout=180)
+    (project / "needs_a_module.py").write_text("import gpc_no_such_module\n")
+    try:
+        failing = gpucluster("launch", "-i", inventory, "--json", "--nproc-per-node", "1",
+                             "needs_a_module.py", cwd=str(project), timeout=180)
+    finally:
+        (project / "needs_a_module.py").unlink()
     outcome = failing.json()
     assert set(outcome) == {"schema", "job", "hosts", "exit_code", "interrupted", "nodes",
                             "first_failure", "stopped", "logs"}
     assert failing.code == outcome["exit_code"] != 0
-    assert outcome["first_failure"]["node"] in cluster.nodes
-    assert "unrecognized arguments" in failing.stderr  # job lines on stderr, JSON on stdout
+    failure = outcome["first_failure"]
+    assert failure["node"] in cluster.nodes
+    # Python's own words on the node, known for what they mean
+    assert set(failure["likely_cause"]) == {"name", "what", "fix", "evidence"}
+    assert failure["likely_cause"]["name"] == "module-missing"
+    assert failure["likely_cause"]["what"] == \
+        "the nodes' python has no module 'gpc_no_such_module'"
+    assert failure["likely_cause"]["evidence"].endswith(
+        "ModuleNotFoundError: No module named 'gpc_no_such_module'")
+    assert "No module named" in failing.stderr  # job lines on stderr, JSON on stdout
 
 
 LISTING = """import os

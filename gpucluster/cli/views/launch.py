@@ -4,6 +4,7 @@ first failure, the jobs table, what stop found; and each as JSON."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import sys
 import threading
@@ -146,6 +147,9 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
                   f"({store.node_log(record.id, failure.node)}):")
         for line in failure.tail:
             err.print(f"  {escape(line)}", style="dim")
+        if failure.cause is not None:
+            err.print(f"[bold]likely cause:[/] {escape(failure.cause.what)} "
+                      f"(fix: {escape(failure.cause.fix)})")
     by_state = hostrange.hosts_by((state.label, node)
                                   for node, state in outcome.states.items())
     states = ", ".join(f"{label} on {hostrange.fold(nodes)}"
@@ -282,7 +286,9 @@ def outcome_payload(outcome: JobOutcome, store: JobStore) -> dict[str, Any]:
         "first_failure": None if failure is None else {
             "node": failure.node, "rank": failure.rank, "cause": failure_cause(failure),
             "exit_code": failure.exit_code, "worker_exit": failure.worker_exit,
-            "rank_tail": list(failure.rank_tail), "tail": list(failure.tail)},
+            "rank_tail": list(failure.rank_tail), "tail": list(failure.tail),
+            "likely_cause": None if failure.cause is None else dataclasses.asdict(
+                failure.cause)},
         "stopped": stop_payload(outcome.record, outcome.stopped)["nodes"]
         if outcome.stopped else None,
         "logs": str(store.directory(outcome.record.id)),

@@ -1,0 +1,143 @@
+"""The usual causes of a failed distributed job, known by the words torch, NCCL, gloo and
+CUDA print for them, each with what to do: a failed job's first failure names one when
+the failing rank's last lines (or its node's, where no rank failed) say it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# How far back from the end of a rank's output its fatal error may stand: past a C++
+# backtrace (NCCL's watchdog prints 20-30 frames after its message), not as far back as
+# an error the script caught and lived on after.
+LINES_SEARCHED = 80
+EVIDENCE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class KnownCause:
+    name: str  # stable, for --json
+    what: str  # the cause, in a few words
+    fix: str
+    evidence: str = ""  # the line that says it, as printed
+
+
+@dataclass(frozen=True)
+class _Signature:
+    pattern: re.Pattern[str]
+    name: str
+    what: str
+    fix: str
+
+
+def _signature(pattern: str, name: str, what: str, fix: str) -> _Signature:
+    return _Signature(re.compile(pattern), name, what, fix)
+
+
+# Most specific and most often the root first: an out-of-memory rank makes its peers
+# report a lost connection, never the other way round.
+SIGNATURES = (
+    _signature(
+        r"\b(CUDA|HIP) out of memory\b|OutOfMemoryError", "gpu-out-of-memory",
+        "the GPU ran out of memory",
+        "lower the batch size per GPU, or use gradient accumulation or activation "
+        "checkpointing; with much memory reserved but unallocated, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; `gpucluster top` shows any "
+        "other process holding memory on that GPU, `gpucluster reap` ends leftovers"),
+    _signature(
+        r"ModuleNotFoundError: No module named '(?P<module>[^']+)'", "module-missing",
+        "the nodes' python has no module '{module}'",
+        "install the package that provides it on every node, into the job's python: "
+        "`gpucluster run '<cluster.python> -m pip install <package>'`; or run the job in "
+        "an image that has it: --image"),
+    _signature(
+        r"no kernel image is available for execution on the device", "no-kernel-image",
+        "this torch build has no kernels for the GPU's architecture",
+        "install a torch build for that GPU, a wheel of a newer CUDA; `gpucluster doctor "
+        "--only torch-cuda,gpu-model` shows the build and the GPUs"),
+    _signature(
+        r"uncorrectable ECC error encountered", "gpu-ecc-error",
+        "the GPU hit an uncorrectable ECC error (hardware)",
+        "`gpucluster doctor -w <node> --only ecc,row-remapping,xid`; drain the node: a "
+        "GPU reset or a reboot, an RMA if the errors return"),
+    _signature(
+        r"an illegal memory access was encountered", "illegal-memory-access",
+        "a CUDA kernel accessed memory out of bounds",
+        "a bug in the job or a library, where CUDA_LAUNCH_BLOCKING=1 names the kernel; or "
+        "a failing GPU, where `gpucluster doctor -w <node> --only xid` shows Xid 13, 31 "
+        "or 43"),
+    _signature(
+        r"Error while creating shared memory segment|unable to (allocate|write to) shared "
+        r"memory|No space left on device.*/dev/shm", "shared-memory-full",
+        "shared memory (/dev/shm) ran out",
+        "a larger /dev/shm: `gpucluster doctor --only shm`, a container's --ipc=host or "
+        "--shm-size; or fewer DataLoader workers"),
+    _signature(
+        r"Detected mismatch between collectives on ranks", "collective-mismatch",
+        "the ranks called different collectives",
+        "a code path only some ranks take, such as a condition on the rank or unequal "
+        "data per rank: every rank must call the same collectives in the same order"),
+    _signature(
+        r"Expected to have finished reduction in the prior iteration.*static_graph",
+        "ddp-static-graph", "DDP with static_graph=True saw the parameters used change "
+        "from one step to the next", "drop static_graph=True, or use the same parameters "
+        "in every step"),
+    _signature(
+        r"Expected to have finished reduction in the prior iteration",
+        "ddp-unused-parameters", "DDP found parameters that took no part in the loss",
+        "DistributedDataParallel(..., find_unused_parameters=True), or make every "
+        "parameter take part in each step's loss"),
+    _signature(
+        r"Watchdog caught collective operation timeout|Timed out waiting \d+ms for "
+        r"(recv|send) operation", "collective-timeout",
+        "a collective waited past its timeout: a hang",
+        "a rank stopped calling collectives, on a branch the others skip or stuck in "
+        "I/O, or lost its peer: rerun with --debug for NCCL's log and the flight "
+        "recorder, which `gpucluster bundle` collects; `launch --recover --hang-timeout` "
+        "restarts a hung job by itself"),
+    _signature(
+        r"EADDRINUSE|[Aa]ddress already in use", "port-in-use",
+        "a port the job listens on was taken",
+        "another job or a leftover holds it: `gpucluster jobs`, `gpucluster doctor "
+        "--only rendezvous-port` names the holder of the rendezvous port; or set "
+        "cluster.rendezvous_port"),
+    _signature(
+        r"client socket has timed out after .* while trying to connect to "
+        r"\((?P<host>[^,]+), (?P<port>\d+)\)", "rendezvous-unreachable",
+        "a node could not reach the rendezvous at {host}:{port}",
+        "`gpucluster doctor --only rendezvous-port,name-resolution`; `gpucluster "
+        "provision --only firewall,hosts` opens the port to the cluster's nodes"),
+    _signature(
+        r"remote process exited or there was a network error|unhandled system error|"
+        r"socketStartConnect|NCCL WARN .*[Cc]onnect.* failed|Gloo connectFullMesh failed|"
+        r"Connection (closed|reset) by peer \[|Connection closed by remote peer",
+        "connection-lost",
+        "a rank lost (or never made) its connection to another",
+        "another rank died first, and its node's log says why; or ports between the "
+        "nodes are closed, or NCCL picked the wrong interface: `gpucluster doctor --only "
+        "rendezvous-port,interface`, `gpucluster provision --only firewall`; --debug "
+        "logs the interface NCCL picks"),
+)
+
+# A worker killed by a signal prints nothing of its own: the signal is the evidence.
+SIGKILLED = KnownCause(
+    "killed", "the worker was killed by SIGKILL: most often the kernel's out-of-memory "
+    "killer, for host memory",
+    "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
+    "process\"'`; fewer DataLoader workers or less data held in host memory")
+
+
+def known_cause(lines: Sequence[str], node: str = "") -> KnownCause | None:
+    """The first signature, in SIGNATURES' order, that one of the last lines matches;
+    `<node>` in its fix becomes the node."""
+    searched = lines[-LINES_SEARCHED:]
+    for signature in SIGNATURES:
+        for line in reversed(searched):
+            found = signature.pattern.search(line)
+            if found:
+                fields = {k: v for k, v in found.groupdict().items() if v is not None}
+                return KnownCause(signature.name, signature.what.format(**fields),
+                                  signature.fix.replace("<node>", node or "<node>"),
+                                  line.strip()[:EVIDENCE_CHARS])
+    return None

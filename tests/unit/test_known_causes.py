@@ -1,0 +1,132 @@
+"""A failed job's likely cause, from the words torch, NCCL, gloo, CUDA and Python print:
+each signature on its real message (torch's own format strings, and gloo's line as the
+sandbox printed it), its order against the echoes of a failure on other ranks, and the
+first failure reading it from a node's log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpucluster.launch.failure import failure_of
+from gpucluster.launch.known_causes import known_cause
+from gpucluster.launch.model import NodeState
+
+# The sandbox's own (torch 2.13, gloo): rank 3 killed, its peers' next all_reduce.
+GLOO_PEER_GONE = (
+    "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "pair.cc:553] Connection closed by peer [198.18.0.11]:47503. This is typically caused "
+    "by a remote worker crashing. Check the logs of the remote worker before reporting an "
+    "error. GLHF!")
+CUDA_OOM = (
+    "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 "
+    "has a total capacity of 139.81 GiB of which 1.06 GiB is free. Including non-PyTorch "
+    "memory, this process has 138.70 GiB memory in use. Of the allocated memory 120.50 GiB "
+    "is allocated by PyTorch, and 16.98 GiB is reserved by PyTorch but unallocated.")
+
+MESSAGES = {
+    CUDA_OOM: ("gpu-out-of-memory", "the GPU ran out of memory"),
+    "ModuleNotFoundError: No module named 'flash_attn'": (
+        "module-missing", "the nodes' python has no module 'flash_attn'"),
+    "RuntimeError: CUDA error: no kernel image is available for execution on the device": (
+        "no-kernel-image", "this torch build has no kernels for the GPU's architecture"),
+    "RuntimeError: CUDA error: uncorrectable ECC error encountered": (
+        "gpu-ecc-error", "the GPU hit an uncorrectable ECC error (hardware)"),
+    "RuntimeError: CUDA error: an illegal memory access was encountered": (
+        "illegal-memory-access", "a CUDA kernel accessed memory out of bounds"),
+    "node2:1234:1234 [1] NCCL WARN Error while creating shared memory segment "
+    "/dev/shm/nccl-x (size 9637888)": ("shared-memory-full", "shared memory (/dev/shm) ran out"),
+    "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running "
+    "collective: CollectiveFingerPrint(OpType=ALLREDUCE": (
+        "collective-mismatch", "the ranks called different collectives"),
+    "RuntimeError: Expected to have finished reduction in the prior iteration before "
+    "starting a new one. This error indicates that your module has parameters that were "
+    "not used in producing loss.": (
+        "ddp-unused-parameters", "DDP found parameters that took no part in the loss"),
+    "RuntimeError: Expected to have finished reduction in the prior iteration before "
+    "starting a new one. This error indicates that your training graph has changed in this "
+    "iteration, e.g., one parameter is used in first iteration, but then got unused in the "
+    "second iteration. this is not compatible with static_graph set to True.": (
+        "ddp-static-graph", "DDP with static_graph=True saw the parameters used change "
+        "from one step to the next"),
+    "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, "
+    "NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.": (
+        "collective-timeout", "a collective waited past its timeout: a hang"),
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+    "waiting 1800000ms for recv operation to complete": (
+        "collective-timeout", "a collective waited past its timeout: a hang"),
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+    "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
+    "message: address already in use": ("port-in-use", "a port the job listens on was taken"),
+    "torch.distributed.DistNetworkError: The client socket has timed out after 900000ms "
+    "while trying to connect to (10.0.0.1, 29500).": (
+        "rendezvous-unreachable", "a node could not reach the rendezvous at 10.0.0.1:29500"),
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "NCCLUtils.hpp:317, remote process exited or there was a network error, NCCL version "
+    "2.21.5": ("connection-lost", "a rank lost (or never made) its connection to another"),
+    GLOO_PEER_GONE: ("connection-lost", "a rank lost (or never made) its connection to another"),
+}
+
+
+@pytest.mark.parametrize("message", list(MESSAGES))
+def test_each_known_message_is_named_with_its_fix(message: str) -> None:
+    cause = known_cause(["Traceback (most recent call last):", "  ...", message], "node2")
+    assert cause is not None
+    assert (cause.name, cause.what) == MESSAGES[message]
+    assert cause.fix and "<node>" not in cause.fix
+    assert cause.evidence == message.strip()[:200]
+
+
+@pytest.mark.parametrize("line", [
+    "ValueError: bad learning rate",
+    # Not the distributed layer's words: a download failing is the script's own error.
+    "ConnectionResetError: [Errno 104] Connection reset by peer",
+    "epoch 3: saved to /srv/checkpoints (address already known)",
+])
+def test_an_error_of_the_scripts_own_is_not_given_a_cause(line: str) -> None:
+    assert known_cause(["Traceback (most recent call last):", line]) is None
+
+
+def test_the_root_is_named_before_its_echoes_and_only_near_the_end() -> None:
+    # An out-of-memory rank makes the others lose their connections: the root wins,
+    # wherever the lines stand.
+    for lines in ([CUDA_OOM, GLOO_PEER_GONE, "frame #0"], [GLOO_PEER_GONE, CUDA_OOM]):
+        found = known_cause(lines)
+        assert found is not None and found.name == "gpu-out-of-memory", lines
+    # An error the script caught and lived on after, far above the end, is not the cause.
+    assert known_cause([CUDA_OOM, *(f"step {i}" for i in range(100)), "ValueError: x"]) is None
+
+
+def test_the_first_failure_reads_the_failing_ranks_words_not_another_ranks(
+        tmp_path: Path) -> None:
+    """Rank 3 failed (torchrun's root cause); rank 2 on the same node printed the echo."""
+    log = tmp_path / "node2.log"
+    log.write_text("\n".join([
+        f"[2]:{GLOO_PEER_GONE}", f"[3]:{CUDA_OOM}",
+        "Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-05_01:16:44",
+        "  host      : node2", "  rank      : 3 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 2028)"]) + "\n")
+    state = NodeState("node2", "exited", exit_code=1)
+    failure = failure_of("node2", state, log)
+    assert failure.rank == 3 and failure.cause is not None
+    assert failure.cause.name == "gpu-out-of-memory"
+    log.write_text(log.read_text().replace(f"[3]:{CUDA_OOM}", "[3]:ValueError: x"))
+    assert failure_of("node2", state, log).cause is None  # rank 2's echo is not rank 3's
+    # A worker killed by SIGKILL printed nothing: the signal says it, with the node's fix.
+    log.write_text(log.read_text().replace("exitcode  : 1", "exitcode  : -9"))
+    killed = failure_of("node2", state, log).cause
+    assert killed is not None and killed.name == "killed"
+    assert "gpucluster run -w node2 --sudo 'dmesg" in killed.fix
+
+
+def test_a_rendezvous_the_agent_could_not_reach_is_read_from_its_own_lines(
+        tmp_path: Path) -> None:
+    """No rank ran: torchrun's own lines (no rank prefix) say why."""
+    log = tmp_path / "node3.log"
+    log.write_text("torch.distributed.DistNetworkError: The client socket has timed out "
+                   "after 60000ms while trying to connect to (node1, 29500).\n")
+    failure = failure_of("node3", NodeState("node3", "exited", exit_code=1), log)
+    assert failure.rank is None and failure.cause is not None
+    assert failure.cause.what == "a node could not reach the rendezvous at node1:29500"
