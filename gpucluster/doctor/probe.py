@@ -17,7 +17,7 @@ from gpucluster.doctor import nvidia_smi
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import shell_path, typed_sudo_context
 from gpucluster.reports import Section
-from gpucluster.templating import render
+from gpucluster.templating import render, script_text
 
 TOOL_TIMEOUT_S = 15
 NO_IP = "@no-ip"  # the addresses section: the node has no `ip` command
@@ -53,6 +53,17 @@ class TorchFacts:
     nccl: str | None
     error: str | None
     timed_out_s: int | None = None  # the import was stopped after this long
+
+
+@dataclass
+class PortMesh:
+    """One node's part of the port mesh: its ephemeral range (`32768:60999`), whether it
+    listened (`ok`, `busy`, `error ...`), and each peer address's state as it saw it."""
+
+    port: int | None = None
+    range: str = ""
+    listen: str = ""
+    peers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,29 @@ class NodeFacts:
         return self.ok_text("port")
 
     @property
+    def mesh(self) -> PortMesh | None:
+        """What this node's part of the port mesh saw; None when it did not run."""
+        section = self.sections.get("peers")
+        if section is None:
+            return None
+        mesh = PortMesh()
+        for line in section.output.splitlines():
+            word, _, rest = line.strip().partition(" ")
+            if word == "port" and rest.isdigit():
+                mesh.port = int(rest)
+            elif word == "range" and len(rest.split()) == 2:
+                mesh.range = rest.replace(" ", ":")
+            elif word == "listen":
+                mesh.listen = rest
+            elif word == "peer" and " " in rest:
+                address, _, state = rest.partition(" ")
+                mesh.peers[address] = state
+        if not mesh.listen:  # no python, or it died: what it said instead
+            mesh.listen = "error " + (section.output.strip()[-200:] or
+                                      f"exit {section.exit_code}")
+        return mesh
+
+    @property
     def interfaces(self) -> dict[str, str]:
         """IPv4 address -> interface name."""
         found: dict[str, str] = {}
@@ -208,6 +242,7 @@ SLOW_STEPS = {
     "container_toolkit": "the NVIDIA container toolkit's --version",
     "xid": "reading dmesg",
     "port": "connecting to the head's rendezvous port",
+    "peers": "the port mesh: every node listening on one port, connecting to every other",
     "sudo": "sudo -n true",
     "slurm": "sinfo (slurmctld not answering?)",
 }
@@ -267,7 +302,8 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
         app_fields=",".join(nvidia_smi.APP_FIELDS),
         names=" ".join(shlex.quote(h.name) for h in inventory.hosts),
         slurm_sinfo=where_set_up(f"t {SINFO} 2>&1"), slurm_ended=ENDED_JOB_STATES,
-        connect=connect_script(inventory.head, inventory.cluster.rendezvous_port))
+        connect=connect_script(inventory.head, inventory.cluster.rendezvous_port),
+        mesh=script_text("doctor/port_mesh.py"))
 
 
 def parse_facts(output: str, sent_at: float, clock_seen_at: float | None = None) -> NodeFacts:

@@ -26,6 +26,11 @@ from gpucluster.templating import render, script_text
 
 PROBE_TIMEOUT_S = 3.0
 LISTENER_LIFETIME_S = 20.0  # a safety net: it normally exits, or is killed, well before
+# The port mesh: how long a node keeps connecting to a peer that refuses (its listener may
+# not be up yet: the probes start within a second or two of each other), and the range
+# its test port is drawn from, inside every distribution's default ephemeral range.
+MESH_TIMEOUT_S = 5.0
+MESH_PORTS = (33000, 60000)
 
 
 
@@ -53,6 +58,16 @@ class Listener:
         if self.state == "ready":
             return None
         return self.state
+
+
+def mesh_argument(inventory: Inventory, host: str, port: int) -> str | None:
+    """GPC_MESH for `host`'s probe: the test port, the time limit and every other node's
+    address; None where there is no pair of machines to test (one node, or every host
+    this machine)."""
+    if len(inventory.hosts) < 2 or all(h.is_local for h in inventory.hosts):
+        return None
+    peers = [h.address for h in inventory.hosts if h.name != host]
+    return " ".join([str(port), f"{MESH_TIMEOUT_S:g}", *peers])
 
 
 def connect_script(head: Host, port: int) -> str:

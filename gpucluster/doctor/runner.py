@@ -3,6 +3,8 @@ selected checks over all facts together."""
 
 from __future__ import annotations
 
+import secrets
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -20,7 +22,13 @@ from gpucluster.doctor.model import (
     probe_sections,
 )
 from gpucluster.doctor.probe import NodeFacts, ProbeSteps, parse_facts, render_probe
-from gpucluster.doctor.rendezvous import Reachability, head_listener, resolve_round
+from gpucluster.doctor.rendezvous import (
+    MESH_PORTS,
+    Reachability,
+    head_listener,
+    mesh_argument,
+    resolve_round,
+)
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import Connection, password_line
 from gpucluster.remote.result import CommandResult, FailureKind, HostFailure, RemoteError
@@ -76,6 +84,9 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     stdin = None if password is None else password_line(password)
     head = inventory.head.name
     test_port = "rendezvous-port" in {s.name for s in selected}
+    low, high = MESH_PORTS  # drawn anew each run: a port busy on a node once is not again
+    mesh_port = low + secrets.randbelow(high - low) if "peer-ports" in {
+        s.name for s in selected} else None
 
     def probe(connection: Connection) -> NodeFacts:
         connection.connect()  # so the clock reading is not skewed by the handshake
@@ -89,11 +100,13 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
                 clock_seen.append(time.time())
             steps.see(stream, line)
 
+        mesh = mesh_argument(inventory, connection.host, mesh_port) if mesh_port else None
+        exports = ("export GPC_CONNECT=1; " if connect else "") + (
+            f"export GPC_MESH={shlex.quote(mesh)}; " if mesh else "")
         sent_at = time.time()
         try:
-            result: CommandResult = connection.run(
-                ("export GPC_CONNECT=1; " if connect else "") + script, timeout=probe_timeout,
-                stdin=stdin, on_line=on_line)
+            result: CommandResult = connection.run(exports + script, timeout=probe_timeout,
+                                                   stdin=stdin, on_line=on_line)
         except RemoteError as error:
             if error.kind is FailureKind.TIMED_OUT:
                 raise RemoteError(error.kind, steps.timeout_message(probe_timeout)) from None

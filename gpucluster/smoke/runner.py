@@ -16,7 +16,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.nproc import COUNT_GPUS, check_nproc, counted_gpus, nproc_for
 from gpucluster.remote.connection import Connection, shell_path
-from gpucluster.remote.result import CommandResult, FanoutResult
+from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
 from gpucluster.remote.session import Session
 from gpucluster.torchrun import (
     JOB_VARIABLE,
@@ -117,7 +117,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
     if errors:
         return SmokeReport(None, 0, [], {}, {}, [
             f"not run: {hostrange.fold(errors)} could not take part",
-            *(f"{node}: {error}" for node, error in errors.items())], errors)
+            *_folded(errors)], errors)
     gpus = {node: count for node, done in written.values.items()
             if (count := counted_gpus(done.stdout)) is not None}
     check_nproc(inventory, nproc, gpus)
@@ -126,10 +126,22 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
     head = result.values.get(inventory.head.name)
     found = _measurements(head.stdout if head else "")
     if found is None:
+        hung = [name for name, failure in result.failures.items()
+                if failure.kind is FailureKind.TIMED_OUT]
         return SmokeReport(None, 0, [], {}, {}, [
-            "no measurement came back", *(f"{node}: {error}" for node, error in errors.items())],
+            "no measurement came back", *_folded(errors),
+            *([f"{hostrange.fold(hung)}: no result within --timeout {timeout:g}s: the "
+               f"all-reduce hung. A firewall open on the rendezvous port alone does this "
+               f"(NCCL and gloo connect on ports of the ephemeral range): gpucluster "
+               f"doctor --only rendezvous-port,peer-ports names it"] if hung else [])],
             errors)
     return judge(found, errors, min_busbw_gbps)
+
+
+def _folded(errors: dict[str, str]) -> list[str]:
+    """`node[1-4]: timed out: ...` once, not a line per node saying the same."""
+    return [f"{hostrange.fold(nodes)}: {error}"
+            for error, nodes in hostrange.hosts_by((e, n) for n, e in errors.items()).items()]
 
 
 def _errors(result: FanoutResult[CommandResult], what: str) -> dict[str, str]:
@@ -153,7 +165,7 @@ def _measurements(stdout: str) -> dict[str, Any] | None:
 def judge(found: dict[str, Any], errors: dict[str, str],
           min_busbw_gbps: float | None) -> SmokeReport:
     """Correctness, the threshold, and the slowest stave of the barrel."""
-    problems = [f"{node}: {error}" for node, error in errors.items()]
+    problems = _folded(errors)
     sweep = found["sweep"]
     wrong = [entry["bytes"] for entry in sweep if not entry["correct"]]
     if wrong:

@@ -17,7 +17,10 @@ def test_demo_runs_the_main_job_and_leaves_nothing() -> None:
     done = gpucluster("demo", timeout=400)
     assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:] + _kept_logs(done.stderr)
     # doctor first finds the bare nodes' problems, provision fixes them, doctor agrees
-    assert "FAIL rendezvous-port node2: cannot reach node1" in done.stdout
+    # each said once for the nodes it concerns
+    assert "FAIL rendezvous-port node[2-3]: cannot reach node1" in done.stdout
+    assert "FAIL name-resolution node[1-3]: no other node's hostname resolves" in done.stdout
+    assert "FAIL peer-ports node[1-3]: port " in done.stdout
     assert re.search(r"doctor: [1-9]\d* FAIL", done.stdout)
     # every node alike: one row
     assert re.search(r"│ node\[1-3\] │ changed +│ changed +│ changed +│ skipped +│ passed +│",

@@ -60,9 +60,12 @@ def test_an_all_clear_sandbox_exits_0_with_a_pinned_json_schema(resolvable: Sand
     assert results[("rendezvous-port", "node3")]["status"] == "OK"
     assert results[("interface", "node1")]["message"].endswith(
         "use NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0")
-    # no listener is left behind on the head node
-    listening = resolvable.node_exec("node1", "ss -ltn 'sport = :29500' | tail -n +2").stdout
-    assert listening.strip() == ""
+    # the port mesh reached every node from every other
+    assert results[("peer-ports", "node2")]["message"].endswith("reached from 3 other nodes")
+    # no listener is left behind: the head's test listener, nor any node's port mesh
+    for node in resolvable.nodes:
+        listening = resolvable.node_exec(node, "ss -ltnH | grep -v ':22 '", check=False)
+        assert listening.stdout.strip() == "", (node, listening.stdout)
 
 
 def test_list_and_selection() -> None:
@@ -80,6 +83,10 @@ def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
     sandbox.restage("--driver", "node3=535.104.05", "--gpus", "node2=4", "--gpus", "node4=0")
     rule = "INPUT -p tcp --dport 29500 -j DROP"
     sandbox.node_exec("node1", f"iptables -A {rule}")
+    # What a firewall opened for the rendezvous port alone does: new connections to the
+    # ports NCCL and gloo pick are dropped (its own connections' replies still arrive).
+    ephemeral = "INPUT -p tcp -m conntrack --ctstate NEW --dport 32768:60999 -j DROP"
+    sandbox.node_exec("node3", f"iptables -A {ephemeral}")
     sandbox.node_exec("node2", f"sed -i '/^{sandbox.addresses['node3']} node3 /d' /etc/hosts")
     holder = subprocess.Popen(sandbox.node_argv("node1", ["sleep", "300"]))
     time.sleep(0.2)
@@ -99,6 +106,7 @@ def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
         holder.kill()
         holder.wait()
         sandbox.node_exec("node1", f"iptables -D {rule}")
+        sandbox.node_exec("node3", f"iptables -D {ephemeral}")
         node3 = f"{sandbox.addresses['node3']} node3 {HOSTS_MARK}"
         sandbox.node_exec("node2", f"echo '{node3}' >> /etc/hosts")
         sandbox.restage()
@@ -140,6 +148,22 @@ def test_blocked_rendezvous_port(staged: tuple[Sandbox, dict, int]) -> None:
         assert "--dport 29500" in finding["remedy"]
         # the tool's own fix first (it was only the iptables line by hand)
         assert finding["remedy"].startswith("gpucluster provision --only firewall")
+
+
+def test_a_node_whose_ephemeral_ports_are_dropped_fails_peer_ports_alone(
+        staged: tuple[Sandbox, dict, int]) -> None:
+    """node1 drops 29500 and node3 the ephemeral range: each is named by its own check."""
+    results = _results(staged[1])
+    finding = results[("peer-ports", "node3")]
+    assert finding["status"] == "FAIL"
+    assert "is not reachable from any other node: no answer (a firewall drops it)" in \
+        finding["message"]
+    assert "--dport 32768:60999 -s 198.19.0.11,198.19.0.12,198.19.0.13,198.19.0.14 -j " \
+        "ACCEPT" in finding["remedy"]
+    assert finding["details"]["seen_from"] == {n: "timeout" for n in ("node1", "node2", "node4")}
+    for node in ("node1", "node2", "node4"):  # node1's 29500 is not the range's
+        assert results[("peer-ports", node)]["status"] == "OK", results[("peer-ports", node)]
+    assert results[("rendezvous-port", "node3")]["status"] == "FAIL"  # node1's 29500
 
 
 def test_missing_hosts_entry(staged: tuple[Sandbox, dict, int]) -> None:

@@ -650,12 +650,12 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         assert set(payload["nodes"]["node1"]) == {"found", "how", "left", "detail"}
     finally:
         gpucluster("stop", "-i", inventory, job)
-    (project / "needs_a_module.py").write_text("import gpc_no_such_module\n")
-    try:
-        failing = gpucluster("launch", "-i", inventory, "--json", "--nproc-per-node", "1",
-                             "needs_a_module.py", cwd=str(project), timeout=180)
-    finally:
-        (project / "needs_a_module.py").unlink()
+    # A project of its own: the shared one's copy on the nodes is other tests' to list.
+    needs_a_module = project.parent / "needs-a-module"
+    needs_a_module.mkdir(exist_ok=True)
+    (needs_a_module / "main.py").write_text("import gpc_no_such_module\n")
+    failing = gpucluster("launch", "-i", inventory, "--json", "--nproc-per-node", "1",
+                         "main.py", cwd=str(needs_a_module), timeout=180)
     outcome = failing.json()
     assert set(outcome) == {"schema", "job", "hosts", "exit_code", "interrupted", "nodes",
                             "first_failure", "stopped", "logs"}

@@ -93,10 +93,10 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
     inventory = str(sandbox.inventory)
     assert as_user(sandbox, "node1", "id -un").strip() == USER
     # doctor: what a fresh server behind a firewall lacks (peer names, the rendezvous
-    # port), nothing about the user or its GPUs
+    # port, the ports between nodes), nothing about the user or its GPUs
     before = doctor(sandbox)
     failing = {check for (check, _), status in before.items() if status == "FAIL"}
-    assert failing == {"name-resolution", "rendezvous-port"}, before
+    assert failing == {"name-resolution", "rendezvous-port", "peer-ports"}, before
     # xid: the kernel log is the user's to read only through sudo (dmesg_restrict=1)
     for check in ("sudo", "nvidia-smi", "gpu-count", "python", "torchrun", "torch", "xid"):
         assert {before[(check, n)] for n in sandbox.nodes} == {"OK"}, check

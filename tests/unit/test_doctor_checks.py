@@ -334,7 +334,7 @@ def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
     path.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
     loaded = inventory_module.load(path)
     wanted = probe_sections([REGISTRY[name] for name in PREFLIGHT_CHECKS])
-    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port"}
+    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port", "peers"}
     host_checks = probe_sections([REGISTRY[name] for name in HOST_PREFLIGHT_CHECKS])
     assert host_checks == wanted | {"torchrun", "path"}  # no torch import for launch
     assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
@@ -521,3 +521,72 @@ def test_nodes_named_alike_share_one_finding_in_inventory_order(tmp_path: Path) 
     assert by_host["b"].message == "hostname is 'localhost'"
     assert "on b, sudo hostnamectl set-hostname b" in by_host["b"].remedy
     assert by_host["d"].status is Status.OK
+
+
+def mesh_section(port: int = 45000, listen: str = "ok", **peers: str) -> str:
+    return "\n".join([f"port {port}", "range 32768 60999", f"listen {listen}",
+                      *(f"peer {address} {state}" for address, state in peers.items())])
+
+
+def test_peer_ports_judge_each_node_by_what_the_others_saw_of_it(tmp_path: Path) -> None:
+    """The port mesh: every node listened on one port of the ephemeral range and
+    connected to every other's. A node only some reach names them; a node none reach, or
+    a cluster behind a default-drop firewall, gets a rule for every address, so that the
+    findings fold into one."""
+    def run(meshes: dict[str, str]) -> dict[str, tuple[Status, str, str]]:
+        ctx = context(tmp_path, {n: facts(peers=text) for n, text in meshes.items()})
+        return {r.host: (r.status, r.message, r.remedy)
+                for r in REGISTRY["peer-ports"].run(ctx)}
+
+    healthy = run({"a": mesh_section(b="open", c="open"), "b": mesh_section(a="open", c="open"),
+                   "c": mesh_section(a="open", b="open")})
+    assert {s for s, _, _ in healthy.values()} == {Status.OK}
+    assert healthy["a"][1] == "port 45000 (of 32768-60999) reached from 2 other nodes"
+
+    c_dropped = run({"a": mesh_section(b="open", c="timeout"),
+                     "b": mesh_section(a="open", c="timeout"),
+                     "c": mesh_section(a="open", b="open")})
+    assert (c_dropped["a"][0], c_dropped["b"][0]) == (Status.OK, Status.OK)
+    status, message, remedy = c_dropped["c"]
+    assert status is Status.FAIL
+    assert message == ("port 45000, of the range NCCL and gloo connect on (32768-60999), is "
+                       "not reachable from any other node: no answer (a firewall drops it)")
+    assert "by hand, on the node: sudo iptables -I INPUT -p tcp --dport 32768:60999 -s a,b,c " \
+           "-j ACCEPT" in remedy
+    assert remedy.startswith("gpucluster provision --only firewall")
+
+    only_from_a = run({"a": mesh_section(b="open", c="refused"),
+                       "b": mesh_section(a="open", c="open"),
+                       "c": mesh_section(a="open", b="open")})
+    assert only_from_a["c"][1].endswith("is not reachable from a: refused (a firewall rejects it)")
+    assert "-s a -j ACCEPT" in only_from_a["c"][2]
+
+    default_drop = run({n: mesh_section(**{p: "timeout" for p in "abc" if p != n}) for n in "abc"})
+    assert {s for s, _, _ in default_drop.values()} == {Status.FAIL}
+    assert len({(m, r) for _, m, r in default_drop.values()}) == 1  # one finding for all
+
+    # Its listener could not start: that node is not judged, the others still are.
+    busy = run({"a": mesh_section(b="refused", c="open"), "b": mesh_section(listen="busy", a="open",
+                                                                           c="open"),
+                "c": mesh_section(a="open", b="refused")})
+    assert busy["b"][0] is Status.SKIP and "run doctor again" in busy["b"][1]
+    assert (busy["a"][0], busy["c"][0]) == (Status.OK, Status.OK)
+    # No python to run it: the section holds what the shell said.
+    missing = run({"a": "sh: 1: python3: not found", "b": mesh_section(a="open"),
+                   "c": mesh_section(a="open")})
+    assert missing["a"][0] is Status.SKIP
+    assert missing["a"][1] == ("not tested: the port mesh did not start here (error sh: 1: "
+                               "python3: not found)")
+
+
+def test_the_real_port_mesh_runs_here(tmp_path: Path) -> None:
+    """The probe's own script on this machine, its listener reached on the loopback."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts: [localhost]\n")
+    script = probe.render_probe(inventory_module.load(path), frozenset({"peers"}))
+    here = LocalConnection("localhost")
+    result = here.run("export GPC_MESH='45123 3 127.0.0.1'; " + script, timeout=60)
+    mesh = probe.parse_facts(result.stdout, time.time()).mesh
+    assert mesh is not None
+    assert (mesh.port, mesh.listen, mesh.peers) == (45123, "ok", {"127.0.0.1": "open"})
+    assert mesh.range and ":" in mesh.range

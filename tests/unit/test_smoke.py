@@ -35,6 +35,9 @@ def test_wrong_results_threshold_and_node_errors_fail() -> None:
     assert not low.passed and "under the threshold 10" in low.problems[0]
     broken = judge(_found(), {"c": "torchrun exited 1: boom"}, None)
     assert broken.problems == ["c: torchrun exited 1: boom"]
+    # what several nodes say alike is said once for them
+    alike = judge(_found(), {"n1": "timed out: x", "n2": "timed out: x", "c": "boom"}, None)
+    assert alike.problems == ["n[1-2]: timed out: x", "c: boom"]
 
 
 def test_nproc_per_node() -> None:
