@@ -3,12 +3,11 @@ torchrun's own report in a node's log."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import signal
 from pathlib import Path
 
-from gpucluster.launch.known_causes import SIGKILLED, KnownCause, known_cause
+from gpucluster.launch.known_causes import KnownCause, killed_by_sigkill, known_cause
 from gpucluster.launch.model import FirstFailure, NodeState
 
 RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")
@@ -69,6 +68,6 @@ def cause_of(node: str, worker_exit: int | None, rank_lines: list[str],
     torchrun's: a rendezvous it could not reach), never another rank's, whose errors are
     most often the echo of this one."""
     if worker_exit == -signal.SIGKILL:
-        return dataclasses.replace(SIGKILLED, fix=SIGKILLED.fix.replace("<node>", node))
+        return killed_by_sigkill(node)
     return known_cause(rank_lines, node) or known_cause(
         [line for line in lines if not RANK_PREFIX.match(line)], node)

@@ -121,11 +121,20 @@ SIGNATURES = (
 )
 
 # A worker killed by a signal prints nothing of its own: the signal is the evidence.
-SIGKILLED = KnownCause(
-    "killed", "the worker was killed by SIGKILL: most often the kernel's out-of-memory "
-    "killer, for host memory",
-    "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
-    "process\"'`; fewer DataLoader workers or less data held in host memory")
+def killed_by_sigkill(node: str) -> KnownCause:
+    return _named(
+        "killed", "the worker was killed by SIGKILL: most often the kernel's out-of-memory "
+        "killer, for host memory",
+        "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
+        "process\"'`; fewer DataLoader workers or less data held in host memory", node)
+
+
+def _named(name: str, what: str, fix: str, node: str, fields: dict[str, str] | None = None,
+           evidence: str = "") -> KnownCause:
+    """A cause's words for this failure: its fields filled in, `<node>` in its fix the
+    node."""
+    return KnownCause(name, what.format(**(fields or {})),
+                      fix.replace("<node>", node or "<node>"), evidence)
 
 
 def known_cause(lines: Sequence[str], node: str = "") -> KnownCause | None:
@@ -137,7 +146,6 @@ def known_cause(lines: Sequence[str], node: str = "") -> KnownCause | None:
             found = signature.pattern.search(line)
             if found:
                 fields = {k: v for k, v in found.groupdict().items() if v is not None}
-                return KnownCause(signature.name, signature.what.format(**fields),
-                                  signature.fix.replace("<node>", node or "<node>"),
-                                  line.strip()[:EVIDENCE_CHARS])
+                return _named(signature.name, signature.what, signature.fix, node, fields,
+                              line.strip()[:EVIDENCE_CHARS])
     return None
