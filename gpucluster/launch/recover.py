@@ -35,10 +35,10 @@ from gpucluster.remote.session import Session
 from gpucluster.wording import counted
 
 # What a node must pass to rejoin: reachable, its GPUs there and healthy (their clocks
-# too: a GPU the hardware slows would set the whole job's pace), nothing of ours or
-# anyone's still holding them.
+# too: a GPU the hardware slows would set the whole job's pace), nothing holding them,
+# and NCCL's and gloo's ports open to it (else the next start refuses it: the run ends).
 HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "clocks", "gpu-processes",
-                 "jobs")
+                 "jobs", "peer-ports")
 # Before the first attempt, a node is set aside only for what a spare can make up for: a
 # job or a process on its GPUs is the user's to end (the refusal says how), not a reason
 # to start on fewer nodes.

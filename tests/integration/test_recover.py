@@ -253,6 +253,33 @@ def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         power_on(cluster, "node4")
 
 
+def test_a_node_the_others_cannot_reach_on_nccls_ports_is_set_aside(
+        cluster: Sandbox, project: Path) -> None:
+    """A node's firewall came to drop new connections to the ephemeral range (a reload
+    without the cluster's rules), then its ranks died. The running job's connections
+    were made before; the next attempt's would hang, and its start would refuse the
+    node, ending the run: the re-check sets it aside instead."""
+    process = start(cluster, project, "train.py", "--", "--epochs", "10",
+                    "--step-delay", "0.05")
+    wait_for(process, r"epoch 2 loss")
+    rule = "INPUT -p tcp -m conntrack --ctstate NEW --dport 32768:60999 -j DROP"
+    cluster.node_exec("node4", f"iptables -I {rule}")
+    try:
+        for pid in rank_pids(cluster, "node4"):
+            os.kill(pid, signal.SIGKILL)
+        code, payload, stderr = finish(process, 300)
+        assert code == 0, stderr
+        first, second = payload["attempts"]
+        assert first["ended"] == "worker error"
+        assert list(first["quarantined"]) == ["node4"]
+        assert first["quarantined"]["node4"].startswith("peer-ports: port "), first
+        assert "is not reachable from any other node" in first["quarantined"]["node4"]
+        assert second["ended"] == "succeeded" and second["nodes"] == cluster.nodes[:3]
+        assert leftovers(cluster) == []
+    finally:
+        cluster.node_exec("node4", f"iptables -D {rule}")
+
+
 def test_a_detached_recovering_job_has_a_supervisor_that_stop_ends(cluster: Sandbox,
                                                                   project: Path) -> None:
     inventory = str(cluster.inventory)
