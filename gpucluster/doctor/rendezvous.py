@@ -1,5 +1,7 @@
-"""Network facts that need more than one node: name resolution between nodes, and
-whether the rendezvous port on the head node is reachable from every other node.
+"""Network facts that need more than one node: name resolution between nodes, whether
+the rendezvous port on the head node is reachable from every other node, and the port
+mesh's arguments (every node's probe listens on one port of the ephemeral range and
+connects to every other node's: templates/doctor/port_mesh.py).
 
 Doctor opens a short-lived listener on the head before the probe round; each other
 node's probe then connects to the head's cluster address (retrying briefly while the

@@ -83,10 +83,10 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
         f"\n( {rider}\n)\n" if rider else "")
     stdin = None if password is None else password_line(password)
     head = inventory.head.name
-    test_port = "rendezvous-port" in {s.name for s in selected}
+    names = {s.name for s in selected}
+    test_port = "rendezvous-port" in names
     low, high = MESH_PORTS  # drawn anew each run: a port busy on a node once is not again
-    mesh_port = low + secrets.randbelow(high - low) if "peer-ports" in {
-        s.name for s in selected} else None
+    mesh_port = low + secrets.randbelow(high - low) if "peer-ports" in names else None
 
     def probe(connection: Connection) -> NodeFacts:
         connection.connect()  # so the clock reading is not skewed by the handshake
