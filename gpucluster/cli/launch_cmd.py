@@ -149,7 +149,7 @@ def launch(
             record = Attempt(session, loaded, store, request).start(
                 on_phase=view.phase_printer(err))
         except LaunchRefused as refused:
-            view.print_refusal(err, refused)
+            view.print_refusal(err, refused, stdout_console() if json_output else None)
             raise typer.Exit(EXIT_FAILED) from None
         if detach:
             if json_output:

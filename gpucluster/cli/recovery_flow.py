@@ -98,7 +98,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
                          on_output=lines,
                          on_phase=view.phase_printer(err))
     except LaunchRefused as refused:
-        view.print_refusal(err, refused)
+        view.print_refusal(err, refused, stdout_console() if json_output else None)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         lines.finish()

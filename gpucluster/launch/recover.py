@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpucluster import hostrange
-from gpucluster.doctor.model import REGISTRY, Status
-from gpucluster.doctor.runner import run_doctor
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.attempt import Attempt
 from gpucluster.launch.jobs import JobRecord, JobStore
@@ -30,19 +27,16 @@ from gpucluster.launch.model import (
     LaunchRequest,
     OutputCallback,
 )
-from gpucluster.launch.node_scripts import CHECKPOINT_COPY_S, HEARTBEAT_S
+from gpucluster.launch.node_health import (
+    START_HEALTH_CHECKS,
+    copy_checkpoints,
+    health_findings,
+    take_spares,
+)
+from gpucluster.launch.node_scripts import HEARTBEAT_S
 from gpucluster.remote.session import Session
 from gpucluster.wording import counted
 
-# What a node must pass to rejoin: reachable, its GPUs there and healthy (their clocks
-# too: a GPU the hardware slows would set the whole job's pace), nothing holding them,
-# and NCCL's and gloo's ports open to it (else the next start refuses it: the run ends).
-HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "clocks", "gpu-processes",
-                 "jobs", "peer-ports")
-# Before the first attempt, a node is set aside only for what a spare can make up for: a
-# job or a process on its GPUs is the user's to end (the refusal says how), not a reason
-# to start on fewer nodes.
-START_HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid")
 BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
 # Five missed heartbeats: quicker than a plain launch's SILENT_NODE_S, since a node
 # wrongly taken for lost costs a relaunch here, not the job.
@@ -222,10 +216,11 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             result.attempts.append(dataclasses.replace(report, quarantined=sick))
             result.quarantined.update(sick)
             healthy = [h for h in healthy if h.name not in sick]
-            joined = _take_spares(session, inventory, spares, wanted - len(healthy), say)
+            joined = take_spares(session, inventory, spares, wanted - len(healthy), say,
+                                 healthy)
             if joined and healthy:  # a survivor has the run's checkpoints
-                _copy_checkpoints(session, inventory, record.checkpoint_dir, healthy[0],
-                                  joined, say)
+                copy_checkpoints(session, inventory, record.checkpoint_dir, healthy[0],
+                                 joined, say)
                 healthy = [h for h in inventory.hosts if h in healthy or h in joined]
             result.gave_up = _no_recovery(number, len(healthy), policy)
             if result.gave_up:
@@ -253,8 +248,11 @@ def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Ho
     """The first attempt's nodes once those the refusal named, all of them failing a
     start health check, are set aside and spares have joined; else `refused` again."""
     named = {f.host for f in refused.findings}
-    sick = health_findings(session, inventory.restricted_to(
-        [h for h in healthy if h.name in named]), START_HEALTH_CHECKS)
+    if named >= {h.name for h in healthy}:  # the whole cluster's to mend, not a node's
+        raise refused
+    # Checked with the others (peer-ports needs peers to connect from), judged alone.
+    sick = health_findings(session, inventory.restricted_to(healthy), START_HEALTH_CHECKS,
+                           judged=named)
     if not sick or set(sick) != named:
         raise refused
     for node, why in sick.items():
@@ -262,7 +260,7 @@ def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Ho
     result.quarantined.update(sick)
     result.set_aside.update(sick)
     left = [h for h in healthy if h.name not in sick]
-    joined = _take_spares(session, inventory, spares, len(healthy) - len(left), say)
+    joined = take_spares(session, inventory, spares, len(healthy) - len(left), say, left)
     left = [h for h in inventory.hosts if h in left or h in joined]
     if len(left) < policy.min_nodes:
         raise LaunchRefused(f"{counted(len(left), 'healthy node')} left once "
@@ -302,48 +300,4 @@ def _quarantine(session: Session, attempt: Attempt, nodes: Inventory, policy: Re
         attempt.stop(policy.grace_s, answering)
     for node, why in sick.items():
         say(f"{node} quarantined for the rest of the run: {why}")
-    return sick
-
-
-def _take_spares(session: Session, inventory: Inventory, spares: list[Host], needed: int,
-                 say: Callable[[str], None]) -> list[Host]:
-    """Up to `needed` spares that pass the health checks, taken out of `spares`."""
-    joined: list[Host] = []
-    while spares and len(joined) < needed:
-        spare = spares.pop(0)
-        sick = health_findings(session, inventory.restricted_to([spare]))
-        if sick:
-            say(f"spare {spare.name} is not healthy either: {sick[spare.name]}")
-            continue
-        say(f"spare {spare.name} takes a lost node's place")
-        joined.append(spare)
-    return joined
-
-
-def _copy_checkpoints(session: Session, inventory: Inventory, checkpoint_dir: str,
-                      source: Host, targets: list[Host], say: Callable[[str], None]) -> None:
-    """The run's checkpoint dir from a node that has it to each joining node, node to
-    node over the SSH mesh (provision's ssh-mesh), never through the controller."""
-    for target in targets:
-        unpack = f"mkdir -p {checkpoint_dir} && tar -C {checkpoint_dir} -xf -"
-        command = (f"cd {checkpoint_dir} && tar -cf - . | ssh -o BatchMode=yes "
-                   f"{shlex.quote(target.name)} {shlex.quote(unpack)}")
-        done = session.connection(source).run(command, timeout=CHECKPOINT_COPY_S)
-        if done.ok:
-            say(f"copied the run's checkpoints from {source.name} to {target.name}")
-        else:
-            say(f"could not copy the checkpoints from {source.name} to {target.name} "
-                f"({done.stderr.strip()[-200:] or f'exit {done.exit_code}'}): it starts "
-                f"without them (fix: gpucluster provision --only ssh-mesh)")
-
-
-def health_findings(session: Session, nodes: Inventory,
-                    checks: tuple[str, ...] = HEALTH_CHECKS) -> dict[str, str]:
-    """Doctor's health checks on every node of the attempt; the nodes that fail them,
-    with the first reason."""
-    report = run_doctor(session, nodes, [REGISTRY[name] for name in checks])
-    sick: dict[str, str] = {}
-    for found in report.results:
-        if found.status is Status.FAIL and found.host in {h.name for h in nodes.hosts}:
-            sick.setdefault(found.host, f"{found.name}: {found.message}")
     return sick

@@ -321,13 +321,20 @@ def test_a_node_whose_gpus_do_not_answer_refuses_the_launch(cluster: Sandbox,
     promised = cluster.write_inventory(cluster.inventory.with_name("promised.yaml"),
                                        hosts=hosts)
     try:
-        short = gpucluster("launch", "-i", str(promised), "--nproc-per-node", "1",
+        short = gpucluster("launch", "-i", str(promised), "--nproc-per-node", "1", "--json",
                            "train.py", cwd=str(project))
     finally:
         promised.unlink()
     message = " ".join(short.stderr.split())
     assert short.code == 1 and "FAIL gpu-count node2: 8 GPUs found, inventory expects 16" \
         in message, message
+    # --json says why no job ran, on stdout, for the script reading it
+    told = json.loads(short.stdout)
+    assert told["job"] is None and told["exit_code"] == 1, told
+    assert "node2 not ready for a new job" in told["refused"], told
+    assert [(f["check"], f["host"], f["status"]) for f in told["findings"]] == \
+        [("gpu-count", "node2", "FAIL")], told
+    assert told["findings"][0]["message"] == "8 GPUs found, inventory expects 16", told
     assert job_processes(cluster) == {}
 
 

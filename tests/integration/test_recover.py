@@ -216,6 +216,36 @@ def test_a_node_down_before_the_start_is_set_aside_and_a_spare_takes_its_place(
         power_on(cluster, "node3")
 
 
+def test_a_node_and_a_spare_the_others_cannot_reach_on_nccls_ports_are_passed_over(
+        cluster: Sandbox, project: Path) -> None:
+    """Before the first attempt, a node whose firewall drops NCCL's and gloo's ports is set
+    aside as a down one would be. The spare, whose firewall drops them too, is checked
+    beside the nodes it would join (alone, it would have no peer to be tried from) and
+    passed over: the run starts on the two nodes left."""
+    hosts = [dict(h) for h in cluster.data["hosts"]]
+    hosts[3]["spare"] = True
+    inventory = cluster.write_inventory(cluster.inventory.parent / "spare.yaml", hosts=hosts)
+    rule = "INPUT -p tcp -m conntrack --ctstate NEW --dport 32768:60999 -j DROP"
+    blocked = ("node3", "node4")
+    for node in blocked:
+        cluster.node_exec(node, f"iptables -I {rule}")
+    try:
+        process = start(cluster, project, "train.py", "--", "--epochs", "2",
+                        inventory=inventory)
+        code, payload, stderr = finish(process, 240)
+        assert code == 0, stderr
+        assert [a["nodes"] for a in payload["attempts"]] == [["node1", "node2"]]
+        assert list(payload["quarantined"]) == ["node3"]
+        assert payload["quarantined"]["node3"].startswith("peer-ports: port "), payload
+        assert "node3 set aside before the first attempt: peer-ports: port " in stderr
+        assert re.search(r"spare node4 is not healthy either: peer-ports: port \d+, .*"
+                         r"is not reachable from any other node", stderr), stderr
+        assert "rank 3/4" in stderr and leftovers(cluster) == []
+    finally:
+        for node in blocked:
+            cluster.node_exec(node, f"iptables -D {rule}")
+
+
 def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         cluster: Sandbox, project: Path) -> None:
     process = start(cluster, project, "train.py", "--", "--epochs",

@@ -97,14 +97,17 @@ def print_findings(console: Console, results: Sequence[CheckResult], checks: Seq
                 console.print(f"      {host}: {escape(str(details[(name, host)]))}", style="dim")
 
 
+def result_payload(result: CheckResult) -> dict[str, Any]:
+    return {"check": result.name, "host": result.host, "status": result.status.value,
+            "message": result.message, "remedy": result.remedy, "details": dict(result.details)}
+
+
 def payload(report: DoctorReport, exit_code: int) -> dict[str, Any]:
     counts = Counter(r.status.value for r in report.results)
     return {
         "hosts": list(report.hosts),
         "checks": list(report.checks),
-        "results": [{"check": r.name, "host": r.host, "status": r.status.value,
-                     "message": r.message, "remedy": r.remedy, "details": dict(r.details)}
-                    for r in report.results],
+        "results": [result_payload(r) for r in report.results],
         "summary": report.summary,
         "facts": report.facts,
         "counts": {s.value: counts.get(s.value, 0) for s in Status},

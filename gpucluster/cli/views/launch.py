@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.cli.views.common import discard_writes
+from gpucluster.cli.views.common import discard_writes, print_json
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     WARNING,
@@ -180,12 +180,17 @@ def _name_the_teardown_race(err: Console, outcome: JobOutcome,
                   f"agent, done first, took the rendezvous store with it), not a failure[/]")
 
 
-def print_refusal(err: Console, refused: LaunchRefused) -> None:
-    """Doctor's findings that refused the launch, then the refusal."""
-    from gpucluster.cli.views.doctor import print_findings
+def print_refusal(err: Console, refused: LaunchRefused, json_out: Console | None = None
+                  ) -> None:
+    """Doctor's findings that refused the launch, then the refusal; both as JSON on
+    `json_out` too (--json's stdout), so that a script reading it is told why no job ran."""
+    from gpucluster.cli.views.doctor import print_findings, result_payload
 
     print_findings(err, refused.findings, [f.name for f in refused.findings])
     err.print(f"[bold red]launch refused: {escape(str(refused))}; nothing was started[/]")
+    if json_out is not None:
+        print_json(json_out, {"job": None, "refused": str(refused), "exit_code": 1,
+                                      "findings": [result_payload(f) for f in refused.findings]})
 
 
 def stopped_cleanly(results: Mapping[str, StopResult]) -> bool:
