@@ -105,7 +105,8 @@ def engine_command(runtime: str) -> str:
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None, on_cpu: bool = False,
-                 sync_apply: str = "", image_check: str = "") -> str:
+                 sync_apply: str = "", image_check: str = "", python: str = "python3"
+                 ) -> str:
     """`rendezvous_port` on the head only: wait for it to be free, else refuse. With more
     than one of the record's workers on the node, torchrun's own default of one OpenMP
     thread each is set ahead of it, which spares its 4-line banner about it. `on_cpu`:
@@ -113,7 +114,8 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
     SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (seen on the sandbox; see
     pytorch/pytorch#148976): --debug sets INFO there. `sync_apply`: the sync's unpack,
     run once the node is known free, before the job starts (its tar on stdin).
-    `image_check`: a shell test that the container's image is on the node."""
+    `image_check`: a shell test that the container's image is on the node. `python`: the
+    job's, which --debug asks for torch's version (the flight recorder's variables)."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -123,6 +125,7 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   checkpoint_dir=record.checkpoints_on_node(),
                   attempt=record.attempt, debug=record.debug, sync_apply=sync_apply,
                   distributed_debug="INFO" if on_cpu else "DETAIL",
+                  torch_python=None if container else python,
                   any_job_pattern=any_job_pattern(node), container=container,
                   image=record.image, image_check=image_check, stamper=stamper_script(),
                   one_thread_default=record.nproc_per_node.get(node, 1) > 1)

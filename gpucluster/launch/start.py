@@ -293,7 +293,7 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,
                                      head_port, on_cpu=not host.jobs_use_gpus,
-                                     sync_apply=apply,
+                                     sync_apply=apply, python=inventory.cluster.python,
                                      image_check=node_scripts.image_check(container, images_dir)
                                      if container is not None else "")
 

@@ -89,6 +89,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
         container=container is not None, debug=request.debug, one_thread_default=nproc > 1,
         # As launch: DETAIL kills DDP on CPU (gloo) under torch 2.13, INFO there.
         distributed_debug="DETAIL" if head.jobs_use_gpus else "INFO",
+        torch_python=None if container else cluster.python,
         runtimes=("apptainer", "singularity") if sif else ("podman", "docker"))
     gpus = head.gpus if head.jobs_use_gpus else None
     return render("slurm/sbatch.sh.j2", inventory=inventory.path, script=request.script,
