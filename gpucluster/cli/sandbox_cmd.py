@@ -43,6 +43,11 @@ def up(
         "--link-rate", metavar="[NODE=]RATE",
         help="Shape links with tc (e.g. 1gbit; node4=100mbit). A plain rate also shapes the "
              "controller's own link into the sandbox.")] = None,
+    mtu: Annotated[list[str] | None, typer.Option(
+        "--mtu", metavar="[NODE=]MTU",
+        help="A node's MTU (e.g. node3=9000: jumbo frames) where the sandbox's switch "
+             "carries 1500: full-size packets are dropped, as doctor's path-mtu finds.")
+    ] = None,
     latency: Annotated[str, typer.Option(
         help="tbf latency: the most a packet may wait in a shaped link's queue.")] = "50ms",
     write_inventory: Annotated[Path, typer.Option(
@@ -64,7 +69,7 @@ def up(
 
     login = sandbox_spec.build_login(user, sudo, shared_home_option)
     wanted = sandbox_spec.build(name, subnet, nodes, gpu_model, gpus or [], driver or [],
-                                link_rate or [], latency, login, clock_slowdown)
+                                link_rate or [], latency, login, clock_slowdown, mtu)
     from gpucluster.cli.views.sandbox import print_up
 
     result = cluster.up(wanted, write_inventory, say=stderr_console().print)

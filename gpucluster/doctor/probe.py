@@ -175,11 +175,21 @@ class NodeFacts:
     @property
     def interfaces(self) -> dict[str, str]:
         """IPv4 address -> interface name."""
-        found: dict[str, str] = {}
+        return {address: name for address, (name, _) in self._addresses().items()}
+
+    @property
+    def mtus(self) -> dict[str, int]:
+        """IPv4 address -> its interface's MTU, where the node could read it."""
+        return {address: mtu for address, (_, mtu) in self._addresses().items()
+                if mtu is not None}
+
+    def _addresses(self) -> dict[str, tuple[str, int | None]]:
+        found: dict[str, tuple[str, int | None]] = {}
         for line in (self.text("addresses") or "").splitlines():
             parts = line.split()
-            if len(parts) == 2:
-                found[parts[1].split("/")[0]] = parts[0]
+            if len(parts) in (2, 3) and "/" in parts[1]:
+                mtu = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else None
+                found[parts[1].split("/")[0]] = (parts[0], mtu)
         return found
 
     @property

@@ -79,14 +79,16 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     # The password only goes where a check reads through sudo (and is tried once there).
     reads_as_root = bool(SUDO_READERS & {s.name for s in selected})
     password = session.options.sudo_password if reads_as_root else None
-    script = render_probe(inventory, probe_sections(selected), password is not None) + (
+    sections = probe_sections(selected)
+    script = render_probe(inventory, sections, password is not None) + (
         f"\n( {rider}\n)\n" if rider else "")
     stdin = None if password is None else password_line(password)
     head = inventory.head.name
     names = {s.name for s in selected}
     test_port = "rendezvous-port" in names
     low, high = MESH_PORTS  # drawn anew each run: a port busy on a node once is not again
-    mesh_port = low + secrets.randbelow(high - low) if "peer-ports" in names else None
+    mesh_port = low + secrets.randbelow(high - low) if sections is None or "peers" in sections \
+        else None
 
     def probe(connection: Connection) -> NodeFacts:
         connection.connect()  # so the clock reading is not skewed by the handshake

@@ -49,8 +49,10 @@ from gpucluster.wording import counted, size
 # peer-ports: a firewall open on the rendezvous port alone lets the job form and hangs it
 # at its first collective, until NCCL's timeout (10 minutes) or gloo's (30); its port
 # mesh runs beside the rest of the probe (0.1 s more for 3 nodes on the sandbox).
+# path-mtu: the same, for jumbo frames the network between two nodes does not carry (its
+# full-size segment crosses the mesh's connections).
 PREFLIGHT_CHECKS = ("ssh", "jobs", "nvidia-smi", "gpu-count", "gpu-processes",
-                    "rendezvous-port", "peer-ports")
+                    "rendezvous-port", "peer-ports", "path-mtu")
 # Warnings that do not refuse a start: a slow login only slows it; GPU counts that
 # differ between nodes the inventory gives no count for are --nproc-per-node's business.
 STARTS_DESPITE_WARNING = ("ssh", "gpu-count")
@@ -159,7 +161,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      env: dict[str, str], shells: WaitingShells,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
     phase("checking nodes (running jobs, GPUs and their processes, rendezvous port, "
-          "ports between nodes" + ("" if request.image else ", torchrun") + ")")
+          "ports and MTU between nodes" + ("" if request.image else ", torchrun") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, shells, code_dir,
                                  PREFLIGHT_CHECKS if request.image else HOST_PREFLIGHT_CHECKS)

@@ -29,6 +29,7 @@ class NodeStatus:
     ssh_port_open: bool
     gpus: str
     link_rate: str | None
+    mtu: int | None = None  # eth0's, where --mtu set one
 
     @property
     def up(self) -> bool:
@@ -315,5 +316,5 @@ def status(name: str) -> tuple[SandboxSpec, list[NodeStatus]]:
             name=each.name, address=each.address,
             namespace=node.netns_name(name, each.name) in namespaces, sshd_pid=pid,
             ssh_port_open=pid is not None and node.port_open(each.address, 22, 1.0),
-            gpus=gpus, link_rate=each.link_rate))
+            gpus=gpus, link_rate=each.link_rate, mtu=each.mtu))
     return spec, rows

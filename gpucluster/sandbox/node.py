@@ -272,6 +272,7 @@ def ensure_network(spec: SandboxSpec, node: NodeSpec) -> None:
     system.sh("ip", "link", "set", veth, "master", bridge_name(spec.name), "up")
     system.sh("ip", "-n", namespace, "link", "set", "lo", "up")
     system.sh("ip", "-n", namespace, "link", "set", "eth0", "up")
+    system.set_mtu(namespace, "eth0", node.mtu)
     system.shape(veth, node.link_rate, spec.latency)  # into the node
     system.shape("eth0", node.link_rate, spec.latency, namespace=namespace)  # out of it
 

@@ -24,6 +24,7 @@ _NAME = re.compile(r"[a-z][a-z0-9]{0,7}")  # short: interface names max 15 chars
 _RATE = re.compile(r"\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)")
 _LATENCY = re.compile(r"\d+(\.\d+)?(us|ms|s)")
 DRIVER_FAULTS = ("failed", "hung")
+MTU_RANGE = (1280, 9216)  # IPv6's minimum to the largest jumbo frame switches carry
 SUDO_MODES = ("nopasswd", "password", "none")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
 _DRIVER = re.compile(r"\d+\.\d+(\.\d+)?")
@@ -42,6 +43,7 @@ class NodeSpec:
     driver_fault: str | None  # "failed" (nvidia-smi cannot reach it), "hung", or None
     link_rate: str | None
     clock_slowdown: str | None = None  # a clock event reason on every GPU, e.g. hw_thermal
+    mtu: int | None = None  # eth0's; None: 1500, what the bridge (the switch) carries
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,8 @@ def parse_overrides(values: list[str], option: str, node_names: list[str]) -> tu
 
 def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
           drivers: list[str], link_rates: list[str], latency: str,
-          login: NodeLogin | None = None, clock_slowdowns: list[str] | None = None
-          ) -> SandboxSpec:
+          login: NodeLogin | None = None, clock_slowdowns: list[str] | None = None,
+          mtus: list[str] | None = None) -> SandboxSpec:
     """Validate the options of `sandbox up` into a spec; SandboxError says what is wrong."""
     if not _NAME.fullmatch(name):
         raise SandboxError(f"--name {name!r}: use 1-8 lowercase letters/digits, starting "
@@ -133,6 +135,12 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
         if reason is not None and reason not in clock_events.STAGEABLE:
             raise SandboxError(f"--clock-slowdown {reason!r}: use one of "
                                f"{', '.join(clock_events.STAGEABLE)}")
+    base_mtu, mtu_overrides = parse_overrides(mtus or [], "--mtu", names)
+    for mtu in [base_mtu, *mtu_overrides.values()]:
+        if mtu is not None and not (is_number(mtu) and
+                                    MTU_RANGE[0] <= int(mtu) <= MTU_RANGE[1]):
+            raise SandboxError(f"--mtu {mtu!r}: use an MTU from {MTU_RANGE[0]} to "
+                               f"{MTU_RANGE[1]} (9000: jumbo frames)")
     gpu_counts = {n: _gpu_count(gpu_overrides.get(n, base_gpus or "8")) for n in names}
     for rate in [base_rate, *rate_overrides.values()]:
         if rate is not None and not _RATE.fullmatch(rate):
@@ -154,6 +162,7 @@ def build(name: str, subnet: str, nodes: int, gpu_model: str, gpus: list[str],
             driver_fault=driver if driver in DRIVER_FAULTS else None,
             link_rate=rate_overrides.get(node, base_rate),
             clock_slowdown=slowdown_overrides.get(node, base_slowdown),
+            mtu=int(mtu) if (mtu := mtu_overrides.get(node, base_mtu)) else None,
         ))
     return SandboxSpec(name=name, subnet=str(network), nodes=tuple(node_specs),
                        latency=latency, controller_rate=base_rate,

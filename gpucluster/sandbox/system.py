@@ -103,6 +103,15 @@ def shape(device: str, rate: str | None, latency: str, namespace: str | None = N
        "burst", tbf_burst(rate), "latency", latency)
 
 
+def set_mtu(namespace: str, device: str, mtu: int | None) -> None:
+    """The node's own MTU; the bridge's ports, like a switch's, stay at 1500 and drop
+    larger frames. Above 1500, one TCP segment per packet: the kernel's segmentation
+    offload would otherwise hand the bridge 64 KiB packets it does not check against
+    its MTU, so a bulk transfer would pass where a real switch drops every frame."""
+    sh("ip", "-n", namespace, "link", "set", "dev", device, "mtu", str(mtu or 1500),
+       "gso_max_segs", "1" if mtu and mtu > 1500 else "65535")
+
+
 def kill_namespace(namespace: str, grace_s: float = 3.0) -> None:
     """Every process of the namespace: TERM, then KILL what is left after the grace."""
     pids = netns_pids(namespace)

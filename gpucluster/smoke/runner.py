@@ -132,8 +132,9 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
             "no measurement came back", *_folded(errors),
             *([f"{hostrange.fold(hung)}: no result within --timeout {timeout:g}s: the "
                f"all-reduce hung. A firewall open on the rendezvous port alone does this "
-               f"(NCCL and gloo connect on ports of the ephemeral range): gpucluster "
-               f"doctor --only rendezvous-port,peer-ports names it"] if hung else [])],
+               f"(NCCL and gloo connect on ports of the ephemeral range), and so do jumbo "
+               f"frames the network between the nodes does not carry: gpucluster doctor "
+               f"--only rendezvous-port,peer-ports,path-mtu names either"] if hung else [])],
             errors)
     return judge(found, errors, min_busbw_gbps)
 

@@ -2,9 +2,15 @@
 # bind their connections in, and connect to every peer's listener on the same port.
 # argv[1]: "PORT LIMIT PEER..." (PEER: a cluster address). Prints "port PORT", "range LOW
 # HIGH" (this node's ip_local_port_range), "listen ok|busy|error WHY", then "peer ADDRESS open|
-# timeout|refused|error WHY" per peer. A refusal is retried until LIMIT, since a peer's
-# listener may still be starting; the listener stays up until every peer has connected,
-# or LIMIT + LATE_S have passed (a peer whose probe started later still gets its turn).
+# stalled MSS|timeout|refused|error WHY" per peer. A refusal is retried until LIMIT, since a
+# peer's listener may still be starting; the listener stays up until every peer has
+# connected, or LIMIT + LATE_S have passed (a peer whose probe started later still gets
+# its turn). Once connected, one full-size segment (the connection's MSS) goes across and
+# the peer answers with what it received: "stalled" when no answer came in TRANSFER_S,
+# as where a switch between two jumbo-frame nodes drops their full-size packets silently.
+# The listening side closes first, so the TIME_WAIT each connection leaves for a minute
+# is on its side, on the listening port: one left on a connecting side's ephemeral port
+# would make a later run that draws that port unable to listen on it (EADDRINUSE).
 import errno
 import socket
 import sys
@@ -13,6 +19,7 @@ import time
 
 RETRY_S = 0.05
 LATE_S = 2.0
+TRANSFER_S = 2.0
 
 port_text, limit_text, *peers = sys.argv[1].split()
 port, limit = int(port_text), float(limit_text)
@@ -39,25 +46,71 @@ except OSError as error:
 sys.stdout.flush()
 
 
+def answer(peer: socket.socket) -> None:
+    """Tell a connected peer how many bytes it sent, once it has sent them all."""
+    received = b""
+    peer.settimeout(TRANSFER_S + 1)  # the sender gives up first, and says so
+    try:
+        while True:  # "SIZE\n", then SIZE bytes
+            data = peer.recv(65536)
+            if not data:
+                break
+            received += data
+            header, newline, body = received.partition(b"\n")
+            if newline and header.isdigit() and len(body) >= int(header):
+                peer.sendall(str(len(body)).encode())
+                break
+    except OSError:
+        pass
+    finally:
+        peer.close()
+
+
+answering: list = []
+
+
 def accept_peers() -> None:
     server.settimeout(0.1)
-    accepted = 0
-    while accepted < len(peers) and time.time() < deadline + LATE_S:
+    while len(answering) < len(peers) and time.time() < deadline + LATE_S:
         try:
-            server.accept()[0].close()
-            accepted += 1
+            thread = threading.Thread(target=answer, args=(server.accept()[0],), daemon=True)
         except socket.timeout:  # noqa: UP041 - a node's python may be older than 3.10
             continue
         except OSError:
             break
+        thread.start()
+        answering.append(thread)
+
+
+def across(connection: socket.socket) -> str:
+    """One full-size segment to the peer, and its answer: open, or stalled MSS (no
+    answer in time: the peer answers only once the segment has arrived)."""
+    try:
+        size = connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+    except OSError:
+        size = 1400
+    connection.settimeout(TRANSFER_S)
+    answer = b""
+    try:
+        connection.sendall(str(size).encode() + b"\n" + bytes(size))
+        while True:  # until the peer, having answered, closes
+            data = connection.recv(32)
+            if not data:
+                break
+            answer += data
+    except OSError:
+        pass
+    finally:
+        connection.close()
+    return "open" if answer.strip().isdigit() else f"stalled {size}"
 
 
 def reach(peer: str, said: dict) -> None:
     while True:
         try:
-            socket.create_connection((peer, port),
-                                     timeout=max(0.1, deadline - time.time())).close()
-            said[peer] = "open"
+            connection = socket.create_connection((peer, port),
+                                                  timeout=max(0.1, deadline - time.time()))
+            said[peer] = across(connection)
         except socket.timeout:  # noqa: UP041 - TimeoutError only from Python 3.10 on
             said[peer] = "timeout"
         except ConnectionRefusedError:
@@ -78,9 +131,11 @@ threads = [threading.Thread(target=reach, args=(peer, said), daemon=True) for pe
 for thread in threads:
     thread.start()
 for thread in threads:
-    thread.join(limit + 1)
+    thread.join(limit + TRANSFER_S + 1)
 for peer in peers:
     print("peer", peer, said.get(peer, "timeout"))
 sys.stdout.flush()
 if listener:
     listener.join(max(0.0, deadline + LATE_S - time.time()))
+for thread in answering:  # a peer still owed its answer
+    thread.join(max(0.0, deadline + LATE_S + TRANSFER_S + 1 - time.time()))

@@ -80,7 +80,9 @@ def test_list_and_selection() -> None:
 def staged(resolvable: Sandbox) -> Iterator[tuple[Sandbox, dict, int]]:
     """Several problems at once, each on its own node; one doctor run judges them all."""
     sandbox = resolvable
-    sandbox.restage("--driver", "node3=535.104.05", "--gpus", "node2=4", "--gpus", "node4=0")
+    # node2 and node4 with jumbo frames the sandbox's switch (its bridge) does not carry
+    sandbox.restage("--driver", "node3=535.104.05", "--gpus", "node2=4", "--gpus", "node4=0",
+                    "--mtu", "node2=9000", "--mtu", "node4=9000")
     rule = "INPUT -p tcp --dport 29500 -j DROP"
     sandbox.node_exec("node1", f"iptables -A {rule}")
     # What a firewall opened for the rendezvous port alone does: new connections to the
@@ -164,6 +166,26 @@ def test_a_node_whose_ephemeral_ports_are_dropped_fails_peer_ports_alone(
     for node in ("node1", "node2", "node4"):  # node1's 29500 is not the range's
         assert results[("peer-ports", node)]["status"] == "OK", results[("peer-ports", node)]
     assert results[("rendezvous-port", "node3")]["status"] == "FAIL"  # node1's 29500
+
+
+def test_jumbo_frames_the_network_does_not_carry_fail_path_mtu_on_that_pair(
+        staged: tuple[Sandbox, dict, int]) -> None:
+    """node2 and node4 connect to each other (peer-ports passes), but neither one's
+    full-size segment arrives; node1, at 1500, exchanges full-size packets with both."""
+    results = _results(staged[1])
+    for node, other in (("node2", "node4"), ("node4", "node2")):
+        finding = results[("path-mtu", node)]
+        assert finding["status"] == "FAIL", finding
+        assert finding["message"].startswith(f"full-size packets (MTU 9000) from {other} do "
+                                             f"not arrive, though small ones do"), finding
+        assert "sudo ip link set dev eth0 mtu 1500" in finding["remedy"]
+        assert "ping -M do -s 8972" in finding["remedy"]
+        assert finding["details"]["mtu"] == 9000
+        assert results[("peer-ports", node)]["status"] == "OK"
+    assert results[("path-mtu", "node1")]["status"] == "OK"
+    assert results[("path-mtu", "node1")]["message"] == \
+        "full-size packets (MTU 1500) arrive from 3 other nodes"
+    assert results[("path-mtu", "node3")]["status"] == "SKIP"  # peer-ports' finding
 
 
 def test_missing_hosts_entry(staged: tuple[Sandbox, dict, int]) -> None:

@@ -334,7 +334,8 @@ def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
     path.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
     loaded = inventory_module.load(path)
     wanted = probe_sections([REGISTRY[name] for name in PREFLIGHT_CHECKS])
-    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port", "peers"}
+    assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port", "peers",
+                      "addresses"}
     host_checks = probe_sections([REGISTRY[name] for name in HOST_PREFLIGHT_CHECKS])
     assert host_checks == wanted | {"torchrun", "path"}  # no torch import for launch
     assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
@@ -577,6 +578,45 @@ def test_peer_ports_judge_each_node_by_what_the_others_saw_of_it(tmp_path: Path)
     assert missing["a"][0] is Status.SKIP
     assert missing["a"][1] == ("not tested: the port mesh did not start here (error sh: 1: "
                                "python3: not found)")
+
+
+def test_path_mtu_names_the_pairs_whose_full_size_packets_are_lost(tmp_path: Path) -> None:
+    """Two nodes with jumbo frames behind a switch that carries 1500: each connected to
+    the other (peer-ports passes), but neither's full-size segment arrived."""
+    a, b, c = "10.0.0.1", "10.0.0.2", "10.0.0.3"
+    mtus = {a: 1500, b: 9000, c: 9000}
+
+    def node(me: str, **peers: str) -> probe.NodeFacts:
+        return facts(peers=mesh_section(**peers), addresses=f"lo 127.0.0.1/8 65536\n"
+                                                            f"eth0 {me}/24 {mtus[me]}")
+
+    def run(nodes: dict[str, probe.NodeFacts]) -> dict[str, tuple[Status, str, str]]:
+        ctx = context(tmp_path, nodes)
+        assert {r.status for r in REGISTRY["peer-ports"].run(ctx)} == {Status.OK}
+        return {r.host: (r.status, r.message, r.remedy) for r in REGISTRY["path-mtu"].run(ctx)}
+
+    jumbo = run({a: node(a, **{b: "open", c: "open"}),
+                 b: node(b, **{a: "open", c: "stalled 8948"}),
+                 c: node(c, **{a: "open", b: "stalled 8948"})})
+    assert jumbo[a][:2] == (Status.OK, "full-size packets (MTU 1500) arrive from 2 other nodes")
+    status, message, remedy = jumbo[b]
+    assert status is Status.FAIL
+    assert message.startswith(f"full-size packets (MTU 9000) from {c} do not arrive, though "
+                              f"small ones do: something between them")
+    assert "ping -M do -s 8972 -c 3 ADDRESS" in remedy
+    assert jumbo[c][1].startswith(f"full-size packets (MTU 9000) from {b} do not arrive")
+
+    # Every node jumbo, the switch not: one finding for all of them.
+    mtus[a] = 9000
+    everyone = run({me: node(me, **{p: "stalled 8948" for p in (a, b, c) if p != me})
+                    for me in (a, b, c)})
+    assert {s for s, _, _ in everyone.values()} == {Status.FAIL}
+    assert len({(m, r) for _, m, r in everyone.values()}) == 1
+    assert "from every other node do not arrive" in everyone[a][1]
+
+    # A node nobody connected to is peer-ports' finding, not this one's.
+    ctx = context(tmp_path, {a: node(a, **{b: "open"}), b: node(b, **{a: "timeout"})})
+    assert statuses("path-mtu", ctx)[a] is Status.SKIP
 
 
 def test_the_real_port_mesh_runs_here(tmp_path: Path) -> None:

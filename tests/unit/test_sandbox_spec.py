@@ -25,6 +25,9 @@ def test_overrides_apply_per_node_on_top_of_a_default() -> None:
     slowed = spec.build("gpcsb", "198.18.0.0/24", 2, "h100", [], [], [], "50ms",
                         clock_slowdowns=["node2=hw_thermal"])
     assert [n.clock_slowdown for n in slowed.nodes] == [None, "hw_thermal"]
+    jumbo = spec.build("gpcsb", "198.18.0.0/24", 3, "h100", [], [], [], "50ms",
+                       mtus=["node2=9000", "node3=9000"])
+    assert [n.mtu for n in jumbo.nodes] == [None, 9000, 9000]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -39,6 +42,8 @@ def test_overrides_apply_per_node_on_top_of_a_default() -> None:
     ({"latency": "soon"}, "--latency"),
     ({"gpu_model": "a100"}, "choose one of"),
     ({"clock_slowdowns": ["node1=hot"]}, "--clock-slowdown 'hot': use one of hw_slowdown"),
+    ({"mtus": ["node2=65536"]}, "--mtu '65536': use an MTU from 1280 to 9216"),
+    ({"mtus": ["jumbo"]}, "--mtu 'jumbo'"),
 ])
 def test_bad_options(kwargs: dict, message: str) -> None:
     arguments = {"name": "gpcsb", "subnet": "198.18.0.0/24", "nodes": 3, "gpu_model": "h100",

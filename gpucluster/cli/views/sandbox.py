@@ -41,7 +41,8 @@ def print_status(console: Console, name: str, spec: SandboxSpec,
     print_table(console, f"sandbox {name} ({spec.subnet}); GPUs are SIMULATED",
                 ["node", "address", "state", "sshd pid", "GPUs", "link"],
                 [[r.name, r.address, "up" if r.up else "DOWN", str(r.sshd_pid or "-"),
-                  r.gpus, r.link_rate or "unshaped"] for r in rows])
+                  r.gpus, (r.link_rate or "unshaped") + (f", MTU {r.mtu}" if r.mtu else "")]
+                 for r in rows])
 
 
 def print_down(console: Console, name: str, removed: list[str]) -> None:

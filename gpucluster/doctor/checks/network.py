@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections import Counter
 from collections.abc import Mapping
 
 from gpucluster import hostrange
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
-from gpucluster.doctor.probe import PortMesh
 from gpucluster.inventory import Host, is_ip
-from gpucluster.wording import counted
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
-_PORT_STATES = {"timeout": "no answer (a firewall drops it)",
+PORT_STATES = {"timeout": "no answer (a firewall drops it)",
                 "refused": "refused (a firewall rejects it)"}
 # /etc/hosts lines a fix spells out; past that it names the command that prints them all
 HOSTS_LINES_SHOWN = 8
@@ -178,7 +175,7 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
                 f"not judged: what holds port {port} on {head.name} refused the connection, "
                 f"which says nothing of a firewall (see {head.name}'s finding)"))
         else:
-            how = _PORT_STATES.get(state.port, state.port)
+            how = PORT_STATES.get(state.port, state.port)
             results.append(CheckResult("rendezvous-port", host.name, Status.FAIL,
                                        f"cannot reach {head.name} ({head.address}):{port}: "
                                        f"{how}"))
@@ -193,72 +190,13 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
             r.host != head.name else r for r in results]
 
 
-@check("peer-ports", "network",
-       "the ports NCCL and gloo connect on (the ephemeral range) are open from every node "
-       "to every other", sections=("peers",))
-def peer_ports(context: Context) -> list[CheckResult]:
-    """Open on 29500 alone, a firewall lets torchrun's rendezvous form and then hangs
-    the first collective: NCCL's and gloo's own connections go to ports the kernel picks
-    from each node's ephemeral range. Every node listened on one port of that range and
-    connected to every other's (the probe's port mesh); each node is judged as a target."""
-    answering = context.answering()
-    meshes = {h.name: context.facts[h.name].mesh for h in answering}
-    results = []
-    for target in answering:
-        mine = meshes[target.name]
-        if mine is None:
-            results.append(CheckResult(
-                "peer-ports", target.name, Status.SKIP,
-                "not tested: a single node, or every host is this machine"
-                if len(context.inventory.hosts) < 2 or all(
-                    h.is_local for h in context.inventory.hosts)
-                else "the port mesh did not run on this node"))
-            continue
-        if mine.listen != "ok":
-            why = "the port was in use there: run doctor again (it draws another)" \
-                if mine.listen == "busy" else mine.listen
-            said = f"no listener on port {mine.port}" if mine.port else \
-                "the port mesh did not start here"
-            results.append(CheckResult("peer-ports", target.name, Status.SKIP,
-                                       f"not tested: {said} ({why})"))
-            continue
-        seen = {source.name: state for source in answering if source is not target
-                if (mesh := meshes[source.name]) is not None
-                and (state := mesh.peers.get(target.address)) is not None}
-        failed = {source: state for source, state in seen.items() if state != "open"}
-        ports = mine.range or "32768:60999"
-        if not seen:
-            results.append(CheckResult("peer-ports", target.name, Status.SKIP,
-                                       "not tested: no other node's port mesh ran"))
-        elif not failed:
-            results.append(CheckResult(
-                "peer-ports", target.name, Status.OK,
-                f"port {mine.port} (of {ports.replace(':', '-')}) reached from "
-                f"{counted(len(seen), 'other node')}"))
-        else:
-            results.append(_blocked(context, target, mine, seen, failed))
-    return results
-
-
-def _blocked(context: Context, target: Host, mine: PortMesh, seen: Mapping[str, str],
-             failed: Mapping[str, str]) -> CheckResult:
-    """Where every other node failed, the rule names every cluster address: the same
-    finding for every node of a cluster behind a default-drop firewall, said once."""
-    ports = mine.range or "32768:60999"
-    everyone = len(failed) == len(seen)
-    sources = [h.address for h in context.inventory.hosts] if everyone else [
-        h.address for h in context.inventory.hosts if h.name in failed]
-    how = Counter(failed.values()).most_common(1)[0][0]
-    return CheckResult(
-        "peer-ports", target.name, Status.FAIL,
-        f"port {mine.port}, of the range NCCL and gloo connect on "
-        f"({ports.replace(':', '-')}), is not reachable from "
-        f"{'any other node' if everyone else hostrange.fold(list(failed))}: "
-        f"{_PORT_STATES.get(how, how)}",
-        f"gpucluster provision --only firewall (opens the rendezvous port and this range "
-        f"to the cluster's addresses only, on every node); by hand, on the node: sudo "
-        f"iptables -I INPUT -p tcp --dport {ports} -s {','.join(sources)} -j ACCEPT; "
-        f"a cloud security group may drop it too", {"seen_from": dict(failed)})
+def cluster_address(context: Context, host: Host) -> str | None:
+    """The IP the node's cluster traffic leaves from: its inventory address, or what its
+    own hostname resolves to there."""
+    if is_ip(host.address):
+        return host.address
+    own = context.network.get(host.name)
+    return own.resolved.get(context.facts[host.name].hostname or "") if own else None
 
 
 @check("interface", "network",
@@ -268,9 +206,7 @@ def interface(context: Context) -> list[CheckResult]:
     results = []
     for host in context.answering():
         facts = context.facts[host.name]
-        own = context.network.get(host.name)
-        address = host.address if is_ip(host.address) else (
-            own.resolved.get(facts.hostname or "") if own else None)
+        address = cluster_address(context, host)
         found = facts.interfaces.get(address or "")
         if not facts.lists_interfaces:
             results.append(CheckResult(
