@@ -13,6 +13,11 @@ from dataclasses import dataclass
 # an error the script caught and lived on after.
 LINES_SEARCHED = 80
 EVIDENCE_CHARS = 200
+# An exception's line, without torch's "[rankN]: " prefix: what a rank died of.
+_ERROR_LINE = re.compile(r"(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)")
+# torchrun's own exception once a worker failed: it says only that one did, and why is
+# above it.
+_TORCHRUN_FAILED = "ChildFailedError"
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,10 @@ SIGNATURES = (
         r"(recv|send) operation", "collective-timeout",
         "a collective waited past its timeout: a hang",
         "a rank stopped calling collectives, on a branch the others skip or stuck in "
-        "I/O, or lost its peer: rerun with --debug for NCCL's log and the flight "
-        "recorder, which `gpucluster bundle` collects; `launch --recover --hang-timeout` "
-        "restarts a hung job by itself"),
+        "I/O, or lost its peer, or the network drops the nodes' full-size packets "
+        "(`gpucluster doctor --only path-mtu`): rerun with --debug for NCCL's log and "
+        "the flight recorder, which `gpucluster bundle` collects; `launch --recover "
+        "--hang-timeout` restarts a hung job by itself"),
     _signature(
         r"EADDRINUSE|[Aa]ddress already in use", "port-in-use",
         "a port the job listens on was taken",
@@ -109,6 +115,12 @@ SIGNATURES = (
         "`gpucluster doctor --only rendezvous-port,name-resolution`; `gpucluster "
         "provision --only firewall,hosts` opens the port to the cluster's nodes"),
     _signature(
+        r"(Read|Write) error \[[^\]]+\]:\d+: Connection timed out", "connection-timed-out",
+        "a connection between ranks stopped carrying data",
+        "the other node went away, or the network between them drops packets: the "
+        "full-size ones where the nodes' MTU is larger than the path's; `gpucluster "
+        "doctor --only ssh,peer-ports,path-mtu` says which"),
+    _signature(
         r"remote process exited or there was a network error|unhandled system error|"
         r"socketStartConnect|NCCL WARN .*[Cc]onnect.* failed|Gloo connectFullMesh failed|"
         r"Connection (closed|reset) by peer \[|Connection closed by remote peer",
@@ -116,8 +128,8 @@ SIGNATURES = (
         "a rank lost (or never made) its connection to another",
         "another rank died first, and its node's log says why; or ports between the "
         "nodes are closed, or NCCL picked the wrong interface: `gpucluster doctor --only "
-        "rendezvous-port,interface`, `gpucluster provision --only firewall`; --debug "
-        "logs the interface NCCL picks"),
+        "rendezvous-port,peer-ports,interface`, `gpucluster provision --only firewall`; "
+        "--debug logs the interface NCCL picks"),
 )
 
 # A worker killed by a signal prints nothing of its own: the signal is the evidence.
@@ -135,6 +147,14 @@ def _named(name: str, what: str, fix: str, node: str, fields: dict[str, str] | N
     node."""
     return KnownCause(name, what.format(**(fields or {})),
                       fix.replace("<node>", node or "<node>"), evidence)
+
+
+def error_lines(lines: Sequence[str]) -> list[str]:
+    """The exception lines among `lines`, without torch's rank prefix, and without
+    torchrun's own, which only says that a worker failed."""
+    return [found.group(1) for line in lines
+            if (found := _ERROR_LINE.fullmatch(line.strip()))
+            and _TORCHRUN_FAILED not in found.group(1)]
 
 
 def known_cause(lines: Sequence[str], node: str = "") -> KnownCause | None:

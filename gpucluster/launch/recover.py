@@ -11,7 +11,6 @@ them is quarantined for the rest of the run.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from gpucluster import hostrange
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.attempt import Attempt
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.known_causes import error_lines
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     JobOutcome,
@@ -42,7 +42,6 @@ BACKOFF_S = (2.0, 5.0, 10.0)  # before attempt 2, 3, 4 and later
 # wrongly taken for lost costs a relaunch here, not the job.
 RECOVER_SILENT_NODE_S = 5 * HEARTBEAT_S
 COLLECTIVE_TIMEOUT = "GPUCLUSTER_COLLECTIVE_TIMEOUT_S"
-_ERROR_LINE = re.compile(r"(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)")
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ def signature(outcome: JobOutcome) -> tuple[int | None, str]:
     lines = [line.strip() for line in (failure.rank_tail or failure.tail) if line.strip()]
     # The exception's line (a rank's stdout may still arrive after its traceback), without
     # torch's "[rankN]: " prefix, so that the same error on another rank reads the same.
-    errors = [found.group(1) for line in lines if (found := _ERROR_LINE.fullmatch(line))]
+    errors = error_lines(lines)
     return failure.rank, errors[-1] if errors else (lines[-1] if lines else "")
 
 

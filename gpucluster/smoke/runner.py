@@ -14,6 +14,7 @@ from typing import Any
 from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
+from gpucluster.launch.known_causes import error_lines, known_cause
 from gpucluster.nproc import COUNT_GPUS, check_nproc, counted_gpus, nproc_for
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
@@ -31,6 +32,7 @@ SCRIPT = "smoke_allreduce.py"  # its name in the work dir on each node
 MARKER = "GPUCLUSTER_SMOKE "
 SLOW_BANDWIDTH = 0.5  # a node below half the median of its peers is named slow
 SLOW_COMPUTE = 2.0  # ...or taking over twice the median time
+ERROR_CHARS = 300  # of a rank's error line: gloo's run to 250 and more
 JOIN_TIMEOUT_S = 60  # a node that never joins ends the run in a minute, not torch's ten
 
 
@@ -129,7 +131,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
         hung = [name for name, failure in result.failures.items()
                 if failure.kind is FailureKind.TIMED_OUT]
         return SmokeReport(None, 0, [], {}, {}, [
-            "no measurement came back", *_folded(errors),
+            "no measurement came back", *_folded(errors), *_likely_causes(result),
             *([f"{hostrange.fold(hung)}: no result within --timeout {timeout:g}s: the "
                f"all-reduce hung. A firewall open on the rendezvous port alone does this "
                f"(NCCL and gloo connect on ports of the ephemeral range), and so do jumbo "
@@ -150,9 +152,22 @@ def _errors(result: FanoutResult[CommandResult], what: str) -> dict[str, str]:
     errors = {name: f"{f.kind.value}: {f.message}" for name, f in result.failures.items()}
     for name, value in result.values.items():
         if not value.ok:
-            tail = (value.stdout + value.stderr).strip().splitlines()[-3:]
-            errors[name] = f"{what} {value.exit_code}: " + " | ".join(tail)
+            lines = (value.stdout + value.stderr).strip().splitlines()
+            # The rank's own error where it printed one: torchrun's last lines only say
+            # that a worker failed.
+            said = error_lines(lines)
+            errors[name] = f"{what} {value.exit_code}: " + (
+                said[-1][:ERROR_CHARS] if said else " | ".join(lines[-3:]))
     return errors
+
+
+def _likely_causes(result: FanoutResult[CommandResult]) -> list[str]:
+    """What the failed nodes' output says the cause was, said once for the nodes alike."""
+    causes = {name: cause for name, value in result.values.items() if not value.ok
+              and (cause := known_cause((value.stdout + value.stderr).splitlines()))}
+    return [f"{hostrange.fold(nodes)}: likely cause: {what} (fix: {fix})"
+            for (what, fix), nodes in hostrange.hosts_by(
+                ((c.what, c.fix), n) for n, c in causes.items()).items()]
 
 
 def _measurements(stdout: str) -> dict[str, Any] | None:

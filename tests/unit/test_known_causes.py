@@ -19,6 +19,13 @@ GLOO_PEER_GONE = (
     "pair.cc:553] Connection closed by peer [198.18.0.11]:47503. This is typically caused "
     "by a remote worker crashing. Check the logs of the remote worker before reporting an "
     "error. GLHF!")
+# The sandbox's, with node2's and node3's full-size packets dropped (sandbox up --mtu):
+# node3's rank after about 30 s of an all-reduce with node2.
+GLOO_TIMED_OUT = (
+    "[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "pair.cc:537] Read error [198.18.5.12]:62888: Connection timed out. This is typically "
+    "caused by a remote worker hanging or bugs in the application. Check the logs of the "
+    "remote worker before reporting an error. GLHF!")
 CUDA_OOM = (
     "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 "
     "has a total capacity of 139.81 GiB of which 1.06 GiB is free. Including non-PyTorch "
@@ -67,6 +74,7 @@ MESSAGES = {
     "NCCLUtils.hpp:317, remote process exited or there was a network error, NCCL version "
     "2.21.5": ("connection-lost", "a rank lost (or never made) its connection to another"),
     GLOO_PEER_GONE: ("connection-lost", "a rank lost (or never made) its connection to another"),
+    GLOO_TIMED_OUT: ("connection-timed-out", "a connection between ranks stopped carrying data"),
 }
 
 

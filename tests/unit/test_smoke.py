@@ -114,3 +114,32 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
     assert refused.code == 2
     assert ("--nproc-per-node 3: localhost has 2 GPUs (found there) (fix: "
             "--nproc-per-node 2 or fewer, one process per GPU)") in refused.stderr
+
+
+def test_a_failed_node_is_told_by_its_ranks_error_and_its_likely_cause() -> None:
+    """torchrun's last lines (its ChildFailedError's footer) say only that a worker
+    failed: the rank's own error line is what smoke shows, with the cause it names."""
+    from gpucluster.remote.result import CommandResult, FanoutResult
+    from gpucluster.smoke.runner import _errors, _likely_causes
+    from tests.unit.test_known_causes import GLOO_TIMED_OUT
+
+    output = "\n".join([
+        "[rank2]: Traceback (most recent call last):", "[rank2]:     work.wait()",
+        GLOO_TIMED_OUT,
+        "E1205 04:17:10.877000 29432 torch/distributed/elastic/multiprocessing/api.py:1002] "
+        "failed (exitcode: 1) local_rank: 0 (pid: 29748) of binary: /usr/bin/python",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  error_file: <N/A>",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/"
+        "errors.html",
+        "============================================================"])
+    failed = CommandResult("node3", "true", 1, "", output, 31.0)
+    result: FanoutResult[CommandResult] = FanoutResult(("node3",), {"node3": failed}, {})
+    error = _errors(result, "torchrun exited")["node3"]
+    assert error.startswith("torchrun exited 1: RuntimeError: [/__w/pytorch/") and \
+        "Read error [198.18.5.12]:62888: Connection timed out" in error
+    assert _likely_causes(result) == [
+        "node3: likely cause: a connection between ranks stopped carrying data (fix: the "
+        "other node went away, or the network between them drops packets: the full-size "
+        "ones where the nodes' MTU is larger than the path's; `gpucluster doctor --only "
+        "ssh,peer-ports,path-mtu` says which)"]
