@@ -552,6 +552,25 @@ def test_smoke_names_the_node_with_a_slow_link(cluster: Sandbox) -> None:
         cluster.restage()
 
 
+def test_smoke_across_jumbo_frames_the_network_drops_fails_pointing_at_path_mtu(
+        cluster: Sandbox) -> None:
+    """node2 and node3 at MTU 9000, the sandbox's switch at 1500: the all-reduce's
+    full-size packets between them are lost. Seen either way on the sandbox: gloo gives
+    up on the connection after about 30 s (its rank's error, and the cause it names), or
+    the run outlasts --timeout; both name the check that finds it."""
+    cluster.restage("--mtu", "node2=9000", "--mtu", "node3=9000")
+    try:
+        human = gpucluster("smoke", "-i", str(cluster.inventory), "--timeout", "40",
+                           timeout=300)
+    finally:
+        cluster.restage()
+    out = " ".join(human.stdout.split())
+    assert human.code == 1 and "smoke: FAILED" in out, out
+    assert "error_file" not in out  # torchrun's footer is not a node's error
+    assert "Connection timed out" in out or "no result within --timeout 40s" in out, out
+    assert "path-mtu" in out, out
+
+
 def test_ufw_rules_are_added_once_and_undone_exactly(cluster: Sandbox) -> None:
     # node3 swaps its plain iptables firewall for ufw (SSH allowed), as many hosts have.
     cluster.node_exec("node3", "iptables -P INPUT ACCEPT; iptables -F INPUT; "
