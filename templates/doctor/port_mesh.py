@@ -20,6 +20,7 @@ import time
 RETRY_S = 0.05
 LATE_S = 2.0
 TRANSFER_S = 2.0
+LARGEST_SEGMENT = 65535  # what a peer may announce; anything else is no peer's
 
 port_text, limit_text, *peers = sys.argv[1].split()
 port, limit = int(port_text), float(limit_text)
@@ -47,31 +48,46 @@ sys.stdout.flush()
 
 
 def answer(peer: socket.socket) -> None:
-    """Tell a connected peer how many bytes it sent, once it has sent them all."""
-    received = b""
+    """Tell a connected peer how many bytes it sent ("SIZE\\n", then SIZE bytes), once
+    it has sent them all. Counted, not kept; a connection that does not say a size first
+    (not a peer's) is closed unanswered and takes no peer's place."""
+    head, size, received = b"", 0, 0
     peer.settimeout(TRANSFER_S + 1)  # the sender gives up first, and says so
     try:
-        while True:  # "SIZE\n", then SIZE bytes
+        while not size or received < size:
             data = peer.recv(65536)
             if not data:
-                break
-            received += data
-            header, newline, body = received.partition(b"\n")
-            if newline and header.isdigit() and len(body) >= int(header):
-                peer.sendall(str(len(body)).encode())
-                break
+                return
+            if size:
+                received += len(data)
+                continue
+            head += data
+            line, newline, body = head.partition(b"\n")
+            if not newline:
+                if len(head) > len(str(LARGEST_SEGMENT)):
+                    return
+                continue
+            if not line.isdigit() or not 0 < int(line) <= LARGEST_SEGMENT:
+                return
+            size, received = int(line), len(body)
+            peers_seen.append(peer)
+        peer.sendall(str(received).encode())
     except OSError:
         pass
     finally:
         peer.close()
 
 
-answering: list = []
+answering: list = []  # a thread per accepted connection
+peers_seen: list = []  # the peers' among them: they said a size
 
 
 def accept_peers() -> None:
     server.settimeout(0.1)
-    while len(answering) < len(peers) and time.time() < deadline + LATE_S:
+    # Until every peer has said its size; strangers' connections take no peer's place,
+    # and are not accepted without end.
+    while len(peers_seen) < len(peers) and len(answering) < 4 * len(peers) + 16 \
+            and time.time() < deadline + LATE_S:
         try:
             thread = threading.Thread(target=answer, args=(server.accept()[0],), daemon=True)
         except socket.timeout:  # noqa: UP041 - a node's python may be older than 3.10
@@ -92,7 +108,10 @@ def across(connection: socket.socket) -> str:
     connection.settimeout(TRANSFER_S)
     answer = b""
     try:
-        connection.sendall(str(size).encode() + b"\n" + bytes(size))
+        # The size alone first, a small packet that arrives whatever the path's MTU: the
+        # peer knows a peer connected even when the full-size segment is lost.
+        connection.sendall(str(size).encode() + b"\n")
+        connection.sendall(bytes(size))
         while True:  # until the peer, having answered, closes
             data = connection.recv(32)
             if not data:

@@ -630,3 +630,40 @@ def test_the_real_port_mesh_runs_here(tmp_path: Path) -> None:
     assert mesh is not None
     assert (mesh.port, mesh.listen, mesh.peers) == (45123, "ok", {"127.0.0.1": "open"})
     assert mesh.range and ":" in mesh.range
+
+
+def test_the_mesh_answers_its_peers_and_no_stranger() -> None:
+    """A connection that does not say a segment size first, or says one no segment has
+    (anything but a peer's), is closed unanswered, and the peers are still answered."""
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+
+    from gpucluster.templating import script_text
+
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]
+    # Two peers named, both this machine: each of the two reaches is a peer's.
+    mesh = subprocess.Popen([sys.executable, "-c", script_text("doctor/port_mesh.py"),
+                             f"{port} 3 127.0.0.1 127.0.0.1"],
+                            stdout=subprocess.PIPE, text=True)
+    strangers = []
+    deadline = time.monotonic() + 5
+    while len(strangers) < 2 and time.monotonic() < deadline:
+        try:
+            strangers.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+        except ConnectionRefusedError:
+            time.sleep(0.01)
+    junk, too_large = strangers
+    for stranger, words in ((junk, b"x" * 4096), (too_large, b"99999999\n" + bytes(1000))):
+        with contextlib.suppress(OSError):
+            stranger.sendall(words)
+    out, _ = mesh.communicate(timeout=30)
+    assert out.splitlines()[-2:] == ["peer 127.0.0.1 open"] * 2, out
+    for stranger in strangers:
+        stranger.settimeout(2)
+        with contextlib.suppress(ConnectionResetError):
+            assert stranger.recv(64) == b""  # closed, unanswered
+        stranger.close()
