@@ -38,7 +38,7 @@ def health_findings(session: Session, nodes: Inventory,
 
 
 def take_spares(session: Session, inventory: Inventory, spares: list[Host], needed: int,
-                 say: Callable[[str], None], staying: list[Host]) -> list[Host]:
+                say: Callable[[str], None], staying: list[Host]) -> list[Host]:
     """Up to `needed` spares that pass the health checks, taken out of `spares`. Each is
     checked beside the nodes it would join (`staying`), whose ports it must reach and
     which must reach its own, and judged alone."""
@@ -56,7 +56,7 @@ def take_spares(session: Session, inventory: Inventory, spares: list[Host], need
 
 
 def copy_checkpoints(session: Session, inventory: Inventory, checkpoint_dir: str,
-                      source: Host, targets: list[Host], say: Callable[[str], None]) -> None:
+                     source: Host, targets: list[Host], say: Callable[[str], None]) -> None:
     """The run's checkpoint dir from a node that has it to each joining node, node to
     node over the SSH mesh (provision's ssh-mesh), never through the controller."""
     for target in targets:

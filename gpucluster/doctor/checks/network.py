@@ -13,7 +13,7 @@ from gpucluster.inventory import Host, is_ip
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
 PORT_STATES = {"timeout": "no answer (a firewall drops it)",
-                "refused": "refused (a firewall rejects it)"}
+               "refused": "refused (a firewall rejects it)"}
 # /etc/hosts lines a fix spells out; past that it names the command that prints them all
 HOSTS_LINES_SHOWN = 8
 
