@@ -206,6 +206,7 @@ def fact_summary(facts: NodeFacts) -> dict[str, Any]:
         "torch_cuda": torch.cuda if torch else None,
         "nccl": torch.nccl if torch else None,
         "interfaces": dict(facts.interfaces),
+        "mtus": dict(facts.mtus),
         "infiniband": {p: {"state": s, "rate": r} for p, (s, r) in facts.infiniband.items()},
         "shm_bytes": facts.df_size_bytes("shm"),
         "work_dir_free_bytes": facts.df_available_bytes("disk"),

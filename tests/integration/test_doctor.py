@@ -55,6 +55,7 @@ def test_an_all_clear_sandbox_exits_0_with_a_pinned_json_schema(resolvable: Sand
     assert payload["summary"]["driver"] == {"590.48.01": resolvable.nodes}
     facts = payload["facts"]["node2"]
     assert facts["hostname"] == "node2" and len(facts["gpus"]) == 8
+    assert facts["mtus"][resolvable.addresses["node2"]] == 1500
     assert facts["torch"].startswith("2.13.0")
     results = _results(payload)
     assert results[("rendezvous-port", "node3")]["status"] == "OK"
