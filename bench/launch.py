@@ -173,7 +173,11 @@ def main() -> None:
             assert process.stdout is not None
             ready = 0
             while ready < 2 * len(nodes):
-                ready += "INIT" in process.stdout.readline()
+                line = process.stdout.readline()
+                if not line:  # it ended before every rank was up: say why, do not spin
+                    raise SystemExit(f"launch ended before the job was up: "
+                                     f"{process.communicate(timeout=60)[1][-2000:]}")
+                ready += "INIT" in line
             time.sleep(1)
             killed_at = _kill_workers(name, nodes[-1], b"long_job.py")
             to_clean["gpucluster launch"].append(
