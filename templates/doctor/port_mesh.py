@@ -71,6 +71,8 @@ def answer(peer: socket.socket) -> None:
                 return
             size, received = int(line), len(body)
             peers_seen.append(peer)
+            if len(peers_seen) >= len(peers):
+                every_peer_seen.set()
         peer.sendall(str(received).encode())
     except OSError:
         pass
@@ -80,6 +82,7 @@ def answer(peer: socket.socket) -> None:
 
 answering: list = []  # a thread per accepted connection
 peers_seen: list = []  # the peers' among them: they said a size
+every_peer_seen = threading.Event()  # what the end waits for, not the accept loop's poll
 
 
 def accept_peers() -> None:
@@ -155,6 +158,6 @@ for peer in peers:
     print("peer", peer, said.get(peer, "timeout"))
 sys.stdout.flush()
 if listener:
-    listener.join(max(0.0, deadline + LATE_S - time.time()))
+    every_peer_seen.wait(max(0.0, deadline + LATE_S - time.time()))
 for thread in answering:  # a peer still owed its answer
     thread.join(max(0.0, deadline + LATE_S + TRANSFER_S + 1 - time.time()))
