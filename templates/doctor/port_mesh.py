@@ -97,8 +97,8 @@ def accept_peers() -> None:
             continue
         except OSError:
             break
+        answering.append(thread)  # listed before it runs: the end joins every answer owed
         thread.start()
-        answering.append(thread)
 
 
 def across(connection: socket.socket) -> str:
