@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import difflib
 import hashlib
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster import reports
@@ -88,18 +89,67 @@ def read(connection: LoggedConnection, path: str, sudo: bool = False) -> str | N
     return read_state(connection, path, sudo).text
 
 
+@dataclass(frozen=True)
+class NewFile:
+    """A file to write: its whole new text, the mode a new file gets (a `private` one's
+    always, and an `owner`'s, its owner), and the state provision planned on (`was`):
+    the write is refused if the file no longer is what was read. None: not checked."""
+
+    path: str
+    text: str
+    mode: str
+    private: bool = False
+    was: FileState | None = None
+    owner: str | None = None  # user:group, where a new file must not be root's (as root)
+
+
+def write_all(connection: LoggedConnection, new_files: Sequence[NewFile],
+              sudo: bool = False, before: str = "",
+              read_back: Sequence[str] | None = None) -> None:
+    """Replace every file in one round trip (after the shell command `before`): each is
+    written to a temp file beside it and checked (size and sha256), and only when all
+    arrived whole, none changed since it was read and none is immutable is any renamed
+    over its target. A reader, a cut connection or a Ctrl-C never sees half a file, nor
+    some files new and others old. A symlink's target is written, the link kept. An
+    existing file keeps its owner and mode, unless private: then it is always its mode.
+
+    The files (or the paths `read_back`) are read back in the same round trip, and the
+    connection keeps what was read as the answer to that read (`read_script` of those
+    paths, as the same user): a step's re-check costs no round trip of its own."""
+    script, data = write_script(new_files, before)
+    paths = [f.path for f in new_files]
+    again = read_script(list(read_back if read_back is not None else paths))
+    result = connection.run(f"{script}\nset +e\n{again}", timeout=30, sudo=sudo,
+                            stdin=data)
+    if not result.ok:
+        raise RemoteError(FailureKind.ERROR, f"cannot write {', '.join(paths)}: "
+                                             f"{result.stderr.strip()}")
+    connection.remember((again, sudo), result)
+
+
+def write_script(new_files: Sequence[NewFile], before: str = "") -> tuple[str, bytes]:
+    """The shell that writes `new_files`, and what it reads on stdin."""
+    data = [f.text.encode(*_CODEC) for f in new_files]
+    script = render("provision/write_files.sh.j2", before=before, files=[
+        {"n": n, "path": shell_path(f.path), "mode": f.mode, "private": f.private,
+         "owner": f.owner and shlex.quote(f.owner), "size": len(body),
+         "sha256": hashlib.sha256(body).hexdigest(),
+         "was": None if f.was is None else _digest(f.was)}
+        for n, (f, body) in enumerate(zip(new_files, data, strict=True), start=1)])
+    return script, b"".join(data)
+
+
+def _digest(state: FileState) -> str:
+    """What the write script compares a file's sha256 with: "absent" for no file."""
+    if state.text is None:
+        return "absent"
+    return hashlib.sha256(state.text.encode(*_CODEC)).hexdigest()
+
+
 def write_atomically(connection: LoggedConnection, path: str, text: str, mode: str,
                      sudo: bool = False, private: bool = False) -> None:
-    """Write to a temp file beside `path`, check that all of it arrived (size and
-    sha256), then rename over it: a reader, a cut connection or a Ctrl-C never leaves
-    half a file. A symlink's target is written, the link kept. An existing file keeps
-    its owner and mode, unless `private`: then it is always `mode`, checked after."""
-    data = text.encode(*_CODEC)
-    script = render("provision/write_file.sh.j2", path=shell_path(path), mode=mode,
-                    size=len(data), sha256=hashlib.sha256(data).hexdigest(), private=private)
-    result = connection.run(script, timeout=30, sudo=sudo, stdin=data)
-    if not result.ok:
-        raise RemoteError(FailureKind.ERROR, f"cannot write {path}: {result.stderr.strip()}")
+    """One file, as write_all writes them."""
+    write_all(connection, [NewFile(path, text, mode, private)], sudo)
 
 
 def with_block(current: str | None, block_lines: list[str], at_top: bool = False,

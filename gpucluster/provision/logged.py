@@ -4,9 +4,10 @@ and sizes, so secrets cannot leak into the log."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from gpucluster.remote.connection import Connection, LineCallback, Stdin
@@ -36,6 +37,9 @@ class LoggedConnection:
         self._connection = connection
         self._log = log
         self._primed = dict(primed or {})  # reads done ahead (provision/prefetch.py)
+        # The reads ahead that this connection's writes may change; None: every one. A
+        # step whose writes no other step reads narrows it to its own reads.
+        self.writes_change: Collection[tuple[str, bool]] | None = None
 
     def run(self, command: str, timeout: float, sudo: bool = False,
             env: Mapping[str, str] | None = None, stdin: Stdin = None,
@@ -54,10 +58,11 @@ class LoggedConnection:
         if not extras or extras == ["sudo"]:
             primed = self._primed.pop((command, sudo), None)
             if primed is not None:
+                how = "read back with the write" if primed.command != command else "read ahead"
                 self._log.write(self.host, f"{prefix}{shown!r} -> exit {primed.exit_code}, "
-                                           f"read ahead")
-                return primed
-        self._primed.clear()  # this command may change what was read ahead
+                                           f"{how}")
+                return dataclasses.replace(primed, command=command)
+        self._forget_what_may_change()  # this command may change what was read ahead
         try:
             result = self._connection.run(command, timeout, sudo=sudo, env=env, stdin=stdin,
                                           on_line=on_line)
@@ -68,3 +73,15 @@ class LoggedConnection:
         self._log.write(self.host, f"{prefix}{shown!r} -> exit {result.exit_code} in "
                                    f"{result.duration_s:.2f}s")
         return result
+
+    def remember(self, read: tuple[str, bool], result: CommandResult) -> None:
+        """`read` (command, sudo) ran at the end of the command that gave `result`, after
+        its writes: the next time it is asked for, that is the answer."""
+        self._primed[read] = result
+
+    def _forget_what_may_change(self) -> None:
+        if self.writes_change is None:
+            self._primed.clear()
+            return
+        for read in self.writes_change:
+            self._primed.pop(read, None)

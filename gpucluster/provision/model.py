@@ -108,6 +108,10 @@ class Step:
     name: str
     summary: str
     cluster_wide = False
+    # Whether what the step writes on a node is read by no other step (its own files,
+    # its own rules): provision then keeps the other steps' reads ahead across its
+    # writes, rather than reading them again.
+    changes_only_own_reads = False
 
     def needs_root(self, context: ProvisionContext) -> bool:
         """Whether the step changes what only root may (then a non-root node user must

@@ -116,6 +116,7 @@ class _Run:
         self.logged: dict[str, LoggedConnection] = {}
         self.log = log
         self.primed: dict[str, dict[prefetch.Read, CommandResult]] = {}  # read ahead
+        self.writes_change: list[prefetch.Read] | None = None  # of the step under way
         self.down = down  # the context's: shared with the steps
 
     def mark_down(self, failures: Mapping[str, HostFailure]) -> None:
@@ -129,7 +130,14 @@ class _Run:
         if connection.host not in self.logged:
             self.logged[connection.host] = LoggedConnection(
                 connection, self.log, self.primed.pop(connection.host, None))
+            self.logged[connection.host].writes_change = self.writes_change
         return self.logged[connection.host]
+
+    def start(self, step: Step, context: ProvisionContext) -> None:
+        """What `step`'s writes may change of the reads ahead: its own, or every one."""
+        self.writes_change = step.reads(context) if step.changes_only_own_reads else None
+        for logged in self.logged.values():
+            logged.writes_change = self.writes_change
 
     def prime(self, reads: list[prefetch.Read],
               sections: Mapping[str, Mapping[str, Section]]) -> None:
@@ -200,6 +208,7 @@ def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry
     for step in selected:
         if on_step:
             on_step(step.name)
+        run.start(step, context)
         done = _run_step(step, run, context)
         results.extend(done)
         worth_it = verify or any(r.outcome is not Outcome.OK for r in done)

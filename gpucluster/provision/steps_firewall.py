@@ -215,6 +215,7 @@ def nftables_commands(firewall: Firewall, wanted: list[str], port: int,
 class FirewallStep(Step):
     name = "firewall"
     summary = "open the rendezvous port and NCCL/gloo ports to cluster addresses only"
+    changes_only_own_reads = True  # the firewall's rules: no other step reads them
 
     undone = ("command", "commands")
 
@@ -247,7 +248,7 @@ class FirewallStep(Step):
               changes: list[Change]) -> None:
         # The commands check just planned (its change's detail): no second detection.
         planned = [line for change in changes for line in change.detail.splitlines()]
-        self._execute(connection, planned)
+        self._execute(connection, planned, read_back=context.inventory.cluster.name)
 
     def undo(self, context: ProvisionContext, host: Host,
              connection: LoggedConnection) -> list[str]:
@@ -259,18 +260,26 @@ class FirewallStep(Step):
         return self._execute(connection, self._plan(context, host, connection, undo)[1])
 
     @staticmethod
-    def _execute(connection: LoggedConnection, commands: list[str]) -> list[str]:
+    def _execute(connection: LoggedConnection, commands: list[str],
+                 read_back: str | None = None) -> list[str]:
+        """Run the rule commands; with `read_back` (the cluster's tag), detect the rules
+        again in the same round trip, for the re-check to read."""
         if not commands:
             return commands
         # All of a node's rule commands in one round trip (one per peer was 7 round trips
-        # a node on 8 nodes); they stop at the first that fails, which is named.
-        script = "\n".join(f"{command} || {{ echo '@@gpc failed {index}' >&2; exit 3; }}"
-                           for index, command in enumerate(commands))
-        result = connection.run(script, timeout=60 + 5 * len(commands), sudo=True)
+        # a node on 8 nodes); they stop at the first that fails, which is named. What
+        # they print (ufw's "Rule added") goes to stderr: stdout is the detection's.
+        script = "\n".join(f"{{ {command}; }} >&2 || {{ echo '@@gpc failed {index}' >&2; "
+                            f"exit 3; }}" for index, command in enumerate(commands))
+        again = detect_script(read_back) if read_back is not None else ""
+        result = connection.run(f"{script}\n{again}", timeout=60 + 5 * len(commands),
+                                sudo=True)
         if not result.ok:
             failed = reports.by_kind(result.stderr).get("failed", [""])[-1]
             command = commands[int(failed)] if failed.isdigit() else commands[0]
             detail = "\n".join(line for line in result.stderr.strip().splitlines()
                                if not line.startswith(reports.MARK))
             raise GpuclusterError(f"`{command}` failed: {detail[-200:]}")
+        if read_back is not None:
+            connection.remember((again, True), result)
         return commands

@@ -23,6 +23,10 @@ HOSTS_FILE = "/etc/hosts"
 class HostsStep(Step):
     name = "hosts"
     summary = "/etc/hosts block: every node's name -> its cluster address"
+    changes_only_own_reads = True  # /etc/hosts: no other step reads it
+
+    def __init__(self) -> None:
+        self._seen: dict[str, files.FileState] = {}  # by node: what check read
 
     def needs_root(self, context: ProvisionContext) -> bool:
         return True
@@ -51,20 +55,22 @@ class HostsStep(Step):
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
-        current = files.read(connection, HOSTS_FILE)
-        desired = files.with_block(current, self.block(context), at_top=True,
-                                   name=context.inventory.cluster.name)
-        if desired == current:
+        current = self._seen[host.name] = files.read_state(connection, HOSTS_FILE)
+        desired = self._desired(context, current)
+        if desired == current.text:
             return []
         return [Change(f"write the managed block in {HOSTS_FILE}",
-                       files.diff(HOSTS_FILE, current, desired))]
+                       files.diff(HOSTS_FILE, current.text, desired))]
+
+    def _desired(self, context: ProvisionContext, current: files.FileState) -> str:
+        return files.with_block(current.text, self.block(context), at_top=True,
+                                name=context.inventory.cluster.name)
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
               changes: list[Change]) -> None:
-        current = files.read(connection, HOSTS_FILE)
-        desired = files.with_block(current, self.block(context), at_top=True,
-                                   name=context.inventory.cluster.name)
-        files.write_atomically(connection, HOSTS_FILE, desired, "644", sudo=True)
+        current = self._seen[host.name]  # a file changed since check read it is left alone
+        files.write_all(connection, [files.NewFile(
+            HOSTS_FILE, self._desired(context, current), "644", was=current)], sudo=True)
 
     def undo(self, context: ProvisionContext, host: Host,
              connection: LoggedConnection) -> list[str]:

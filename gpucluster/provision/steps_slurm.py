@@ -199,15 +199,13 @@ class SlurmStep(Step):
             wanted = config.files_for(context.inventory.cluster.name, settings_of(context),
                                       node, controller, list(facts.values()))
             parents = " ".join(sorted({str(Path(w.path).parent) for w in wanted}))
-            self._run(connection, f"install -d -o munge -g munge -m 0700 /etc/munge && "
+            # The key and every file in one round trip; private: always the step's mode.
+            files.write_all(connection, [
+                files.NewFile(config.MUNGE_KEY, key.decode("utf-8", "surrogateescape")
+                              if key else "", "400", private=True, owner="munge:munge"),
+                *(files.NewFile(f.path, f.text, f.mode, private=True) for f in wanted)],
+                sudo=True, before=f"install -d -o munge -g munge -m 0700 /etc/munge && "
                                   f"mkdir -p {parents}")
-            files.write_atomically(connection, config.MUNGE_KEY,
-                                   key.decode("utf-8", "surrogateescape") if key else "",
-                                   "400", sudo=True, private=True)
-            self._run(connection, f"chown munge:munge {config.MUNGE_KEY}")
-            for file in wanted:  # private: always the step's mode, checked after writing
-                files.write_atomically(connection, file.path, file.text, file.mode,
-                                       sudo=True, private=True)
             restart = ["munged"] if node.key != key_state(key) else []
             self._run(connection, daemons_script(config.conf_server(controller),
                                                  start=["munged"], restart=restart), 120)

@@ -85,6 +85,10 @@ def _private_key_path(context: ProvisionContext) -> str:
 class SshMeshStep(Step):
     name = "ssh-mesh"
     summary = "cluster key pair, authorized_keys, known_hosts and ssh config on every node"
+    changes_only_own_reads = True  # the job user's ~/.ssh: no other step reads it
+
+    def __init__(self) -> None:
+        self._seen: dict[str, dict[str, files.FileState]] = {}  # by node: what check read
 
     def note(self, context: ProvisionContext, host: Host) -> str:
         return str(context.gathered.get("hostname_notes", {}).get(host.name, ""))
@@ -150,7 +154,7 @@ class SshMeshStep(Step):
               connection: LoggedConnection) -> list[Change]:
         if host.name not in context.gathered["host_keys"]:
             raise GpuclusterError(f"{host.name}: its host keys could not be read")
-        current = self._current(context, connection)
+        current = self._seen[host.name] = self._current(context, connection)
         texts = {path: state.text for path, state in current.items()}
         private = _private_key_path(context)  # always 0600, whatever mode the file had
         changes = []
@@ -165,14 +169,15 @@ class SshMeshStep(Step):
 
     def apply(self, context: ProvisionContext, host: Host, connection: LoggedConnection,
               changes: list[Change]) -> None:
-        connection.run("mkdir -p ~/.ssh && chmod 700 ~/.ssh", timeout=30)
-        current = self._current(context, connection)
+        # On what check read, in one round trip: a file changed since is left alone.
+        current = self._seen[host.name]
         texts = {path: state.text for path, state in current.items()}
         private = _private_key_path(context)
-        for path, (mode, content) in self._files(context, host, texts).items():
-            if texts[path] != content or (path == private and current[path].mode != mode):
-                files.write_atomically(connection, path, content, mode,
-                                       private=path == private)
+        files.write_all(connection, [
+            files.NewFile(path, content, mode, private=path == private, was=current[path])
+            for path, (mode, content) in self._files(context, host, texts).items()
+            if texts[path] != content or (path == private and current[path].mode != mode)],
+            before="mkdir -p ~/.ssh && chmod 700 ~/.ssh", read_back=self._paths(context))
 
     def undo(self, context: ProvisionContext, host: Host,
              connection: LoggedConnection) -> list[str]:
@@ -181,8 +186,8 @@ class SshMeshStep(Step):
         controller keeps its copy of the key: a later provision installs the same one."""
         name = context.inventory.cluster.name
         private = _private_key_path(context)
-        current = {path: state.text for path, state in
-                   self._current(context, connection).items()}
+        states = self._current(context, connection)
+        current = {path: state.text for path, state in states.items()}
         # The key's line is known by its blob: from the node's copy, or the controller's.
         controllers = context.state_dir / f"{key_name(name)}.pub"
         publics = [current[f"{private}.pub"] or "",
@@ -198,8 +203,9 @@ class SshMeshStep(Step):
                 "~/.ssh/config": files.without_block(current["~/.ssh/config"] or "", name)}
         changed = [path for path, text in kept.items()
                    if current[path] is not None and text != current[path]]
-        for path in changed:
-            files.write_atomically(connection, path, kept[path], "600")
+        if changed:
+            files.write_all(connection, [files.NewFile(path, kept[path], "600",
+                                                       was=states[path]) for path in changed])
         gone = [path for path in (private, f"{private}.pub") if current[path] is not None]
         if gone:
             connection.run("rm -f " + " ".join(shell_path(path) for path in gone), timeout=30)

@@ -186,10 +186,12 @@ def test_scripts_sent_to_nodes_are_valid_shell(script: str) -> None:
     path = "\"$HOME\"/'odd dir/hosts'"
     text = {
         "read": lambda: render("provision/read_file.sh.j2", paths=[path, "/etc/hosts"]),
-        "write": lambda: render("provision/write_file.sh.j2", path=path, mode="644", size=3,
-                                sha256="ab" * 32, private=False),
-        "write-private": lambda: render("provision/write_file.sh.j2", path=path, mode="600",
-                                        size=3, sha256="ab" * 32, private=True),
+        "write": lambda: files.write_script([
+            files.NewFile(path, "abc", "644", was=files.FileState(None)),
+            files.NewFile("/etc/hosts", "x", "644", was=files.FileState("y"))],
+            before="mkdir -p ~/.ssh")[0],
+        "write-private": lambda: files.write_script([files.NewFile(
+            path, "abc", "600", private=True, owner="munge:munge")])[0],
         "cleanup": lambda: render("provision/relay_cleanup.sh.j2", dir="'/srv/.relay-1'"),
         "first-relay": lambda: _relay_script(True, "node-2"),
         "relay": lambda: _relay_script(False, "node-2"),
@@ -302,21 +304,98 @@ def test_an_immutable_file_is_named_as_such_and_left_as_it_was(tmp_path: Path) -
 
 
 def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path) -> None:
-    import hashlib
     import subprocess
-
-    from gpucluster.templating import render
 
     target = tmp_path / "authorized_keys"
     target.write_text("ssh-ed25519 AAAA admin\n")
-    whole = b"ssh-ed25519 AAAA admin\nssh-ed25519 BBBB cluster\n"
-    script = render("provision/write_file.sh.j2", path=str(target), mode="600",
-                    size=len(whole), sha256=hashlib.sha256(whole).hexdigest(), private=False)
-    cut = subprocess.run(["sh", "-c", script], input=whole[:30], capture_output=True,
+    whole = "ssh-ed25519 AAAA admin\nssh-ed25519 BBBB cluster\n"
+    script, data = files.write_script([files.NewFile(str(target), whole, "600")])
+    cut = subprocess.run(["sh", "-c", script], input=data[:30], capture_output=True,
                          check=False)  # the connection dropped after 30 bytes
     assert cut.returncode == 3 and b"arrived incomplete" in cut.stderr
     assert target.read_text() == "ssh-ed25519 AAAA admin\n"
     assert [p.name for p in tmp_path.iterdir()] == ["authorized_keys"]
+
+
+def test_files_written_in_one_round_are_all_new_or_all_as_they_were(tmp_path: Path) -> None:
+    """ssh-mesh writes five files in one round trip: a connection cut inside the second
+    file's bytes must not leave the first one new and the others old."""
+    import subprocess
+
+    first, second = tmp_path / "config", tmp_path / "known_hosts"
+    first.write_text("Host old\n")
+    second.write_text("old key\n")
+    script, data = files.write_script([files.NewFile(str(first), "Host new\n", "600"),
+                                       files.NewFile(str(second), "new key\n", "600")])
+    cut = subprocess.run(["sh", "-c", script], input=data[:12], capture_output=True,
+                         check=False)  # all of the first file, half of the second
+    assert cut.returncode == 3 and b"every file left as it was" in cut.stderr
+    assert (first.read_text(), second.read_text()) == ("Host old\n", "old key\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "known_hosts"]
+    whole = subprocess.run(["sh", "-c", script], input=data, capture_output=True,
+                           check=False)
+    assert whole.returncode == 0, whole.stderr
+    assert (first.read_text(), second.read_text()) == ("Host new\n", "new key\n")
+
+
+def test_a_file_edited_after_provision_read_it_is_not_overwritten(tmp_path: Path) -> None:
+    """The plan is made on what was read (ahead, seconds before): a line someone added to
+    authorized_keys meanwhile would be lost by writing the plan over it."""
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+    from gpucluster.remote.result import RemoteError
+
+    connection = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"))
+    keys, config = tmp_path / "authorized_keys", tmp_path / "config"
+    keys.write_text("ssh-ed25519 AAAA admin\n")
+    seen = files.read_states(connection, [str(keys), str(config)])
+    keys.write_text("ssh-ed25519 AAAA admin\nssh-ed25519 CCCC colleague\n")  # meanwhile
+    planned = [files.NewFile(str(keys), "ssh-ed25519 AAAA admin\nssh-ed25519 BBBB cluster\n",
+                             "600", was=seen[str(keys)]),
+               files.NewFile(str(config), "Host node2\n", "600", was=seen[str(config)])]
+    with pytest.raises(RemoteError) as refused:
+        files.write_all(connection, planned)
+    assert f"{keys} changed since provision read it: every file left as it was" \
+        in refused.value.message
+    assert "CCCC colleague" in keys.read_text() and not config.exists()
+    files.write_all(connection, [planned[1]])  # absent when read, absent now: written
+    assert config.read_text() == "Host node2\n"
+
+
+def test_the_files_read_back_with_a_write_answer_the_recheck(tmp_path: Path) -> None:
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+
+    log = CommandLog(tmp_path / "log")
+    connection = LoggedConnection(LocalConnection("here"), log)
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    files.write_all(connection, [files.NewFile(paths[0], "one\n", "640"),
+                                 files.NewFile(paths[1], "two\n", "600", private=True)])
+    (tmp_path / "a").write_text("changed by hand\n")  # after the write's own read
+    states = files.read_states(connection, paths)
+    assert states == {paths[0]: files.FileState("one\n", "640"),
+                      paths[1]: files.FileState("two\n", "600")}
+    assert log.path.read_text().splitlines()[-1].endswith("read back with the write")
+    assert files.read(connection, paths[0]) == "changed by hand\n"  # asked again: read
+
+
+def test_a_steps_writes_keep_the_other_steps_reads_ahead(tmp_path: Path) -> None:
+    from gpucluster.provision.logged import CommandLog, LoggedConnection
+    from gpucluster.remote.local import LocalConnection
+    from gpucluster.remote.result import CommandResult
+
+    own, other = (f"cat {tmp_path}/own", False), (f"cat {tmp_path}/other", False)
+    primed = {read: CommandResult("here", read[0], 0, "read ahead", "", 0.0)
+              for read in (own, other)}
+    narrowed = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"), primed)
+    narrowed.writes_change = [own]
+    everything = LoggedConnection(LocalConnection("here"), CommandLog(tmp_path / "log"),
+                                  primed)
+    for connection in (narrowed, everything):
+        connection.run("true", timeout=10)  # a write, as far as the cache can tell
+    assert narrowed.run(other[0], timeout=10).stdout == "read ahead"
+    assert narrowed.run(own[0], timeout=10).exit_code != 0  # asked of the machine: no file
+    assert everything.run(other[0], timeout=10).exit_code != 0
 
 
 def test_hostnames_that_would_poison_every_nodes_files_are_left_out() -> None:
