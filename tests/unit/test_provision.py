@@ -360,6 +360,9 @@ def test_a_file_edited_after_provision_read_it_is_not_overwritten(tmp_path: Path
     assert "CCCC colleague" in keys.read_text() and not config.exists()
     files.write_all(connection, [planned[1]])  # absent when read, absent now: written
     assert config.read_text() == "Host node2\n"
+    # A home shared by every node: another node wrote the same meanwhile; not a conflict.
+    files.write_all(connection, [files.NewFile(str(config), "Host node2\n", "600",
+                                               was=files.FileState(None))])
 
 
 def test_the_files_read_back_with_a_write_answer_the_recheck(tmp_path: Path) -> None:
