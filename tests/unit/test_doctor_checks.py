@@ -645,9 +645,11 @@ def test_the_mesh_answers_its_peers_and_no_stranger() -> None:
     with socket.socket() as probe_port:
         probe_port.bind(("127.0.0.1", 0))
         port = probe_port.getsockname()[1]
-    # Two peers named, both this machine: each of the two reaches is a peer's.
+    # Two peers named: this machine, and one that never connects (TEST-NET-1, routed
+    # nowhere), so that the listener stays up, waiting for it, while the strangers come:
+    # with two peers that are this machine it could end before they did.
     mesh = subprocess.Popen([sys.executable, "-c", script_text("doctor/port_mesh.py"),
-                             f"{port} 3 127.0.0.1 127.0.0.1"],
+                             f"{port} 1 127.0.0.1 192.0.2.1"],
                             stdout=subprocess.PIPE, text=True)
     strangers = []
     deadline = time.monotonic() + 5
@@ -661,7 +663,7 @@ def test_the_mesh_answers_its_peers_and_no_stranger() -> None:
         with contextlib.suppress(OSError):
             stranger.sendall(words)
     out, _ = mesh.communicate(timeout=30)
-    assert out.splitlines()[-2:] == ["peer 127.0.0.1 open"] * 2, out
+    assert "peer 127.0.0.1 open" in out.splitlines(), out
     for stranger in strangers:
         stranger.settimeout(2)
         with contextlib.suppress(ConnectionResetError):
