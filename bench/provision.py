@@ -38,14 +38,14 @@ DEFAULT_DROP = ("iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -m conntra
                 "-j ACCEPT; iptables -P INPUT DROP")
 
 
-def _provision(inventory: str, *flags: str) -> tuple[float, list[dict[str, Any]]]:
-    """Wall time of one provision run, and its per node and step results."""
+def _provision(inventory: str, *flags: str) -> tuple[float, dict[str, Any]]:
+    """Wall time of one provision run, and its --json (results, phases_s...)."""
     started = time.perf_counter()
     done = subprocess.run([*GPUCLUSTER, "provision", "-i", inventory, "--json", *flags],
                           capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
     succeeded(done)
-    return elapsed, json.loads(done.stdout)["results"]
+    return elapsed, json.loads(done.stdout)
 
 
 def _expect(results: list[dict[str, Any]], allowed: set[str], what: str) -> None:
@@ -57,15 +57,17 @@ def _expect(results: list[dict[str, Any]], allowed: set[str], what: str) -> None
         raise SystemExit(f"{what}: expected only {sorted(allowed)}, got " + "; ".join(wrong))
 
 
-def _fresh_round(args: argparse.Namespace, tmp: Path,
-                 measure: Callable[[str, float], None]) -> None:
+def _fresh_round(args: argparse.Namespace, tmp: Path, measure: Callable[[str, float], None],
+                 phases: list[dict[str, float]]) -> None:
     """One sandbox from scratch: the fresh provision, then what is timed beside it."""
     with sandbox("gpcbench", "198.18.9.0/24", args.nodes, tmp) as inventory:
         path = inventory["path"]
         subprocess.run([*GPUCLUSTER, "run", "-i", path, DEFAULT_DROP], check=True,
                        capture_output=True)
         shape_logins(path, args)
-        elapsed, results = _provision(path)
+        elapsed, payload = _provision(path)
+        results = payload["results"]
+        phases.append(payload["phases_s"])
         # The steps with work to do on fresh nodes must have changed every node.
         _expect([r for r in results if r["step"] in ("ssh-mesh", "hosts", "firewall")],
                 {"changed"}, "fresh provision")
@@ -73,8 +75,8 @@ def _fresh_round(args: argparse.Namespace, tmp: Path,
         measure("fresh", elapsed)
         measure("smoke", timed([*GPUCLUSTER, "smoke", "-i", path], succeeded))
         for _ in range(args.runs):  # alternated: the box's speed drifts within a run
-            elapsed, results = _provision(path, "--skip", "smoke")
-            _expect(results, {"already ok", "skipped"}, "re-run")
+            elapsed, payload = _provision(path, "--skip", "smoke")
+            _expect(payload["results"], {"already ok", "skipped"}, "re-run")
             measure("re-run", elapsed)
             measure("run true", timed([*GPUCLUSTER, "run", "-i", path, "true"], succeeded))
 
@@ -89,9 +91,11 @@ def main() -> None:
     add_login_options(parser)
     args = parser.parse_args()
     times: dict[str, list[float]] = {"fresh": [], "smoke": [], "re-run": [], "run true": []}
+    phases: list[dict[str, float]] = []
     for _ in range(args.fresh):
         with tempfile.TemporaryDirectory() as tmp:
-            _fresh_round(args, Path(tmp), lambda what, seconds: times[what].append(seconds))
+            _fresh_round(args, Path(tmp), lambda what, seconds: times[what].append(seconds),
+                         phases)
 
     fresh, smoke = median_of(times["fresh"]), median_of(times["smoke"])
     rerun, floor = median_of(times["re-run"]), median_of(times["run true"])
@@ -106,6 +110,9 @@ def main() -> None:
         print(f"{label:<46} {value:>8.2f}   {' '.join(f'{r:.2f}' for r in runs)}")
     print(f"fresh: {fresh:.1f} s (goal <= 40 s), of which provisioning about "
           f"{fresh - smoke:.1f} s beside the smoke test's {smoke:.1f} s")
+    for number, run in enumerate(phases, start=1):  # as provision itself timed them
+        print(f"fresh run {number}, its phases: " + ", ".join(
+            f"{phase} {seconds:.1f} s" for phase, seconds in run.items() if seconds >= 0.05))
     print(f"re-run: {rerun:.2f} s (goal <= 5 s plus the smoke test), "
           f"{rerun / floor:.2f}x `run true` on the same nodes")
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory, SlurmSettings
+from gpucluster.phases import PhaseTimes
 from gpucluster.provision import prefetch
 from gpucluster.provision.logged import CommandLog, LoggedConnection
 from gpucluster.provision.model import (
@@ -60,6 +62,7 @@ class ProvisionReport:
     verified: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # by step
     log: Path | None = None
     duration_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: parity, each step...
 
     @property
     def mesh(self) -> dict[str, dict[str, str]]:
@@ -161,9 +164,11 @@ def provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_
     """Every selected step on every node; one provision at a time per inventory. A step's
     cluster-wide verification (the mesh's every pair) runs when the step changed a node,
     or with `verify`: a run that finds everything right does not pay for it again."""
+    phases = PhaseTimes(on_step)
     with exclusive(state_dir_for(inventory), "provision"):
-        return _provision(session, inventory, steps, dry_run, force, on_step,
-                          on_image_progress, verify)
+        report = _provision(session, inventory, steps, dry_run, force, phases,
+                            on_image_progress, verify)
+    return dataclasses.replace(report, phases=phases.durations())
 
 
 def _provision(session: Session, inventory: Inventory, steps: Sequence[str], dry_run: bool,

@@ -270,7 +270,7 @@ def test_provision_says_what_nodes_share_once_for_all_of_them() -> None:
     # Changes that differ stay apart, each with its own diff
     assert "n1 hosts: write /etc/hosts" in lines and "n2 hosts: write /etc/hosts" in lines
     assert "n[1-3] image: no `image:`" in lines and "n3 firewall: iptables: not found" in lines
-    assert lines[-1].startswith("provision: 5 node-steps would change;")
+    assert lines[-1].startswith("provision: 5 node-steps would change in 0.0 s;")
 
 
 def test_a_one_node_cluster_is_counted_in_the_singular_and_has_no_ssh_matrix() -> None:
@@ -279,10 +279,13 @@ def test_a_one_node_cluster_is_counted_in_the_singular_and_has_no_ssh_matrix() -
     from gpucluster.provision.runner import ProvisionReport
 
     report = ProvisionReport(("n1",), ("ssh-mesh",), (
-        NodeResult("ssh-mesh", "n1", Outcome.CHANGED),), verified={"ssh-mesh": {"n1": {}}})
+        NodeResult("ssh-mesh", "n1", Outcome.CHANGED),), verified={"ssh-mesh": {"n1": {}}},
+        duration_s=2.46, phases={"parity": 1.9, "ssh-mesh": 0.51, "image": 0.01})
     text = _text(lambda console: print_report(console, report, False))
     assert "SSH from" not in text and "pairs" not in text
-    assert text.splitlines()[-1].startswith("provision: 1 node-step changed;")
+    # where the time went, without the steps that took none
+    assert text.splitlines()[-1].startswith(
+        "provision: 1 node-step changed in 2.5 s (parity 1.9 s, ssh-mesh 0.5 s);")
     assert run.failure_summary(FanoutResult(hosts=("n1",), values={}, failures={
         "n1": HostFailure("n1", FailureKind.UNREACHABLE, "no answer")})).startswith(
         "1 of 1 host failed")
@@ -409,3 +412,19 @@ def test_provision_on_16_nodes_folds_its_rows_and_says_a_whole_mesh_in_a_line() 
                                  verified={"ssh-mesh": mesh}), False)
     assert "…" not in broken.getvalue()
     assert "ssh-mesh: 1 pair cannot log in: node3 -> node9" in broken.getvalue()
+
+
+def test_phase_times_end_each_phase_where_the_next_begins() -> None:
+    import time
+
+    from gpucluster.phases import PhaseTimes
+
+    seen: list[str] = []
+    phases = PhaseTimes(seen.append)
+    assert phases.durations() == {}
+    phases("parity")
+    time.sleep(0.05)
+    phases("ssh-mesh")
+    durations = phases.durations()
+    assert seen == ["parity", "ssh-mesh"] and list(durations) == ["parity", "ssh-mesh"]
+    assert durations["parity"] >= 0.05 and durations["ssh-mesh"] >= 0
