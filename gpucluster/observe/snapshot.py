@@ -33,7 +33,14 @@ class NodeView:
 
     @property
     def mean_util(self) -> float | None:
-        utils = [g.util for g in self.sample.gpus if g.util is not None] if self.sample else []
+        """Mean utilisation of the node's GPUs that run a process, or of all of them
+        where none does: idle GPUs beside a job would hide its pace (a job on 2 of 8
+        GPUs at 15% read 4%, beside another node's 25% on its 2)."""
+        if self.sample is None:
+            return None
+        sample = self.sample
+        working = [g for g in sample.gpus if sample.processes_on(g)]
+        utils = [g.util for g in working or sample.gpus if g.util is not None]
         return sum(utils) / len(utils) if utils else None
 
 

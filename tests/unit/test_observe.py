@@ -81,6 +81,11 @@ def test_the_summary_names_the_slowest_node_the_busiest_link_and_idle_job_gpus()
                                view("node2", parse_frame(frame((1, 0), rx=0)))))
     assert idle.summary.slowest is None and idle.summary.busiest is None  # nothing works
     assert summary.busy_gpus == (3, 4) and idle.summary.busy_gpus == (0, 4)
+    # A job on 2 of 8 GPUs per node: judged on those 2, not diluted by 6 idle ones
+    # (node1 read 4% beside node2's 28%, where its job's GPUs ran at 15%).
+    job_on_two = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((15, 15, *[0] * 6)))),
+                                     view("node2", parse_frame(frame((25, 25, *[0] * 6))))))
+    assert job_on_two.summary.slowest == ("node1", 15.0)
 
 
 def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
