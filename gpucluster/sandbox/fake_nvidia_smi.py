@@ -9,7 +9,8 @@ simulated. The GPUs' processes, memory, utilisation, temperatures, power and clo
 follow the node's torchrun workers (gpu_load, gpu_values).
 The node's state file (JSON) is written by `gpucluster sandbox up`:
 
-    {"model": "h100", "count": 8, "driver": "535.104.05", "fault": null, "slowdown": null}
+    {"model": "h100", "count": 8, "driver": "535.104.05", "fault": null, "slowdown": null,
+     "node": "node1"}
 
 `fault` stages a broken driver: "failed" (nvidia-smi cannot reach it, exit 9) or "hung"
 (nvidia-smi never answers, as on a wedged GPU); `slowdown` a clock event reason
@@ -26,6 +27,7 @@ import os
 import re
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,12 +66,13 @@ class SimulatedNode:
     cuda: str
     apps_file: Path
     slowdown: str | None = None  # a clock event reason staged on every GPU (--clock-slowdown)
+    node: str = ""  # the sandbox node's name: its GPUs' UUIDs are its own, as real ones are
 
     def bus_id(self, index: int) -> str:
         return f"00000000:{index + 0x18:02X}:00.0"
 
     def uuid(self, index: int) -> str:
-        return f"GPU-00000000-0000-0000-0000-{index:012d}"
+        return f"GPU-{zlib.crc32(self.node.encode()):08x}-0000-0000-0000-{index:012d}"
 
     def retext(self, text: str) -> str:
         """A capture's text with this node's driver and CUDA version in it."""
@@ -103,7 +106,8 @@ def load_node(state_path: Path) -> SimulatedNode | None:
     driver = state.get("driver") or capture.driver
     cuda = state.get("cuda") or cuda_for_driver(driver, _capture_cuda(capture))
     return SimulatedNode(capture, int(state["count"]), driver, cuda,
-                         state_path.with_suffix(".apps"), state.get("slowdown"))
+                         state_path.with_suffix(".apps"), state.get("slowdown"),
+                         state.get("node", ""))
 
 
 class UsageError(Exception):
@@ -179,7 +183,9 @@ def full_query(node: SimulatedNode, indices: list[int]) -> str:
     head, _, block = text.partition("\nGPU ")
     original_bus = block.split("\n", 1)[0].strip()
     head = re.sub(r"(Attached GPUs\s*:\s*)\d+", rf"\g<1>{node.count}", head)
-    blocks = ["GPU " + block.replace(original_bus, node.bus_id(i)).rstrip("\n") for i in indices]
+    blocks = ["GPU " + re.sub(r"(GPU UUID\s*:\s*)\S+", rf"\g<1>{node.uuid(i)}",
+                              block.replace(original_bus, node.bus_id(i))).rstrip("\n")
+              for i in indices]
     return head + "\n" + "\n\n".join(blocks) + "\n"
 
 

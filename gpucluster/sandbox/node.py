@@ -210,7 +210,7 @@ def write_gpu_state(spec: SandboxSpec, node: NodeSpec, python: str) -> None:
     runnable by every user of the node, as a real nvidia-smi is."""
     paths = node_paths(spec, node)
     state = {"model": node.gpu_model, "count": node.gpu_count, "driver": node.driver,
-             "fault": node.driver_fault, "slowdown": node.clock_slowdown}
+             "fault": node.driver_fault, "slowdown": node.clock_slowdown, "node": node.name}
     system.write_atomically(paths.gpu_state, json.dumps(state) + "\n")
     _device_files(paths.devices, node.gpu_count if simulates_gpu(node) else 0)
     wrapper = paths.bin / "nvidia-smi"

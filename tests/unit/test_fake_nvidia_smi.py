@@ -196,3 +196,22 @@ def test_the_streaming_loop_prints_rows_every_period(tmp_path: Path) -> None:
     assert lines[0].startswith("index, utilization.gpu")  # the header once
     assert [line.split(",")[0] for line in lines[1:]] == ["0", "1"] * 3
     assert time.monotonic() - started >= 0.4  # three rounds, 200 ms apart
+
+
+def test_each_nodes_gpus_have_uuids_of_their_own(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Real GPUs' UUIDs are unique across a cluster: every sandbox node's were the same
+    (GPU-00000000-...-000000000000), which would hide a table keyed by UUID alone."""
+    seen = {}
+    for node in ("node1", "node2", "node1"):
+        (tmp_path / node).mkdir(exist_ok=True)
+        state = _state(tmp_path / node, model=SLUGS[0], node=node)
+        code, out, _ = _run(state, "--query-gpu=uuid", "--format=csv,noheader", capsys=capsys)
+        assert code == 0
+        uuids = out.split()
+        assert len(set(uuids)) == 2 and all(
+            re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", u) for u in uuids)
+        assert seen.setdefault(node, uuids) == uuids  # stable from one call to the next
+        _, full, _ = _run(state, "-q", capsys=capsys)  # the same in every form
+        assert re.findall(r"GPU UUID\s*:\s*(\S+)", full) == uuids
+    assert not set(seen["node1"]) & set(seen["node2"])
