@@ -56,12 +56,18 @@ def summary(collected: Collected, inventory_path: Path) -> str:
     lines += ["", "## GPU errors found", ""]
     lines += _gpu_errors(collected) or [_no_gpu_errors(collected)]
     lines += ["", "## Doctor's other findings", ""]
+    found = [r for r in (collected.doctor.results if collected.doctor else [])
+             if r.status in (Status.FAIL, Status.WARN)]
+    # The bundled job's own processes and state: what a launch would refuse, not a fault.
+    own = [r for r in found if record is not None and r.name in ("gpu-processes", "jobs")
+           and record.id in r.message]
     findings = hostrange.hosts_by(  # what several nodes share, said once
-        ((r.name, r.status.value, r.message), r.host)
-        for r in (collected.doctor.results if collected.doctor else [])
-        if r.status in (Status.FAIL, Status.WARN))
+        ((r.name, r.status.value, r.message), r.host) for r in found if r not in own)
     lines += [f"- {hostrange.fold(hosts)} `{name}` {status}: {message}"
               for (name, status, message), hosts in findings.items()] or ["None."]
+    if own and record is not None:
+        lines += ["", f"(Left out: {hostrange.fold(sorted({r.host for r in own}))} "
+                      f"`gpu-processes`/`jobs`, which name job {record.id} itself.)"]
     lines += _slurm(collected)
     lines += ["", "## What is where", "",
               "- `nodes/NODE/`: `doctor.json`, `nvidia-smi-q.txt`, `nvidia-smi-topo.txt`, "

@@ -68,6 +68,27 @@ def test_a_job_that_ended_well_has_its_nodes_folded_by_state() -> None:
     assert "No node failed. States: exited 0 on node[1-3]." in text
 
 
+def test_a_running_jobs_own_processes_are_not_listed_as_findings() -> None:
+    """A bundle of a running job listed `gpu-processes FAIL: GPUs held by running job X`
+    among doctor's findings, X being the job bundled; another job's stay listed."""
+    record = JobRecord("20261130-120000-abcd", "train.py", [], ["node1", "node2"],
+                       "/c", "/j", 0.0, {"node1": 2, "node2": 2})
+    doctor = DoctorReport(("node1", "node2"), (), (
+        *(CheckResult("gpu-processes", n, Status.FAIL,
+                      f"GPUs held by running job {record.id} (2 processes)")
+          for n in ("node1", "node2")),
+        CheckResult("jobs", "node1", Status.WARN, f"job {record.id} still running"),
+        CheckResult("jobs", "node2", Status.WARN, "job 20261130-090000-ffff still running")))
+    states = {n: NodeState(n, "running", None) for n in record.hosts}
+    text = summary(Collected({n: NodeBundle(n) for n in record.hosts}, doctor,
+                             JobOutcome(record, states, None), record, 1.0, None),
+                   Path("inv.yaml"))
+    findings = text.split("## Doctor's other findings")[1].split("##")[0]
+    assert findings.count("\n- ") == 1 and "20261130-090000-ffff still running" in findings
+    assert f"(Left out: node[1-2] `gpu-processes`/`jobs`, which name job {record.id} " \
+           f"itself.)" in findings
+
+
 def test_no_gpu_errors_is_not_claimed_where_the_kernel_log_was_unreadable() -> None:
     """A node user without passwordless sudo cannot read the kernel log: the summary
     said "no Xid ... and doctor's Xid checks passed" of checks that had been skipped."""
