@@ -35,7 +35,9 @@ class HostsStep(Step):
         return str(context.gathered.get("hostname_notes", {}).get(host.name, ""))
 
     def reads(self, context: ProvisionContext) -> list[tuple[str, bool]]:
-        return [(HOSTNAME_COMMAND, False), (files.read_script([HOSTS_FILE]), False)]
+        # Read as root, as it is written: the write reads it back in its own round trip,
+        # and that answers the re-check (the step needs root, dry runs included).
+        return [(HOSTNAME_COMMAND, False), (files.read_script([HOSTS_FILE]), True)]
 
     def prepare(self, context: ProvisionContext, each: Each) -> None:
         hostnames(context, each)
@@ -55,7 +57,8 @@ class HostsStep(Step):
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:
-        current = self._seen[host.name] = files.read_state(connection, HOSTS_FILE)
+        current = self._seen[host.name] = files.read_state(connection, HOSTS_FILE,
+                                                           sudo=True)
         desired = self._desired(context, current)
         if desired == current.text:
             return []
@@ -75,7 +78,7 @@ class HostsStep(Step):
     def undo(self, context: ProvisionContext, host: Host,
              connection: LoggedConnection) -> list[str]:
         """The cluster's managed block goes; every other line stays as it is."""
-        current = files.read(connection, HOSTS_FILE)
+        current = files.read(connection, HOSTS_FILE, sudo=True)
         kept = files.without_block(current or "", context.inventory.cluster.name)
         if current is None or kept == current:
             return []

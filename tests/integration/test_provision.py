@@ -297,7 +297,8 @@ def test_a_node_dying_mid_run_fails_alone_and_a_rerun_completes(cluster: Sandbox
     killed = False
     while time.time() < deadline and not killed:  # wait until the run reaches /etc/hosts
         for log in set(logs.iterdir()) - seen:
-            if "node3: '# Print /etc/hosts" in log.read_text():  # read_file.sh.j2
+            if re.search(r"node3: (\[sudo\] )?'# Print /etc/hosts",  # read_file.sh.j2
+                         log.read_text()):
                 namespace_pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-node3"],
                                                 capture_output=True, text=True,
                                                 check=False).stdout.split()
