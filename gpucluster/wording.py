@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+WARNING = "warning: "  # a progress line (on_phase) that starts so is one to heed
+
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`3 nodes`, `1 node`: a one-server cluster is where many users start."""

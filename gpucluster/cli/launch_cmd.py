@@ -147,7 +147,7 @@ def launch(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         try:
             record = Attempt(session, loaded, store, request).start(
-                on_phase=view.phase_printer(err))
+                on_phase=common.phase_printer(err))
         except LaunchRefused as refused:
             view.print_refusal(err, refused, stdout_console() if json_output else None)
             raise typer.Exit(EXIT_FAILED) from None

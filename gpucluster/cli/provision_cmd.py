@@ -55,7 +55,12 @@ def provision(
 ) -> None:
     """Make every node right: SSH mesh, /etc/hosts, firewall, image (and Slurm, --with
     slurm); a re-run changes nothing."""
-    from gpucluster.cli.views.provision import print_report, print_undo, summary_payload
+    from gpucluster.cli.views.provision import (
+        phase_line,
+        print_report,
+        print_undo,
+        summary_payload,
+    )
     from gpucluster.provision import runner
 
     loaded = load_inventory(inventory)
@@ -71,8 +76,10 @@ def provision(
                 raise typer.Exit(EXIT_FAILED)
             return
         steps = runner.select_steps(*named, loaded)
+        say = common.phase_printer(stderr_console())
         with common.byte_progress(stderr_console()) as on_bytes:
             report = runner.provision(session, loaded, steps, dry_run, force,
+                                      on_step=lambda step: say(phase_line(step)),
                                       on_image_progress=on_bytes, verify=verify)
     if json_output:
         common.print_json(console, summary_payload(report))

@@ -96,7 +96,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
                          say=lambda text: err.print(f"[bold yellow]gpucluster: "
                                                     f"{escape(text)}[/]"),
                          on_output=lines,
-                         on_phase=view.phase_printer(err))
+                         on_phase=common.phase_printer(err))
     except LaunchRefused as refused:
         view.print_refusal(err, refused, stdout_console() if json_output else None)
         raise typer.Exit(EXIT_FAILED) from None

@@ -14,7 +14,6 @@ from gpucluster.launch.jobs import JobRecord
 from gpucluster.launch.known_causes import KnownCause
 
 DEFAULT_GRACE_S = 10.0
-WARNING = "warning: "  # a progress line (on_phase) that starts so is one to heed
 
 OutputCallback = Callable[[str, str | None, str], None]  # node, rank, text
 

@@ -9,7 +9,6 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from gpucluster import hostrange, reports
-from gpucluster.launch.model import WARNING
 from gpucluster.reports import Section
 from gpucluster.slurm_states import (
     NOT_SET_UP,
@@ -19,6 +18,7 @@ from gpucluster.slurm_states import (
     parse_sinfo,
     where_set_up,
 )
+from gpucluster.wording import WARNING
 
 SECTION = "slurm-queue"
 # A healthy slurmctld answers in milliseconds; a dead one makes sinfo retry for about

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpucluster import reports
 from gpucluster.launch import outside_slurm
-from gpucluster.launch.model import WARNING
+from gpucluster.wording import WARNING
 
 NODES = ["node1", "node2", "node3"]
 

@@ -428,3 +428,12 @@ def test_phase_times_end_each_phase_where_the_next_begins() -> None:
     durations = phases.durations()
     assert seen == ["parity", "ssh-mesh"] and list(durations) == ["parity", "ssh-mesh"]
     assert durations["parity"] >= 0.05 and durations["ssh-mesh"] >= 0
+
+
+def test_every_provision_step_says_what_it_does_as_it_begins() -> None:
+    from gpucluster.cli.views.provision import phase_line
+    from gpucluster.provision.runner import STEP_NAMES
+
+    lines = [phase_line(step) for step in STEP_NAMES]  # a new step without words: KeyError
+    assert lines[0].startswith("parity: ") and "torch" in lines[0]
+    assert "hosts: /etc/hosts block: every node's name -> its cluster address" in lines

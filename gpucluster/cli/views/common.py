@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from rich import filesize
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,6 +24,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from gpucluster.wording import WARNING
+
 JSON_SCHEMA_VERSION = 1
 
 
@@ -33,6 +36,15 @@ def discard_writes(stream: TextIO) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
         os.close(devnull)
+
+
+def phase_printer(err: Console) -> Callable[[str], None]:
+    """A long command's progress lines (launch's, provision's), dim; a line that warns
+    stands out."""
+    def say(text: str) -> None:
+        style = "bold yellow" if text.startswith(WARNING) else "dim"
+        err.print(f"[{style}]gpucluster: {escape(text)}[/]")
+    return say
 
 
 def print_json(console: Console, payload: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -19,7 +19,6 @@ from gpucluster import hostrange
 from gpucluster.cli.views.common import discard_writes, print_json
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
-    WARNING,
     FirstFailure,
     JobOutcome,
     LaunchRefused,
@@ -28,15 +27,6 @@ from gpucluster.launch.model import (
     StopResult,
 )
 from gpucluster.wording import counted
-
-
-def phase_printer(err: Console) -> Callable[[str], None]:
-    """Launch's progress lines, dim; a line that warns stands out."""
-    def say(text: str) -> None:
-        style = "bold yellow" if text.startswith(WARNING) else "dim"
-        err.print(f"[{style}]gpucluster: {escape(text)}[/]")
-    return say
-
 
 # A C++ backtrace as torch's c10 errors print it: the line that says where the error was
 # raised (which stays), then one line per frame.

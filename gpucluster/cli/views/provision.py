@@ -12,8 +12,19 @@ from rich.table import Table
 from gpucluster import hostrange
 from gpucluster.cli.views.common import table_fits
 from gpucluster.provision.model import NodeResult, Outcome
-from gpucluster.provision.runner import ProvisionReport
+from gpucluster.provision.runner import STEP_TYPES, ProvisionReport
 from gpucluster.wording import counted
+
+_ABOUT = {"parity": "the nodes' driver, CUDA, GPUs, torch and NCCL must match (a node's "
+                    "first run imports torch)",
+          **{s.name: s.summary for s in STEP_TYPES},
+          "smoke": "all-reduce across every node through torchrun"}
+
+
+def phase_line(step: str) -> str:
+    """What provision says as a step begins: `hosts: /etc/hosts block: ...`."""
+    return f"{step}: {_ABOUT[step]}"
+
 
 STYLE = {Outcome.CHANGED: "cyan", Outcome.OK: "green", Outcome.PASSED: "green",
          Outcome.PLANNED: "yellow",
