@@ -224,8 +224,7 @@ def test_a_user_without_sudo_gets_findings_and_a_refusal_that_changes_nothing(
         before = {n: sandbox.node_exec(n, watched).stdout for n in sandbox.nodes}
         refused = gpucluster("provision", "-i", str(sandbox.inventory), timeout=120)
         assert refused.code != 0
-        message = refused.stderr.strip()
-        assert "\n" not in message and "Traceback" not in message
+        message = _the_one_error(refused.stderr)
         assert re.search(r"provision changed nothing: hosts, firewall need root on "
                          r"node\[1-3\], where gcuser cannot sudo without a password .*"
                          r"--skip hosts,firewall", message), message
@@ -307,6 +306,16 @@ def _reaps_a_root_process(sandbox: Sandbox, typed: Callable[..., CliResult]) -> 
         holder.wait()
 
 
+def _the_one_error(stderr: str) -> str:
+    """A refusal's one-line error, after the progress lines of the steps run before it
+    (provision's `gpucluster: parity: ...`), and nothing else."""
+    *progress, message = stderr.strip().splitlines()
+    assert message.startswith("gpucluster: error: ") and "Traceback" not in stderr, stderr
+    assert all(line.startswith("gpucluster: ") and "error" not in line
+               for line in progress), stderr
+    return message
+
+
 def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
                          before: dict[str, str]) -> None:
     """--ask-sudo-pass: a wrong password is tried once per node and changes nothing; the
@@ -322,7 +331,7 @@ def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
         return done
 
     wrong = typed("provision", "-i", inventory, answer="not-the-password")
-    assert wrong.code == 2 and "\n" not in wrong.stderr.strip(), wrong.stderr
+    assert wrong.code == 2 and _the_one_error(wrong.stderr), wrong.stderr
     assert re.search(r"provision changed nothing: hosts, firewall need root on node\[1-3\], "
                      r"where sudo refused gcuser's password \(.*; tried once per node\)",
                      wrong.stderr), wrong.stderr
