@@ -119,12 +119,10 @@ def write_all(connection: LoggedConnection, new_files: Sequence[NewFile],
     script, data = write_script(new_files, before)
     paths = [f.path for f in new_files]
     again = read_script(list(read_back if read_back is not None else paths))
-    result = connection.run(f"{script}\nset +e\n{again}", timeout=30, sudo=sudo,
-                            stdin=data)
+    result = connection.run_then_read(script, again, timeout=30, sudo=sudo, stdin=data)
     if not result.ok:
         raise RemoteError(FailureKind.ERROR, f"cannot write {', '.join(paths)}: "
                                              f"{result.stderr.strip()}")
-    connection.remember((again, sudo), result)
 
 
 def write_script(new_files: Sequence[NewFile], before: str = "") -> tuple[str, bytes]:

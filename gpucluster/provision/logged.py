@@ -74,10 +74,15 @@ class LoggedConnection:
                                    f"{result.duration_s:.2f}s")
         return result
 
-    def remember(self, read: tuple[str, bool], result: CommandResult) -> None:
-        """`read` (command, sudo) ran at the end of the command that gave `result`, after
-        its writes: the next time it is asked for, that is the answer."""
-        self._primed[read] = result
+    def run_then_read(self, command: str, read: str, timeout: float, sudo: bool = False,
+                      stdin: Stdin = None) -> CommandResult:
+        """`command` (a write, which prints nothing on stdout), then the read-only `read`
+        in the same round trip: when the write succeeded, the next time `read` is asked
+        for, its answer is this result's stdout, read after the write."""
+        result = self.run(f"{command}\nset +e\n{read}", timeout, sudo=sudo, stdin=stdin)
+        if result.ok:
+            self._primed[(read, sudo)] = result
+        return result
 
     def _forget_what_may_change(self) -> None:
         if self.writes_change is None:

@@ -271,15 +271,13 @@ class FirewallStep(Step):
         # they print (ufw's "Rule added") goes to stderr: stdout is the detection's.
         script = "\n".join(f"{{ {command}; }} >&2 || {{ echo '@@gpc failed {index}' >&2; "
                             f"exit 3; }}" for index, command in enumerate(commands))
-        again = detect_script(read_back) if read_back is not None else ""
-        result = connection.run(f"{script}\n{again}", timeout=60 + 5 * len(commands),
-                                sudo=True)
+        limit = 60 + 5 * len(commands)
+        result = connection.run(script, timeout=limit, sudo=True) if read_back is None \
+            else connection.run_then_read(script, detect_script(read_back), limit, sudo=True)
         if not result.ok:
             failed = reports.by_kind(result.stderr).get("failed", [""])[-1]
             command = commands[int(failed)] if failed.isdigit() else commands[0]
             detail = "\n".join(line for line in result.stderr.strip().splitlines()
                                if not line.startswith(reports.MARK))
             raise GpuclusterError(f"`{command}` failed: {detail[-200:]}")
-        if read_back is not None:
-            connection.remember((again, True), result)
         return commands
