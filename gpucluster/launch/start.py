@@ -3,7 +3,6 @@ node at once; nothing starts unless every node can."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import shlex
 import time
@@ -185,7 +184,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     if planned.failures:
         raise GpuclusterError("sync failed on " + "; ".join(
             f"{n}: {f.message}" for n, f in planned.failures.items()))
-    plans = {node: _Sync(request.workdir, files, code_dir, plan, needed)
+    plans = {node: _Sync(code_dir, plan, needed)
              for node, (plan, needed) in planned.values.items()}
     phase(f"syncing {request.workdir} ({counted(len(files), 'file')}) to "
           f"{counted(len(inventory.hosts), 'node')} with the start: "
@@ -212,22 +211,20 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     # absorbed, so none lands between that and the clean-up stop below.
     with interrupts.deferred(lambda: None):
         return _start_everywhere(session, inventory, store, record, request, env, shells,
-                                 plans)
+                                 files, plans)
 
 
 def _start_everywhere(session: Session, inventory: Inventory, store: JobStore,
                       record: JobRecord, request: LaunchRequest, env: dict[str, str],
-                      shells: WaitingShells, plans: Mapping[str, _Sync]) -> JobRecord:
+                      shells: WaitingShells, files: Mapping[str, workdir.LocalFile],
+                      plans: Mapping[str, _Sync]) -> JobRecord:
     try:
-        with contextlib.ExitStack() as streams:
-            payloads = {}
-            for host in inventory.hosts:
-                sync = plans[host.name]
-                tar = streams.enter_context(workdir.tar_stream(
-                    sync.root, sync.plan.send, sorted(sync.files))) if sync.needed else None
-                payloads[host.name] = (_start_script(inventory, host, record, request, env,
-                                                     sync), tar)
-            ran = shells.run(payloads)
+        with workdir.tar_streams(request.workdir, {n: s.plan.send for n, s in plans.items()
+                                                   if s.needed}, sorted(files)) as tars:
+            ran = shells.run({host.name: (_start_script(inventory, host, record, request, env,
+                                                        plans[host.name]),
+                                          tars.get(host.name))
+                              for host in inventory.hosts})
         started = FanoutResult(ran.hosts, {n: _started(r) for n, r in ran.values.items()},
                                ran.failures)
     except Interrupted:
@@ -254,8 +251,6 @@ def _start_everywhere(session: Session, inventory: Inventory, store: JobStore,
 class _Sync:
     """A node's part of the sync, sent with its start."""
 
-    root: Path
-    files: Mapping[str, workdir.LocalFile]
     code_dir: str
     plan: workdir.SyncPlan
     needed: bool  # anything to apply at all (else the start goes alone)
@@ -290,7 +285,8 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
     if container is not None:
         command = node_scripts.container_command(container, command, images_dir)
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
-    apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name)
+    apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name,
+                                   gzipped=workdir.shares_tar(sync.plan.send))
              if sync.needed else "")
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,
