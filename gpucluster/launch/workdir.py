@@ -306,17 +306,25 @@ def result_of(plan: SyncPlan) -> SyncResult:
     return SyncResult(len(plan.send), len(plan.delete), plan.unchanged, plan.bytes_to_send)
 
 
-def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
-         code_dir: str, listed: Mapping[str, reports.Section] | None = None) -> SyncResult:
-    """Bring the node's copy of `root` up to date: its listing, then one round that sends
-    the changes (launch sends them with the job's start instead)."""
-    plan, needed = plan_for(connection, local, code_dir, listed, IgnoreRules(root).ignored)
-    if needed:
-        with tar_stream(root, plan.send, sorted(local)) as tar:
-            applied = connection.run(apply_command(code_dir, plan.delete, connection.host),
-                                     timeout=SYNC_TIMEOUT_S, stdin=tar)
-        if not applied.ok:
-            raise GpuclusterError(f"cannot unpack into {code_dir}: "
-                                  f"{applied.stderr.strip()[-200:]}")
+def apply(connection: Connection, code_dir: str, plan: SyncPlan, tar: BinaryIO) -> SyncResult:
+    """Send the node the tar `tar_streams` made for `plan`, and unpack it there."""
+    applied = connection.run(apply_command(code_dir, plan.delete, connection.host,
+                                           gzipped=shares_tar(plan.send)),
+                             timeout=SYNC_TIMEOUT_S, stdin=tar)
+    if not applied.ok:
+        raise GpuclusterError(f"cannot unpack into {code_dir}: "
+                              f"{applied.stderr.strip()[-200:]}")
     return result_of(plan)
+
+
+def sync(connection: Connection, root: Path, local: Mapping[str, LocalFile],
+         code_dir: str) -> SyncResult:
+    """Bring one node's copy of `root` up to date: its listing, then one round that sends
+    the changes (for many nodes, plan them all and share `tar_streams`, as launch and
+    export sbatch do)."""
+    plan, needed = plan_for(connection, local, code_dir, None, IgnoreRules(root).ignored)
+    if not needed:
+        return result_of(plan)
+    with tar_streams(root, {connection.host: plan.send}, sorted(local)) as tars:
+        return apply(connection, code_dir, plan, tars[connection.host])
 

@@ -15,6 +15,7 @@ from gpucluster.launch.model import LaunchRequest
 from gpucluster.launch.request import check_request
 from gpucluster.launch.start import code_dir_for, sync_summary
 from gpucluster.nproc import check_nproc
+from gpucluster.remote.result import FanoutResult
 from gpucluster.remote.session import Session
 from gpucluster.slurm.sbatch import SbatchRequest, sbatch_script
 
@@ -33,7 +34,7 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
     files, relative = check_request(LaunchRequest(script, tuple(args), root, module=module))
     code_dir = code_dir_for(inventory, root)
     if sync:
-        synced = session.map(inventory.hosts, lambda c: workdir.sync(c, root, files, code_dir))
+        synced = _sync_every_node(session, inventory, root, files, code_dir)
         if synced.failures:
             failed = sorted(synced.failures)
             first = synced.failures[failed[0]].message
@@ -46,3 +47,21 @@ def export_sbatch(session: Session, inventory: Inventory, root: Path, script: st
     request = SbatchRequest(relative, tuple(args), code_dir, sync, nodes, nproc_per_node,
                             env, image, output_name, module, debug)
     return sbatch_script(inventory, request), note
+
+
+def _sync_every_node(session: Session, inventory: Inventory, root: Path,
+                     files: Mapping[str, workdir.LocalFile], code_dir: str
+                     ) -> FanoutResult[workdir.SyncResult]:
+    """Every node's listing, then one round that sends each node what it lacks, the
+    nodes that lack the same files sharing one tar."""
+    ignored = workdir.IgnoreRules(root).ignored
+    planned = session.map(inventory.hosts, lambda c: workdir.plan_for(
+        c, files, code_dir, ignored=ignored))
+    plans = {node: plan for node, (plan, needed) in planned.values.items() if needed}
+    with workdir.tar_streams(root, {n: p.send for n, p in plans.items()},
+                             sorted(files)) as tars:
+        applied = session.map([h for h in inventory.hosts if h.name in plans],
+                              lambda c: workdir.apply(c, code_dir, plans[c.host], tars[c.host]))
+    failures = {**planned.failures, **applied.failures}
+    return FanoutResult(planned.hosts, {n: workdir.result_of(plan) for n, (plan, _) in
+                                        planned.values.items() if n not in failures}, failures)

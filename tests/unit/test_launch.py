@@ -787,10 +787,13 @@ def test_the_line_stamper_ends_with_a_zombie_leader_and_stamps_every_line(
     assert not list(job.glob(".nap*"))
 
 
-def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path) -> None:
+def test_sync_streams_a_large_work_dir_to_a_node(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import shlex
 
     from gpucluster.remote.local import LocalConnection
+
+    monkeypatch.setattr(workdir, "SHARED_TAR_LIMIT", 1 << 20)  # past it: streamed
 
     source = tmp_path / "project"
     _tree(source, {"train.py": "print(1)", "data/big.bin": ""})

@@ -6,6 +6,7 @@ wrong is one line with the fix. And `--container`, as launch has it."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,34 @@ def test_more_nodes_than_the_cluster_has_is_refused_before_anything(tmp_path: Pa
     assert refused.code == 2 and refused.stderr.strip() == (
         "gpucluster: error: -N 3: the cluster has 2 nodes, so Slurm could never run the "
         "job (fix: -N 2 or fewer)")
+
+
+def test_export_syncs_every_node_from_one_tar_and_names_the_nodes_it_could_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes sharing one work dir (both local here): each is planned from its own
+    listing, and the nodes that lack the same files get one tar, made once."""
+    from gpucluster.launch import workdir
+    from gpucluster.slurm.export import export_sbatch
+
+    project, work = tmp_path / "proj", tmp_path / "work"
+    project.mkdir()
+    (project / "train.py").write_text("print(1)\n")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text(f"cluster: {{work_dir: '{work}'}}\n"
+                         "hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n"
+                         "  - {name: b, address: 127.0.0.2, connection: local}\n")
+    session = Session(load(inventory), SshOptions(tmp_path / "known_hosts"))
+    made: list[str] = []
+    write_tar = workdir.write_tar
+    monkeypatch.setattr(workdir, "write_tar", lambda target, *rest: (
+        made.append("tar"), write_tar(target, *rest))[1])
+    script, note = export_sbatch(session, session.inventory, project, "train.py", [], True)
+    assert made == ["tar"] and note.startswith("synced: 1 sent"), note
+    assert (work / "proj/train.py").read_text() == "print(1)\n"
+    assert "proj" in script
+    (project / "train.py").write_text("print(2)\n")
+    shutil.rmtree(work / "proj")
+    (work / "proj").write_text("a file where the code dir goes")
+    with pytest.raises(GpuclusterError, match=r"^the work dir could not be synced to "
+                                              r"a,b \(.*\); no script written$"):
+        export_sbatch(session, session.inventory, project, "train.py", [], True)
