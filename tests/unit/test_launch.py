@@ -119,7 +119,7 @@ def test_tar_carries_files_with_their_mtime_and_the_manifest(tmp_path: Path) -> 
         assert member.mtime == 1_700_000_000
         manifest = archive.extractfile(workdir.MANIFEST)
         assert manifest is not None and manifest.read() == b"x/y.py"
-    assert "\nfor path in 'it'\"'\"'s.py'; do\n" in workdir.apply_command(
+    assert "\nset -- 'it'\"'\"'s.py'\n" in workdir.apply_command(
         "/srv/p", ("it's.py",), "n1")
 
 
@@ -869,6 +869,47 @@ def test_a_sync_renames_its_files_into_place_one_mv_per_directory(tmp_path: Path
     assert applied.returncode == 0, applied.stderr
     assert (target / "a/b/f39.py").read_text() == "39"
     assert len(calls.read_text().splitlines()) == 3  # the top (its manifest), a, a/b
+
+
+def test_files_deleted_here_go_in_one_rm_and_the_directories_they_empty_too(
+        tmp_path: Path) -> None:
+    """As rsync --delete: a package removed here leaves no empty directory on the nodes
+    (it would still import, as a namespace package). A directory that holds the job's
+    own files, or gets files in the same sync, stays."""
+    import shlex
+
+    from gpucluster.remote.local import LocalConnection
+
+    source, target = tmp_path / "project", tmp_path / "node"
+    _tree(source, {"models/a.py": "a", "models/sub/b.py": "b", "keep/c.py": "c",
+                   "moved/x.py": "x", **{f"many/f{i}.py": "" for i in range(30)}})
+    workdir.sync(LocalConnection("here"), source, workdir.local_files(source),
+                 shlex.quote(str(target)))
+    (target / "keep/job-output.txt").write_text("the job's own")
+    shutil.rmtree(source / "models")
+    shutil.rmtree(source / "many")
+    (source / "keep/c.py").unlink()
+    (source / "moved/x.py").rename(source / "moved/y.py")
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    calls = tmp_path / "rm-calls"
+    (shims / "rm").write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                              f"exec {shutil.which('rm')} \"$@\"\n")
+    (shims / "rm").chmod(0o755)
+    local = workdir.local_files(source)
+    plan, _ = workdir.plan_for(LocalConnection("here"), local, shlex.quote(str(target)))
+    assert len(plan.delete) == 34
+    with workdir.tar_stream(source, plan.send, sorted(local)) as tar:
+        applied = subprocess.run(
+            ["sh", "-c", workdir.apply_command(shlex.quote(str(target)), plan.delete, "n1")],
+            stdin=tar, capture_output=True, timeout=60, check=False,
+            env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"})
+    assert applied.returncode == 0, applied.stderr
+    assert sorted(p.name for p in target.iterdir()) == [workdir.MANIFEST, "keep", "moved"]
+    assert sorted(p.name for p in (target / "keep").iterdir()) == ["job-output.txt"]
+    assert sorted(p.name for p in (target / "moved").iterdir()) == ["y.py"]
+    removals = [line for line in calls.read_text().splitlines() if "-- " in line]
+    assert len(removals) == 1 and removals[0].count(".py") == 34, removals
 
 
 def test_symbolic_links_are_sent_as_links_and_never_written_through(tmp_path: Path) -> None:
