@@ -162,7 +162,7 @@ def test_a_file_that_vanishes_during_the_sync_is_a_clear_error(tmp_path: Path) -
     with pytest.raises(GpuclusterError, match="cannot read the work dir to sync it"), \
             workdir.tar_stream(tmp_path, tuple(local.values()), sorted(local)) as stream:
         stream.read()
-    with pytest.raises(GpuclusterError, match="^cannot read the work dir to sync it: .*b.py"), \
+    with pytest.raises(GpuclusterError, match=r"^cannot read the work dir to sync it: .*b\.py"), \
             workdir.tar_streams(tmp_path, {"n1": tuple(local.values())}, sorted(local)):
         pass  # made in memory, before any node is sent anything
 
