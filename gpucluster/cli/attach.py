@@ -40,7 +40,10 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     printer: OutputCallback = lines
     shown: list[LogLine] = []
     try:
-        if tail is not None:
+        if tail is not None and not live:
+            outcome, shown = _last_lines(session, inventory, store, record, nodes, tail,
+                                         printer)
+        elif tail is not None:
             outcome, sent, shown = _show_tail(session, inventory, store, record, nodes,
                                               tail, printer)
             printer = _skipping(printer, sent)  # a live follow streams them all again
@@ -89,6 +92,33 @@ def _show_tail(session: Session, inventory: Inventory, store: JobStore, record: 
         nodes=frozenset(nodes) if nodes else None), last=tail)
     _print_lines(printer, shown)
     return outcome, sent, shown
+
+
+def _last_lines(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
+                nodes: list[str] | None, tail: int,
+                printer: OutputCallback) -> tuple[JobOutcome, list[LogLine]]:
+    """`logs -n N`: each node's last N lines only, and their last N across the nodes
+    printed. A node where the job failed is fetched whole too, for its first failure as
+    launch names it; the lines of a node that no longer has the job, or cannot be
+    reached, are the controller's copy."""
+    from gpucluster.launch import log_tail, logsearch
+    from gpucluster.launch.follow import follow
+    from gpucluster.launch.model import JobOutcome
+
+    tails = log_tail.fetch(session, inventory, record, nodes, tail)
+    failed = [node for node, got in tails.items() if got.state.failed]
+    outcome = follow(session, inventory, record, store, live=False, fail_fast=False,
+                     stop_on_interrupt=False, nodes=failed) if failed else JobOutcome(record)
+    outcome.states = {node: got.state for node, got in tails.items()}
+    away = frozenset(node for node, got in tails.items()
+                     if got.state.state in ("missing", "unreachable"))
+    lines = [line for got in tails.values() for line in got.lines]
+    if away:
+        lines += logsearch.merged(store, [record], logsearch.LogFilter(nodes=away))
+    lines.sort(key=lambda line: line.time)  # stable: each node's own order kept
+    shown = lines[max(len(lines) - tail, 0):]
+    _print_lines(printer, shown)
+    return outcome, shown
 
 
 def _print_lines(printer: OutputCallback, lines: list[LogLine]) -> None:

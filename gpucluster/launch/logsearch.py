@@ -97,6 +97,14 @@ def parse_pattern(text: str) -> re.Pattern[str]:
                               f"(fix: escape it, e.g. 'loss \\\\(avg\\\\)')") from None
 
 
+def parse_stamp(value: str, previous: float) -> float:
+    """One line of a node's node.times; `previous` where it is not a time."""
+    try:
+        return float(value.replace(",", "."))  # EPOCHREALTIME follows the locale
+    except ValueError:
+        return previous
+
+
 def _stamps(path: Path) -> list[float]:
     stamps: list[float] = []
     try:
@@ -104,10 +112,7 @@ def _stamps(path: Path) -> list[float]:
     except OSError:
         return stamps
     for value in text.splitlines():
-        try:
-            stamps.append(float(value.replace(",", ".")))  # EPOCHREALTIME follows the locale
-        except ValueError:
-            stamps.append(stamps[-1] if stamps else 0.0)
+        stamps.append(parse_stamp(value, stamps[-1] if stamps else 0.0))
     return stamps
 
 

@@ -136,9 +136,12 @@ def stamper_script() -> str:
     return render("launch/stamper.sh.j2")
 
 
-def follow_script(record: JobRecord, node: str, follow: bool) -> str:
+def follow_script(record: JobRecord, node: str, follow: bool,
+                  last_lines: int | None = None) -> str:
+    """`last_lines` (not with `follow`): only the log's last lines and their stamps."""
     return render("launch/follow.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, follow=follow, heartbeat_s=HEARTBEAT_S,
+                  last_lines=last_lines,
                   marker_pattern=_marker_pattern(record, node),
                   marker_variable=f"{JOB_VARIABLE}={record.marker(node)}")
 

@@ -154,3 +154,26 @@ def test_an_unreachable_node_leaves_the_old_copy_be(tmp_path: Path) -> None:
     assert log.read_text() == "what we had\n"
     LogCopy(log, 1 << 20).close(answered=True)  # it answered: its log is empty
     assert log.read_text() == ""
+
+
+def test_a_nodes_last_lines_pair_with_their_stamps_from_the_end() -> None:
+    """`logs -n`: the node sends its log's and its node.times' last lines. On a running
+    job the stamper is behind, so there are fewer stamps: the newest are paired with
+    the newest, and a line left without one takes the next older one's (or the job's
+    start), so that no node's lines go back in time."""
+    from gpucluster.launch.log_tail import parse_tail
+
+    record = JobRecord("20260101-000000-abcd", "t.py", [], ["n1"], "/c", "/j", 100.0,
+                       {"n1": 2})
+    tail = parse_tail(record, "n1", "[0]:step 7\n[1]:step 7\ntorchrun says\n"
+                                    "@@gpc state exited 0 150.5\n@@gpc times\n"
+                                    "120,5\nnot a time\n")
+    assert (tail.state.state, tail.state.exit_code) == ("exited", 0)
+    assert [(line.time, line.rank, line.text) for line in tail.lines] == [
+        (100.0, 0, "step 7"), (120.5, 1, "step 7"), (120.5, None, "torchrun says")]
+    # A node cut off before its state: all it sent is taken for log, with no stamps.
+    lost = parse_tail(record, "n1", "only\n@@gpc times\n1\n")
+    assert lost.state.state == "lost" and [line.time for line in lost.lines] == [100.0] * 3
+    # More stamps than lines (the log's last line half written): the newest pair up.
+    whole = parse_tail(record, "n1", "a\n@@gpc state running - \n@@gpc times\n101\n102\n")
+    assert [line.time for line in whole.lines] == [102.0]
