@@ -286,7 +286,7 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
         command = node_scripts.container_command(container, command, images_dir)
     head_port = inventory.cluster.rendezvous_port if host.name == inventory.head.name else None
     apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name,
-                                   gzipped=workdir.shares_tar(sync.plan.send))
+                                   gzipped=workdir.sent_gzipped(sync.plan.send))
              if sync.needed else "")
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,

@@ -831,7 +831,7 @@ def test_nodes_that_lack_the_same_files_share_one_tar_made_once(
     with workdir.tar_streams(source, sends, sorted(local)) as tars:
         sent = {node: tar.read() for node, tar in tars.items()}
     assert len(made) == 2 and sent["n1"] == sent["n2"] != sent["n3"]
-    assert all(workdir.shares_tar(send) for send in sends.values())
+    assert all(workdir.sent_gzipped(send) for send in sends.values())
     for node in ("n1", "n3"):  # gzipped, whole, as the node's apply reads it
         target = tmp_path / node
         target.mkdir()
@@ -842,6 +842,11 @@ def test_nodes_that_lack_the_same_files_share_one_tar_made_once(
     assert (tmp_path / "n1/lib/b.py").read_text() == "b"
     assert sorted(p.name for p in (tmp_path / "n3/lib").iterdir()) == ["a.py"]
     # Above the limit, each node's tar is streamed as it is read, none held in memory.
+    monkeypatch.setattr(workdir, "GZIP_LIMIT", 512)  # a tar of data: made once, as it is
+    with workdir.tar_streams(source, {"n1": everything}, sorted(local)) as tars:
+        assert isinstance(tars["n1"], io.BytesIO)
+        with tarfile.open(fileobj=tars["n1"], mode="r|") as plain:  # not gzipped
+            assert plain.getnames()[0] == everything[0].path
     monkeypatch.setattr(workdir, "SHARED_TAR_LIMIT", 512)
     assert not workdir.shares_tar(everything)
     with workdir.tar_streams(source, {"n1": everything}, sorted(local)) as tars:
