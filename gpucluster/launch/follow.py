@@ -71,6 +71,7 @@ class _Follower:
                     return
                 kind, rest = reports.parse(line) or ("", "")
                 if kind == "alive" and stream == "stderr":
+                    copy.flush()  # a quiet job's last lines reach the disk within a beat
                     mtime, step = [*rest.split(), "", ""][:2]
                     if mtime not in ("", "-") and rest.strip() != self.heartbeat_mtime:
                         self.heartbeat_mtime = rest.strip()  # a new mtime or step
