@@ -209,7 +209,9 @@ def write(collected: Collected, store: JobStore, inventory_path: Path, output: P
 
 def _write_tar(collected: Collected, store: JobStore, inventory_path: Path, partial: Path,
                top: str) -> None:
-    with tarfile.open(partial, "w:gz") as archive:
+    # gzip's own default level: tarfile's 9 took 4.9 s for a bundle of 100 MB of logs,
+    # 6 takes 1.2 s for an archive 2% larger.
+    with tarfile.open(partial, "w:gz", compresslevel=6) as archive:
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(f"{top}/{name}")
             info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
