@@ -11,9 +11,8 @@ from gpucluster import reports
 from gpucluster.inventory import Inventory
 from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of
-from gpucluster.launch.failure import split_rank
 from gpucluster.launch.jobs import JobRecord
-from gpucluster.launch.logsearch import LogLine, parse_stamp
+from gpucluster.launch.logsearch import LogLine, parse_stamp, timed_lines
 from gpucluster.launch.model import NodeState, parse_state
 from gpucluster.remote.session import Session
 
@@ -65,10 +64,4 @@ def parse_tail(record: JobRecord, node: str, output: str) -> NodeTail:
         elif part == "times":
             stamps.append(parse_stamp(line, stamps[-1] if stamps else 0.0))
     own = [0.0] * max(len(texts) - len(stamps), 0) + stamps[-len(texts):] if texts else []
-    lines = []
-    time = record.started_at
-    for text, stamp in zip(texts, own, strict=True):
-        time = max(stamp, time)
-        rank, message = split_rank(text)
-        lines.append(LogLine(time, record.id, node, int(rank) if rank else None, message))
-    return NodeTail(state, tuple(lines))
+    return NodeTail(state, tuple(timed_lines(record, node, texts, own)))

@@ -124,20 +124,32 @@ def _node_lines(store: JobStore, record: JobRecord, node: str) -> Iterator[LogLi
     job, which the stamper (a poll every 0.2 s) had not reached, were written before the
     copy: they take its time, as the newest lines they are."""
     log = store.node_log(record.id, node)
-    last = record.started_at
+    texts: list[str] = []
+    times: list[float] = []
     for path in (log.with_name(log.name + ROTATED_SUFFIX), log):
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
             copied = path.stat().st_mtime
         except OSError:
             continue
         stamps = _stamps(path.with_name(path.name + TIMES_SUFFIX))
-        for index, line in enumerate(text.splitlines()):
-            # 0.0: a stamp missing, or no stamps at all; past them: not stamped yet
-            own = stamps[index] if index < len(stamps) else copied if stamps else 0.0
-            last = max(own or last, last)
-            rank, message = split_rank(line)
-            yield LogLine(last, record.id, node, int(rank) if rank else None, message)
+        texts += lines
+        # 0.0: a stamp missing, or no stamps at all; past them: not stamped yet
+        times += [stamps[index] if index < len(stamps) else copied if stamps else 0.0
+                  for index in range(len(lines))]
+    return timed_lines(record, node, texts, times)
+
+
+def timed_lines(record: JobRecord, node: str, texts: Iterable[str],
+                times: Iterable[float]) -> Iterator[LogLine]:
+    """A node's lines with each one's own time (0.0: none), as lines whose times never
+    go back: one without a time of its own takes the previous line's, else the job's
+    start."""
+    last = record.started_at
+    for text, own in zip(texts, times, strict=True):
+        last = max(own or last, last)
+        rank, message = split_rank(text)
+        yield LogLine(last, record.id, node, int(rank) if rank else None, message)
 
 
 def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,
