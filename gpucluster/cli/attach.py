@@ -115,8 +115,7 @@ def _last_lines(session: Session, inventory: Inventory, store: JobStore, record:
     lines = [line for got in tails.values() for line in got.lines]
     if away:
         lines += logsearch.merged(store, [record], logsearch.LogFilter(nodes=away))
-    lines.sort(key=lambda line: line.time)  # stable: each node's own order kept
-    shown = lines[max(len(lines) - tail, 0):]
+    shown = logsearch.in_time_order(lines, tail)
     _print_lines(printer, shown)
     return outcome, shown
 

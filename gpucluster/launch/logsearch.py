@@ -156,8 +156,14 @@ def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,
            last: int | None = None) -> list[LogLine]:
     """Every kept line of these jobs, in time order (a node's own order within a stamp);
     only the `last` of them when given."""
-    lines = [line for record in records for node in record.hosts
-             for line in _node_lines(store, record, node) if keep.keeps(line)]
+    return in_time_order([line for record in records for node in record.hosts
+                          for line in _node_lines(store, record, node) if keep.keeps(line)],
+                         last)
+
+
+def in_time_order(lines: list[LogLine], last: int | None = None) -> list[LogLine]:
+    """`lines` from several nodes merged in time order (a node's own order within a
+    stamp); only the `last` of them when given."""
     lines.sort(key=lambda line: line.time)  # stable: per-node order kept
     return lines if last is None else lines[max(len(lines) - last, 0):]
 
