@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster import reports
-from gpucluster.doctor import nvidia_smi
+from gpucluster.doctor import node_tools, nvidia_smi
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import shell_path, typed_sudo_context
 from gpucluster.reports import Section
@@ -313,7 +313,8 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
         names=" ".join(shlex.quote(h.name) for h in inventory.hosts),
         slurm_sinfo=where_set_up(f"t {SINFO} 2>&1"), slurm_ended=ENDED_JOB_STATES,
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port),
-        mesh=script_text("doctor/port_mesh.py"))
+        mesh=script_text("doctor/port_mesh.py"),
+        node_tools=sorted(node_tools.COMMANDS), gnu_forms=node_tools.GNU_FORMS)
 
 
 def parse_facts(output: str, sent_at: float, clock_seen_at: float | None = None) -> NodeFacts:

@@ -50,8 +50,10 @@ from gpucluster.wording import counted, size
 # mesh runs beside the rest of the probe (0.1 s more for 3 nodes on the sandbox).
 # path-mtu: the same, for jumbo frames the network between two nodes does not carry (its
 # full-size segment crosses the mesh's connections).
+# node-tools: a node without tar, gzip or GNU find failed the sync with tar's own line
+# ("gzip: Cannot exec"); the check names the package (a few builtins and three forks).
 PREFLIGHT_CHECKS = ("ssh", "jobs", "nvidia-smi", "gpu-count", "gpu-processes",
-                    "rendezvous-port", "peer-ports", "path-mtu")
+                    "rendezvous-port", "peer-ports", "path-mtu", "node-tools")
 # Warnings that do not refuse a start: a slow login only slows it; GPU counts that
 # differ between nodes the inventory gives no count for are --nproc-per-node's business.
 STARTS_DESPITE_WARNING = ("ssh", "gpu-count")
@@ -160,7 +162,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      env: dict[str, str], shells: WaitingShells,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
     phase("checking nodes (running jobs, GPUs and their processes, rendezvous port, "
-          "ports and MTU between nodes" + ("" if request.image else ", torchrun") + ")")
+          "ports and MTU between nodes, tools" + ("" if request.image else ", torchrun") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, shells, code_dir,
                                  PREFLIGHT_CHECKS if request.image else HOST_PREFLIGHT_CHECKS)

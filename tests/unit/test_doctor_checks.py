@@ -12,7 +12,15 @@ import pytest
 from gpucluster import inventory as inventory_module
 from gpucluster import reports
 from gpucluster.doctor import probe
-from gpucluster.doctor.model import REGISTRY, CheckSpec, Context, Status, majority, parity
+from gpucluster.doctor.model import (
+    REGISTRY,
+    CheckResult,
+    CheckSpec,
+    Context,
+    Status,
+    majority,
+    parity,
+)
 from gpucluster.doctor.runner import _run_check
 from gpucluster.remote.local import LocalConnection
 
@@ -237,6 +245,40 @@ def test_paths_from_the_home_are_the_node_users_wherever_gpucluster_was_started(
     assert here.run("pwd", timeout=10).stdout.strip() == str(home)
 
 
+def test_a_node_lacking_tar_gzip_or_gnu_find_is_named_with_the_packages_to_install(
+        tmp_path: Path) -> None:
+    import shutil
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts: [localhost]\n")
+    loaded = inventory_module.load(path)
+    script = probe.render_probe(loaded, frozenset({"tools", "path"}))
+
+    def judged(env: dict[str, str] | None) -> list[CheckResult]:
+        result = LocalConnection("localhost").run(script, timeout=60, env=env)
+        found = probe.parse_facts(result.stdout, time.time())
+        return REGISTRY["node-tools"].run(Context(loaded, {"localhost": found}, {}, {}))
+
+    (here,) = judged(None)  # this machine has them all (scripts/system-packages)
+    assert here.status is Status.OK and "gzip" in here.message
+    # A minimal image's PATH: no gzip, no setsid, and busybox's find (no -printf).
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in Path("/usr/bin").iterdir():
+        if tool.name not in ("gzip", "setsid", "find"):
+            (bare / tool.name).symlink_to(tool)
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    (bare / "find").symlink_to(busybox)
+    (lacking,) = judged({"PATH": str(bare)})
+    assert lacking.status is Status.FAIL
+    assert lacking.message == ("lacks gzip, setsid, find (not GNU's): launch's sync and "
+                               "start run them here")
+    assert lacking.remedy == ("install them: sudo apt install gzip util-linux findutils "
+                              "(RHEL: sudo dnf install gzip util-linux findutils)")
+    assert lacking.details == {"PATH": str(bare)}
+
+
 def test_torch_versions_are_cached_and_a_slow_first_import_is_stopped_and_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in for the job's python: it finds "torch" in a directory of its own, then
@@ -335,9 +377,9 @@ def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
     loaded = inventory_module.load(path)
     wanted = probe_sections([REGISTRY[name] for name in PREFLIGHT_CHECKS])
     assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port", "peers",
-                      "addresses"}
+                      "addresses", "tools", "path"}
     host_checks = probe_sections([REGISTRY[name] for name in HOST_PREFLIGHT_CHECKS])
-    assert host_checks == wanted | {"torchrun", "path"}  # no torch import for launch
+    assert host_checks == wanted | {"torchrun"}  # no torch import for launch
     assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
     for sections, expected in ((wanted, {"clock", "hostname", "jobs", "nvidia_smi_path"}),
                                (None, {"clock", "hostname", "jobs", "torch", "disk", "xid"})):

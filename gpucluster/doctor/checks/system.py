@@ -3,6 +3,7 @@ clock, container runtime and NVIDIA's container toolkit."""
 
 from __future__ import annotations
 
+from gpucluster.doctor import node_tools
 from gpucluster.doctor.checks.gpu import gpu_hosts, runs_on_cpu
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 
@@ -93,6 +94,33 @@ def clock(context: Context) -> list[CheckResult]:
                 "systemd-timesyncd); skewed clocks garble logs and break TLS and Kerberos"))
         else:
             results.append(CheckResult("clock", host.name, Status.OK, f"{offset:+.3f} s"))
+    return results
+
+
+@check("node-tools", "system", "the commands launch runs on a node (tar, gzip, GNU find, "
+       "setsid...) are installed", sections=("tools", "path"))
+def tools(context: Context) -> list[CheckResult]:
+    results = []
+    for host in context.answering():
+        facts = context.facts[host.name]
+        text = facts.text("tools")
+        if text is None:
+            results.append(CheckResult("node-tools", host.name, Status.WARN,
+                                       "could not look for the commands launch runs"))
+            continue
+        lacking = node_tools.parse(text)
+        if not lacking:
+            every = sorted({*node_tools.COMMANDS, *node_tools.GNU_FORMS})
+            results.append(CheckResult("node-tools", host.name, Status.OK,
+                                       f"all there: {', '.join(every)}"))
+            continue
+        packages = " ".join(dict.fromkeys(item.package for item in lacking))
+        them = "them" if len(lacking) > 1 else "it"
+        results.append(CheckResult(
+            "node-tools", host.name, Status.FAIL,
+            f"lacks {', '.join(map(str, lacking))}: launch's sync and start run {them} here",
+            f"install {them}: sudo apt install {packages} (RHEL: sudo dnf install {packages})",
+            {"PATH": facts.text("path") or "?"}))
     return results
 
 
