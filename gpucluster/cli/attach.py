@@ -4,7 +4,7 @@ come, or only the last few and then what comes, and how the job ended."""
 from __future__ import annotations
 
 import sys
-from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import typer
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
     from gpucluster.launch.jobs import JobRecord, JobStore
     from gpucluster.launch.logsearch import LogLine
-    from gpucluster.launch.model import JobOutcome, OutputCallback
+    from gpucluster.launch.model import JobOutcome, NodeState, OutputCallback
     from gpucluster.remote.session import Session
 
 
@@ -39,20 +39,21 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
                              full_logs=f"gpucluster logs {record.id}" if live else None)
     printer: OutputCallback = lines
     shown: list[LogLine] = []
+    resume: dict[str, int] = {}  # with `tail`: where each node's follow starts
     try:
-        if tail is not None and not live:
-            outcome, shown = _last_lines(session, inventory, store, record, nodes, tail,
-                                         printer)
-        elif tail is not None:
-            outcome, sent, shown = _show_tail(session, inventory, store, record, nodes,
-                                              tail, printer)
-            printer = _skipping(printer, sent)  # a live follow streams them all again
-        if tail is None or live:
+        if tail is not None:
+            outcome, shown, resume = _last_lines(session, inventory, store, record, nodes,
+                                                 tail, printer, then_follow=live)
+        if tail is None or (live and resume):
+            tailed = outcome.states if tail is not None else None
             outcome = follow(session, inventory, record, store, printer,
                              live=live, fail_fast=fail_fast, stop_on_interrupt=fail_fast,
-                             grace_s=grace, nodes=nodes,
+                             grace_s=grace, nodes=list(resume) if resume else nodes,
                              on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: "
-                                                               f"{why}[/]"))
+                                                               f"{why}[/]"),
+                             from_bytes=resume)
+            if tailed is not None:
+                _after_tail(session, inventory, store, record, outcome, tailed)
     except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
         lines.finish()
         raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
@@ -77,62 +78,54 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
         raise typer.Exit(EXIT_FAILED)
 
 
-def _show_tail(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
-               nodes: list[str] | None, tail: int,
-               printer: OutputCallback) -> tuple[JobOutcome, Counter[str], list[LogLine]]:
-    """The controller's copy brought up to date and its last `tail` lines printed: how
-    the job stands, how many lines each node sent, and the lines printed."""
-    from gpucluster.launch import logsearch
-    from gpucluster.launch.follow import follow
-
-    sent: Counter[str] = Counter()
-    outcome = follow(session, inventory, record, store, lambda node, _, __: sent.update(
-        [node]), live=False, fail_fast=False, stop_on_interrupt=False, nodes=nodes)
-    shown = logsearch.merged(store, [record], logsearch.LogFilter(
-        nodes=frozenset(nodes) if nodes else None), last=tail)
-    _print_lines(printer, shown)
-    return outcome, sent, shown
-
-
 def _last_lines(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
-                nodes: list[str] | None, tail: int,
-                printer: OutputCallback) -> tuple[JobOutcome, list[LogLine]]:
+                nodes: list[str] | None, tail: int, printer: OutputCallback,
+                then_follow: bool) -> tuple[JobOutcome, list[LogLine], dict[str, int]]:
     """`logs -n N`: each node's last N lines only, and their last N across the nodes
-    printed. A node where the job failed is fetched whole too, for its first failure as
-    launch names it; the lines of a node that no longer has the job, or cannot be
-    reached, are the controller's copy."""
+    printed; the lines of a node that no longer has the job, or cannot be reached, are
+    the controller's copy. Also where a follow of each node that answered starts: past
+    those lines (`then_follow`: at an unfinished last line, which is not printed, for
+    the follow to send it whole). Not followed after, a node where the job failed is
+    fetched whole too, for its first failure as launch names it."""
     from gpucluster.launch import log_tail, logsearch
-    from gpucluster.launch.follow import follow
     from gpucluster.launch.model import JobOutcome
 
     tails = log_tail.fetch(session, inventory, record, nodes, tail)
-    failed = [node for node, got in tails.items() if got.state.failed]
-    outcome = follow(session, inventory, record, store, live=False, fail_fast=False,
-                     stop_on_interrupt=False, nodes=failed) if failed else JobOutcome(record)
+    outcome = JobOutcome(record)
     outcome.states = {node: got.state for node, got in tails.items()}
+    if not then_follow:
+        _after_tail(session, inventory, store, record, outcome, outcome.states)
     away = frozenset(node for node, got in tails.items()
                      if got.state.state in ("missing", "unreachable"))
-    lines = [line for got in tails.values() for line in got.lines]
+    lines = [line for got in tails.values()
+             for line in (got.lines[:-1] if then_follow and got.last_unfinished else got.lines)]
     if away:
         lines += logsearch.merged(store, [record], logsearch.LogFilter(nodes=away))
     shown = logsearch.in_time_order(lines, tail)
     _print_lines(printer, shown)
-    return outcome, shown
+    resume = {node: got.resume_at for node, got in tails.items()
+              if got.resume_at is not None and node not in away}
+    return outcome, shown, resume
+
+
+def _after_tail(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
+                outcome: JobOutcome, tails: Mapping[str, NodeState]) -> None:
+    """`outcome`, of the nodes the follow after a tail did not cover too (`tails`: each
+    node's state when its tail was read), in the job's order of nodes; and its first
+    failure from the nodes where the job failed, fetched whole (only their end was
+    read)."""
+    from gpucluster.launch.follow import follow
+
+    states = {**tails, **outcome.states}
+    outcome.states = {node: states[node] for node in record.hosts if node in states}
+    failed = [node for node, state in outcome.states.items() if state.failed]
+    if failed:
+        outcome.first_failure = follow(session, inventory, record, store, live=False,
+                                       fail_fast=False, stop_on_interrupt=False,
+                                       nodes=failed).first_failure
 
 
 def _print_lines(printer: OutputCallback, lines: list[LogLine]) -> None:
     for line in lines:
         printer(line.node, None if line.rank is None else str(line.rank), line.text)
 
-
-def _skipping(printer: OutputCallback, counts: Counter[str]) -> OutputCallback:
-    """`printer`, but for each node's first `counts[node]` lines. Each node's lines come
-    from a thread of its own, so no two threads count down the same node."""
-    left = dict(counts)
-
-    def write(node: str, rank: str | None, text: str) -> None:
-        if left.get(node, 0) > 0:
-            left[node] -= 1
-            return
-        printer(node, rank, text)
-    return write

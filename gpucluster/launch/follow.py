@@ -17,7 +17,7 @@ from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of, stop
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.log_copy import LogCopy
+from gpucluster.launch.log_copy import LogCopy, NoCopy
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     FirstFailure,
@@ -42,8 +42,9 @@ class _Follower:
     def __init__(self, session: Session, host: Host, record: JobRecord, log: Path,
                  follow: bool, on_output: OutputCallback | None,
                  done: queue.SimpleQueue[tuple[str, NodeState | None]], cap_bytes: int,
-                 output_closed: threading.Event) -> None:
+                 output_closed: threading.Event, from_byte: int = 0) -> None:
         self.session, self.host, self.record = session, host, record
+        self.from_byte = from_byte  # past 0: the log's end only, and no copy of it
         self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
         self.output_closed = output_closed  # shared: the output's reader went away
         self.cap_bytes = cap_bytes
@@ -59,7 +60,7 @@ class _Follower:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        copy = LogCopy(self.log, self.cap_bytes)
+        copy = LogCopy(self.log, self.cap_bytes) if not self.from_byte else NoCopy()
         stamping = False  # the log and its state have come: the rest is its stamps
         try:
             def on_line(stream: str, line: str) -> None:
@@ -98,7 +99,8 @@ class _Follower:
                         self.output_closed.set()
 
             self.session.connection(self.host).run(
-                node_scripts.follow_script(self.record, self.host.name, self.follow),
+                node_scripts.follow_script(self.record, self.host.name, self.follow,
+                                           from_byte=self.from_byte),
                 timeout=FOLLOW_LIMIT_S if self.follow else 120, on_line=on_line)
             state = self.state or NodeState(self.host.name, "lost", None,
                                             "the log ended without a state")
@@ -133,21 +135,23 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
            grace_s: float = DEFAULT_GRACE_S, nodes: Sequence[str] | None = None,
            on_stopping: Callable[[str], None] | None = None,
            hang_timeout_s: float | None = None,
-           node_timeout_s: float = SILENT_NODE_S, stop_lost: bool = True) -> JobOutcome:
+           node_timeout_s: float = SILENT_NODE_S, stop_lost: bool = True,
+           from_bytes: Mapping[str, int] | None = None) -> JobOutcome:
     """Stream every node's log (live, or what is there when not) until each node's part
     of the job has ended. With fail_fast, the first node that fails gets the job stopped
     everywhere; Ctrl-C stops it too when stop_on_interrupt. A node silent (no output, no
     heartbeat) for `node_timeout_s` is lost; with `hang_timeout_s`, a job where no node
     made progress (output, or a touch of its heartbeat file) for that long is hung and
     stopped. Without `stop_lost`, a node already lost is not waited for when stopping
-    (its connect timeout): the caller deals with it (recovery re-checks it)."""
+    (its connect timeout): the caller deals with it (recovery re-checks it). A node in
+    `from_bytes` is followed from that offset of its log on, its copy left as it was."""
     hosts = hosts_of(inventory, record, nodes)
     # Each node's end, and (None) each Ctrl-C: SimpleQueue.put is safe in a signal handler
     done: queue.SimpleQueue[tuple[str, NodeState | None]] = queue.SimpleQueue()
     output_closed = threading.Event()
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
                                    live, on_output, done, _cap_bytes(inventory, record),
-                                   output_closed)
+                                   output_closed, (from_bytes or {}).get(h.name, 0))
                  for h in hosts}
     store.directory(record.id).mkdir(parents=True, exist_ok=True)
     for follower in followers.values():

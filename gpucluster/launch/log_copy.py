@@ -105,3 +105,23 @@ class LogCopy:
             if part or path.exists():
                 path.with_name(path.name + TIMES_SUFFIX).write_text(
                     "".join(f"{stamp}\n" for stamp in part), encoding="utf-8")
+
+
+class NoCopy(LogCopy):
+    """No copy: a follow of a log's end only (`logs -f -n`) leaves the controller's copy
+    of the whole log as it was."""
+
+    def __init__(self) -> None:
+        super().__init__(Path("/dev/null"), 1)
+
+    def write(self, line: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def stamp(self, stamp: str) -> None:
+        pass
+
+    def close(self, answered: bool) -> None:
+        pass

@@ -23,6 +23,10 @@ TAIL_TIMEOUT_S = 120.0
 class NodeTail:
     state: NodeState
     lines: tuple[LogLine, ...]  # its last lines, oldest first (none when unreachable)
+    # Where a follow of the lines after these starts: past them, or at the last one when
+    # it is unfinished (a progress bar's \r updates), for the follow to send it whole.
+    resume_at: int | None = None
+    last_unfinished: bool = False
 
 
 def fetch(session: Session, inventory: Inventory, record: JobRecord,
@@ -45,17 +49,21 @@ def fetch(session: Session, inventory: Inventory, record: JobRecord,
 
 
 def parse_tail(record: JobRecord, node: str, output: str) -> NodeTail:
-    """The script's output: the log's lines, `@@gpc state ...`, `@@gpc times`, then the
+    """The script's output: the log's lines, `@@gpc offset RESUME END` (where the lines
+    after them begin, and where the log ended), `@@gpc state ...`, `@@gpc times`, then the
     stamps of the last lines. Both are the files' last lines, so they pair from the end
     (on a running job the stamper, 0.2 s behind, gives the newest lines slightly older
     times); lines left without a stamp take the next older one's, else the job's start."""
     texts: list[str] = []
     stamps: list[float] = []
     state = NodeState(node, "lost", None, "the log ended without a state")
+    resume_at, end = None, None
     part = "log"
     for line in output.splitlines():
         kind, rest = reports.parse(line) or ("", "")
-        if part == "log" and kind == "state":
+        if part == "log" and kind == "offset" and (offsets := _offsets(rest)):
+            resume_at, end = offsets
+        elif part == "log" and kind == "state":
             state, part = parse_state(node, rest), "state"
         elif part == "state" and kind == "times":
             part = "times"
@@ -64,4 +72,13 @@ def parse_tail(record: JobRecord, node: str, output: str) -> NodeTail:
         elif part == "times":
             stamps.append(parse_stamp(line, stamps[-1] if stamps else 0.0))
     own = [0.0] * max(len(texts) - len(stamps), 0) + stamps[-len(texts):] if texts else []
-    return NodeTail(state, tuple(timed_lines(record, node, texts, own)))
+    return NodeTail(state, tuple(timed_lines(record, node, texts, own)), resume_at,
+                    resume_at is not None and resume_at != end)
+
+
+def _offsets(text: str) -> tuple[int, int] | None:
+    """`@@gpc offset RESUME END`'s two numbers."""
+    parts = text.split()
+    if len(parts) == 2 and all(part.isdigit() for part in parts):
+        return int(parts[0]), int(parts[1])
+    return None

@@ -137,11 +137,13 @@ def stamper_script() -> str:
 
 
 def follow_script(record: JobRecord, node: str, follow: bool,
-                  last_lines: int | None = None) -> str:
-    """`last_lines` (not with `follow`): only the log's last lines and their stamps."""
+                  last_lines: int | None = None, from_byte: int = 0) -> str:
+    """`last_lines` (not with `follow`): only the log's last lines and their stamps, and
+    the offset a follow of the lines after them starts at. `from_byte` past 0: the log
+    from that offset on, without stamps."""
     return render("launch/follow.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, follow=follow, heartbeat_s=HEARTBEAT_S,
-                  last_lines=last_lines,
+                  last_lines=last_lines, from_byte=from_byte,
                   marker_pattern=_marker_pattern(record, node),
                   marker_variable=f"{JOB_VARIABLE}={record.marker(node)}")
 

@@ -1229,3 +1229,65 @@ def test_logs_of_a_job_on_a_node_no_longer_listed_names_the_others_and_the_copy(
         f"does not list n3 (fix: the inventory the job was started with, or -w n[1-2] for "
         f"the others; the "
         f"copy kept here: {store.node_log(job_id, 'n3')})\n"))
+
+
+def _ended_job(tmp_path: Path, log: bytes) -> JobRecord:
+    """A job of node1 that has ended (exit code 0), whose node.log is `log`."""
+    import shlex
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    job = tmp_path / record.id / "node1"
+    job.mkdir(parents=True)
+    (job / "node.log").write_bytes(log)
+    (job / "exit_code").write_text("0 1700000000.0\n")
+    (job / "leader.pid").write_text("999999999\n")  # no such process
+    return record
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_log_ending_inside_a_line_keeps_the_state_on_a_line_of_its_own(
+        tmp_path: Path, follow: bool) -> None:
+    """A progress bar's \\r updates leave a running job's log inside a line for minutes:
+    the state was glued to it, so `logs` showed the report's lines and said `lost`."""
+    from gpucluster import reports
+    from gpucluster.remote.local import LocalConnection
+
+    record = _ended_job(tmp_path, b"[0]:epoch 1\n[0]:progress 3/10\r[0]:progress 4/10")
+    result = LocalConnection("here").run(
+        node_scripts.follow_script(record, "node1", follow=follow), timeout=15)
+    assert result.stdout.startswith("[0]:epoch 1\n[0]:progress 3/10\r[0]:progress 4/10\n@@")
+    assert reports.by_kind(result.stdout)["state"] == ["exited 0 1700000000.0"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_last_lines_and_the_offset_after_them_match_the_whole_log(
+        tmp_path: Path, seed: int) -> None:
+    """`logs -n` reads a window of the log's end, grown until it holds the lines: the
+    lines are the whole log's last ones, long lines included; `logs -f -n` follows from
+    the offset, which is past them, or at an unfinished last line (sent whole then)."""
+    import random
+
+    from gpucluster.launch.log_tail import parse_tail
+    from gpucluster.remote.local import LocalConnection
+
+    chance = random.Random(seed)
+    lines = [f"[{chance.randrange(4)}]:" + "x" * chance.choice([0, 5, 300, 90000])
+             for _ in range(chance.randrange(0, 40))]
+    text = "\n".join(lines) + ("\n" if lines and chance.random() < 0.5 else "")
+    record = _ended_job(tmp_path, text.encode())
+    here = LocalConnection("here")
+    for last in (0, 1, 3, 50):
+        script = node_scripts.follow_script(record, "node1", follow=False, last_lines=last)
+        tail = parse_tail(record, "node1", here.run(script, timeout=15).stdout)
+        assert tail.state.state == "exited"
+        expected = text.splitlines()[-last:] if last else []
+        assert [f"[{line.rank}]:{line.text}" for line in tail.lines] == expected
+        unfinished = bool(text) and not text.endswith("\n")
+        assert tail.last_unfinished is unfinished
+        assert tail.resume_at == len(text) - (len(text.splitlines()[-1]) if unfinished else 0)
+        # What a follow from there sends: the rest of the log, and no stamps.
+        rest = here.run(node_scripts.follow_script(record, "node1", follow=True,
+                                                   from_byte=tail.resume_at), timeout=15)
+        sent = rest.stdout.split("@@gpc state", 1)[0]
+        assert sent == text[tail.resume_at:] + ("\n" if unfinished else "")
+        assert rest.stdout.rstrip().endswith("@@gpc times")
