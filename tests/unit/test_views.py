@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -160,6 +161,51 @@ def test_a_cpp_backtrace_is_one_line_per_node_in_the_live_view() -> None:
     printer("node2", None, "Exception raised from recv at Utils.hpp:9 (most recent call first):")
     printer("node2", None, "frame #0: c10::Error::Error + 0x9d")
     assert whole.getvalue().splitlines()[-1] == "[node2] frame #0: c10::Error::Error + 0x9d"
+
+
+def test_lines_from_many_threads_are_each_written_once_whole_and_in_their_order() -> None:
+    """Whichever thread holds the printer writes the lines the others left: none may be
+    left behind when the threads are done (before finish), none written twice."""
+    import threading
+
+    from gpucluster.cli.views import launch as launch_view
+
+    class Slow(io.StringIO):  # writes that let go of the GIL, as a terminal's do
+        def flush(self) -> None:
+            time.sleep(0.0002)
+
+    out = Slow()
+    printer = launch_view.LinePrinter(out)
+    nodes = [f"node{n}" for n in range(8)]
+
+    def send(node: str) -> None:
+        for step in range(3000):
+            printer(node, "0", f"step {step}")
+
+    threads = [threading.Thread(target=send, args=(node,)) for node in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    written = out.getvalue().splitlines()
+    assert len(written) == 8 * 3000
+    for node in nodes:
+        assert [line for line in written if line.startswith(f"[{node}/")] == \
+            [f"[{node}/0] step {step}" for step in range(3000)]
+
+    # The race that matters, made certain: a line comes while its writer flushes. Its
+    # thread cannot take the printer and goes on; the writer writes it before it returns.
+    class Interrupted(io.StringIO):
+        def flush(self) -> None:
+            if not self.getvalue().count("node2"):
+                other = threading.Thread(target=printer, args=("node2", "1", "meanwhile"))
+                other.start()
+                other.join()
+
+    out = Interrupted()
+    printer = launch_view.LinePrinter(out)
+    printer("node1", "0", "first")
+    assert out.getvalue().splitlines() == ["[node1/0] first", "[node2/1] meanwhile"]
 
 
 def test_torchs_teardown_warning_as_a_sandbox_node_printed_it_is_five_lines_live() -> None:

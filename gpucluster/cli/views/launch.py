@@ -9,7 +9,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -46,12 +47,18 @@ class LinePrinter:
 
     A stream that cannot be written (stdout redirected to a full disk) stops taking
     lines, said once on `notes`; the job and its follow go on (the error used to end the
-    node's follower, and the node was taken for lost: --recover relaunched the job)."""
+    node's follower, and the node was taken for lost: --recover relaunched the job).
+
+    Each node's lines come from a thread of its own. Whichever thread holds the lock
+    writes every line waiting, its own and the others', and flushes once; the others
+    leave theirs and go on. (A lock taken per line cost 3.3 s of 8.9 for `logs` of two
+    nodes' 800000 lines: the threads queued on it, a wake-up per line.)"""
 
     def __init__(self, stream: TextIO, notes: TextIO | None = None,
                  full_logs: str | None = None) -> None:
         self._stream, self._notes, self._full_logs = stream, notes, full_logs
         self._lock = threading.Lock()
+        self._waiting: deque[tuple[str, str | None, str]] = deque()
         self._failed = False
         # Per node and rank inside a backtrace: its frames left out so far.
         self._frames: dict[tuple[str, str | None], int] = {}
@@ -60,22 +67,36 @@ class LinePrinter:
         self.rendezvous_not_closed: set[str] = set()
 
     def __call__(self, node: str, rank: str | None, text: str) -> None:
+        self._waiting.append((node, rank, text))
+        # A line left while another thread wrote is in `_waiting` when that thread,
+        # having let go of the lock, looks again.
+        while self._waiting and self._lock.acquire(blocking=False):
+            try:
+                self._write_waiting()
+            finally:
+                self._lock.release()
+
+    def finish(self) -> None:
+        """Says the frames left out at the very end of a node's output."""
         with self._lock:
+            self._write_waiting()
+            for node, rank in list(self._frames):
+                self._say_frames(node, rank)
+            self._guarded(self._stream.flush)
+
+    def _write_waiting(self) -> None:
+        while self._waiting:
+            node, rank, text = self._waiting.popleft()
             if (node, rank) in self._frames and _BACKTRACE_FRAME.match(text):
                 self._frames[(node, rank)] += 1
-                return
+                continue
             self._say_frames(node, rank)
             self._write(node, rank, text)
             if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
                 self.rendezvous_not_closed.add(node)
             if self._full_logs and _BACKTRACE_START.search(text):
                 self._frames[(node, rank)] = 0
-
-    def finish(self) -> None:
-        """Says the frames left out at the very end of a node's output."""
-        with self._lock:
-            for node, rank in list(self._frames):
-                self._say_frames(node, rank)
+        self._guarded(self._stream.flush)
 
     def _say_frames(self, node: str, rank: str | None) -> None:
         count = self._frames.pop((node, rank), 0)
@@ -84,12 +105,14 @@ class LinePrinter:
                                     f"{self._full_logs} prints them)")
 
     def _write(self, node: str, rank: str | None, text: str) -> None:
+        prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
+        self._guarded(lambda: self._stream.write(f"{prefix} {text}\n"))
+
+    def _guarded(self, action: Callable[[], object]) -> None:
         if self._failed:
             return
-        prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
         try:
-            self._stream.write(f"{prefix} {text}\n")
-            self._stream.flush()
+            action()
         except BrokenPipeError:
             discard_writes(self._stream)
             raise OutputClosed(f"{self._stream.name}: its reader went away") from None
