@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -220,9 +221,11 @@ def _start_everywhere(session: Session, inventory: Inventory, store: JobStore,
                       record: JobRecord, request: LaunchRequest, env: dict[str, str],
                       shells: WaitingShells, files: Mapping[str, workdir.LocalFile],
                       plans: Mapping[str, _Sync]) -> JobRecord:
+    sending = False  # past the shared tars, made before any node is sent anything
     try:
         with workdir.tar_streams(request.workdir, {n: s.plan.send for n, s in plans.items()
                                                    if s.needed}, sorted(files)) as tars:
+            sending = True
             ran = shells.run({host.name: (_start_script(inventory, host, record, request, env,
                                                         plans[host.name]),
                                           tars.get(host.name))
@@ -233,8 +236,12 @@ def _start_everywhere(session: Session, inventory: Inventory, store: JobStore,
         stop(session, inventory, record, grace_s=2.0)  # fresh connections: those closed
         raise Interrupted(f"interrupted while starting job {record.id}; stopped it on "
                           f"every node") from None
-    except GpuclusterError as error:  # a work dir file unreadable while it was sent:
-        stop(session, inventory, record, grace_s=2.0)  # a node it was not sent to started
+    except GpuclusterError as error:  # a work dir file unreadable while it was made...
+        if not sending:  # ...into the shared tars: no node was sent a thing, or started
+            shutil.rmtree(store.directory(record.id), ignore_errors=True)
+            raise GpuclusterError(f"nothing was started: {error}") from None
+        # ...or while it was sent: a node it was not sent to started.
+        stop(session, inventory, record, grace_s=2.0)
         raise GpuclusterError(f"job {record.id} did not start everywhere, so it was stopped "
                               f"on every node: {error}") from None
     problems = _start_problems(started.values, started.failures)

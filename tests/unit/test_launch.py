@@ -167,6 +167,39 @@ def test_a_file_that_vanishes_during_the_sync_is_a_clear_error(tmp_path: Path) -
         pass  # made in memory, before any node is sent anything
 
 
+def test_a_file_that_vanishes_before_the_shared_tar_is_made_starts_and_stops_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared tar is made before any node is sent anything: its failure was said as
+    'did not start everywhere, so it was stopped on every node', and a stop was sent to
+    nodes where nothing had started, and the record of a job that never was stayed."""
+    from gpucluster.launch import start
+    from gpucluster.launch.model import LaunchRequest
+
+    project = tmp_path / "project"
+    _tree(project, {"a.py": "x", "b.py": "y"})
+    files = workdir.local_files(project)
+    (project / "b.py").unlink()
+    store = JobStore(tmp_path / "state")
+    record = dataclasses.replace(_record(), hosts=["node1"])
+    store.save(record)
+    stops: list[str] = []
+    monkeypatch.setattr(start, "stop", lambda *args, **kwargs: stops.append("stop"))
+
+    class NoShells:  # the start's shells: never to be sent anything here
+        def run(self, *args: object) -> None:
+            raise AssertionError("a node was sent the start")
+
+    plan = workdir.SyncPlan(tuple(files.values()), (), 0)
+    with pytest.raises(GpuclusterError) as refused:
+        start._start_everywhere(
+            None, None, store, record, LaunchRequest("a.py", (), project), {},  # type: ignore[arg-type]
+            NoShells(), files, {"node1": start._Sync("/c", plan, True)})  # type: ignore[arg-type]
+    assert re.fullmatch(r"nothing was started: cannot read the work dir to sync it: .*b\.py.*",
+                        str(refused.value)), str(refused.value)
+    assert stops == []
+    assert not store.directory(record.id).exists()
+
+
 def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     with pytest.raises(GpuclusterError, match="no jobs recorded"):
