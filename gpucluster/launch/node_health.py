@@ -4,9 +4,10 @@ nodes, the spares that pass them, and the run's checkpoints copied to a spare th
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Collection
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 
-from gpucluster.doctor.model import REGISTRY, Status
+from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.node_scripts import CHECKPOINT_COPY_S
@@ -14,13 +15,15 @@ from gpucluster.remote.session import Session
 
 # What a node must pass to rejoin: reachable, its GPUs there and healthy (their clocks
 # too: a GPU the hardware slows would set the whole job's pace), nothing holding them,
-# and NCCL's and gloo's ports open to it (else the next start refuses it: the run ends).
+# NCCL's and gloo's ports open to it and full-size packets crossing to and from it (else
+# the next start refuses it: the run ends).
 HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "clocks", "gpu-processes",
-                 "jobs", "peer-ports")
+                 "jobs", "peer-ports", "path-mtu")
 # Before the first attempt, a node is set aside only for what a spare can make up for: a
 # job or a process on its GPUs is the user's to end (the refusal says how), not a reason
 # to start on fewer nodes.
-START_HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "peer-ports")
+START_HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "peer-ports",
+                       "path-mtu")
 
 
 def health_findings(session: Session, nodes: Inventory,
@@ -31,10 +34,39 @@ def health_findings(session: Session, nodes: Inventory,
     report = run_doctor(session, nodes, [REGISTRY[name] for name in checks])
     judged = {h.name for h in nodes.hosts} if judged is None else judged
     sick: dict[str, str] = {}
+    lossy: dict[str, CheckResult] = {}  # path-mtu's: judged by pairs, below
     for found in report.results:
-        if found.status is Status.FAIL and found.host in judged:
+        if found.status is not Status.FAIL:
+            continue
+        if found.name == "path-mtu":
+            lossy[found.host] = found
+        elif found.host in judged:
             sick.setdefault(found.host, f"{found.name}: {found.message}")
+    order = [h.name for h in nodes.hosts]
+    for node in fewest_to_part(lossy, set(sick), judged, order):
+        sick.setdefault(node, f"path-mtu: {lossy[node].message}")
     return sick
+
+
+def fewest_to_part(lossy: Mapping[str, CheckResult], gone: Collection[str],
+                   judged: Collection[str], order: list[str]) -> list[str]:
+    """Of the `judged` nodes, the fewest to set aside so that no pair between which
+    path-mtu found full-size packets lost (`lossy`: its FAILs) is left, besides the nodes
+    `gone` already: a pair is mended by either node going. One node with jumbo frames
+    among many makes a pair with each: it goes alone. First the node in most pairs; on a
+    tie, the later in the inventory (the head stays)."""
+    pairs = {frozenset((node, source)) for node, found in lossy.items()
+             for source in found.details.get("stalled_from", {}) if source != node}
+    pairs = {pair for pair in pairs if not pair & set(gone)}
+    chosen: list[str] = []
+    while pairs:
+        counts = Counter(node for pair in pairs for node in pair if node in judged)
+        if not counts:
+            break  # the pairs left are between nodes not judged here
+        node = max(counts, key=lambda n: (counts[n], order.index(n) if n in order else -1))
+        chosen.append(node)
+        pairs = {pair for pair in pairs if node not in pair}
+    return chosen
 
 
 def take_spares(session: Session, inventory: Inventory, spares: list[Host], needed: int,

@@ -246,6 +246,36 @@ def test_a_node_and_a_spare_the_others_cannot_reach_on_nccls_ports_are_passed_ov
             cluster.node_exec(node, f"iptables -D {rule}")
 
 
+def test_of_two_nodes_whose_full_size_packets_are_lost_between_them_one_is_set_aside(
+        cluster: Sandbox, project: Path) -> None:
+    """Jumbo frames on node2 and node3, which the sandbox's switch does not carry: each
+    fails path-mtu, for the other; with node1 each agrees on smaller segments. The start
+    was refused, as --recover set aside only nodes that every check judged sick: now one
+    node of the pair goes (the later), the other stays, and the spare joins."""
+    from gpucluster.sandbox.system import set_mtu
+
+    hosts = [dict(h) for h in cluster.data["hosts"]]
+    hosts[3]["spare"] = True
+    inventory = cluster.write_inventory(cluster.inventory.parent / "spare.yaml", hosts=hosts)
+    jumbo = ("node2", "node3")
+    for node in jumbo:
+        set_mtu(f"{NAME}-{node}", "eth0", 9000)
+    try:
+        process = start(cluster, project, "train.py", "--", "--epochs", "2",
+                        inventory=inventory)
+        code, payload, stderr = finish(process, 240)
+        assert code == 0, stderr
+        assert [a["nodes"] for a in payload["attempts"]] == [["node1", "node2", "node4"]]
+        assert list(payload["quarantined"]) == ["node3"]
+        assert "node3 set aside before the first attempt: path-mtu: full-size packets " \
+               "(MTU 9000) from node2 do not arrive" in stderr, stderr
+        assert "spare node4 takes a lost node's place" in stderr
+        assert "rank 5/6" in stderr and leftovers(cluster) == []
+    finally:
+        for node in jumbo:
+            set_mtu(f"{NAME}-{node}", "eth0", None)
+
+
 def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         cluster: Sandbox, project: Path) -> None:
     process = start(cluster, project, "train.py", "--", "--epochs",

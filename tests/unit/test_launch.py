@@ -1324,3 +1324,31 @@ def test_the_last_lines_and_the_offset_after_them_match_the_whole_log(
         sent = rest.stdout.split("@@gpc state", 1)[0]
         assert sent == text[tail.resume_at:] + ("\n" if unfinished else "")
         assert rest.stdout.rstrip().endswith("@@gpc times")
+
+
+def test_the_fewest_nodes_are_set_aside_to_part_every_pair_that_loses_full_size_packets(
+) -> None:
+    """path-mtu FAILs both nodes of a pair; either going mends it."""
+    from gpucluster.doctor.model import CheckResult, Status
+    from gpucluster.launch.node_health import fewest_to_part
+
+    def lossy(pairs: dict[str, list[str]]) -> dict[str, CheckResult]:
+        return {node: CheckResult("path-mtu", node, Status.FAIL, "lost",
+                                  details={"stalled_from": dict.fromkeys(sources, 9000)})
+                for node, sources in pairs.items()}
+
+    order = ["n1", "n2", "n3", "n4", "n5"]
+    everyone = set(order)
+    # Two nodes with jumbo frames: the later goes, the head's side stays.
+    assert fewest_to_part(lossy({"n2": ["n3"], "n3": ["n2"]}), (), everyone, order) == ["n3"]
+    # One node in a pair with each of three others: it goes alone.
+    star = lossy({"n1": ["n4"], "n2": ["n4"], "n3": ["n4"], "n4": ["n1", "n2", "n3"]})
+    assert fewest_to_part(star, (), everyone, order) == ["n4"]
+    # Three with one another: two go.
+    triangle = lossy({"n2": ["n3", "n4"], "n3": ["n2", "n4"], "n4": ["n2", "n3"]})
+    assert fewest_to_part(triangle, (), everyone, order) == ["n4", "n3"]
+    # A node going for another reason mends its pairs already.
+    assert fewest_to_part(triangle, ["n4"], everyone, order) == ["n3"]
+    # Only judged nodes go (a spare tried beside the nodes it would join).
+    assert fewest_to_part(star, (), {"n4"}, order) == ["n4"]
+    assert fewest_to_part(lossy({"n1": ["n2"]}), (), {"n5"}, order) == []
