@@ -65,22 +65,34 @@ class Envelope:
     stdin_prefix: bytes = b""
 
 
+# `sh -c`'s script is one argument, at most 128 KiB on Linux (MAX_ARG_STRLEN): prune's
+# script for 600 old jobs (400 KiB) failed with "Argument list too long". A script past
+# this size goes on stdin instead.
+INLINE_SCRIPT_LIMIT = 64 * 1024
+
+
 def build_command(command: str, env: Mapping[str, str] | None, sudo: bool,
-                  is_root: bool, sudo_password: str | None = None) -> Envelope:
+                  is_root: bool, sudo_password: str | None = None,
+                  stdin_follows: bool = True) -> Envelope:
     """Wrap `command` so that `env` arrives on stdin, never on a command line (where any
     user of the node sees it in ps and sudo logs it), then in sudo: non-interactive, or
-    with `sudo_password` (--ask-sudo-pass) as SUDO_WITH_PASSWORD takes it.
+    with `sudo_password` (--ask-sudo-pass) as SUDO_WITH_PASSWORD takes it. A command
+    over INLINE_SCRIPT_LIMIT arrives on stdin too (`stdin_follows`: the caller's own
+    stdin comes after it).
 
     The values travel as `export NAME='value'` lines ahead of the caller's own stdin;
     the shell reads exactly that many lines with `read` (which never reads past a line
     on a pipe) and evals them, so the command's stdin starts where the caller's does."""
     prefix = b""
+    if len(command.encode()) > INLINE_SCRIPT_LIMIT:
+        prefix = command.encode()
+        command = eval_stdin_bytes(len(prefix), exact=stdin_follows)
     if env:
         for name in env:
             if not is_env_name(name):
                 raise ValueError(f"not a valid environment variable name: {name!r}")
         exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
-        prefix = exports.encode()
+        prefix = exports.encode() + prefix
         command = f"{eval_stdin_lines(str(exports.count(chr(10))))}; {command}"
     if sudo and not is_root:
         if sudo_password is None:
@@ -131,6 +143,16 @@ def eval_stdin_lines(count: str) -> str:
     return (f'gpc_n={count} gpc_e=; while [ "$gpc_n" -gt 0 ] && IFS= read -r gpc_l; do '
             f'gpc_e="$gpc_e$gpc_l\n"; gpc_n=$((gpc_n - 1)); done; eval "$gpc_e"; '
             f'unset gpc_n gpc_e gpc_l')
+
+
+def eval_stdin_bytes(count: int, exact: bool) -> str:
+    """Shell that reads a script of `count` bytes from stdin and evals it: whole, with
+    `head -c` (per line, `read` took 18 s for 480 KiB under bash, its string growing
+    line by line), or `exact`ly, where the caller's stdin follows it, with a `dd` that
+    reads a byte at a time (0.4 s for that script): busybox's head reads past its count
+    on a pipe."""
+    reader = f"dd bs=1 count={count} 2>/dev/null" if exact else f"head -c {count}"
+    return f'gpc_s=$({reader}) && eval "$gpc_s"'
 
 
 def shell_path(path: str) -> str:

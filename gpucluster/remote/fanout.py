@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from gpucluster import interrupts
-from gpucluster.errors import Interrupted
+from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Host
 from gpucluster.remote.result import FailureKind, FanoutResult, HostFailure, RemoteError
 
@@ -48,6 +48,8 @@ def fan_out(
                 outcome = task(host)
             except RemoteError as error:
                 outcome = HostFailure(host.name, error.kind, error.message, error.output)
+            except GpuclusterError as error:  # a message of ours, said as it is
+                outcome = HostFailure(host.name, FailureKind.ERROR, str(error))
             except Exception as error:
                 outcome = HostFailure(host.name, FailureKind.ERROR,
                                       f"{type(error).__name__}: {error}")

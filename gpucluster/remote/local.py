@@ -48,7 +48,8 @@ class LocalConnection:
         on_line: LineCallback | None = None,
     ) -> CommandResult:
         envelope = build_command(command, env, sudo, is_root=os.geteuid() == 0,
-                                 sudo_password=self._sudo_password)
+                                 sudo_password=self._sudo_password,
+                                 stdin_follows=stdin is not None)
         feeds = stdin is not None or bool(envelope.stdin_prefix)
         started = time.monotonic()
         process = subprocess.Popen(

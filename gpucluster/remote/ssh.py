@@ -209,7 +209,8 @@ class SshConnection:
     ) -> CommandResult:
 
         envelope = build_command(command, env, sudo, is_root=self.endpoint.user == "root",
-                                 sudo_password=self.options.sudo_password)
+                                 sudo_password=self.options.sudo_password,
+                                 stdin_follows=stdin is not None)
         # Known to end_running() before the command can start on the node: a Ctrl-C
         # between the start and our first read of its output must still end it.
         group = RemoteGroup(sudo and self.endpoint.user != "root")

@@ -93,6 +93,22 @@ def test_the_command_reads_its_own_stdin_after_the_environment() -> None:
     assert not Path("/tmp/gpc-no").exists()
 
 
+@pytest.mark.parametrize("stdin", [None, b"payload\nmore"])
+def test_a_script_larger_than_a_command_line_may_be_runs_from_stdin(
+        stdin: bytes | None) -> None:
+    """Linux takes at most 128 KiB in one argument: prune's script for 600 old jobs
+    (400 KiB) failed with "Argument list too long". Past 64 KiB the script goes on stdin,
+    after the environment and before the caller's own stdin, which it still reads."""
+    lines = [f"total=$((total + {n})); : '{'x' * 30}'" for n in range(8000)]
+    script = "total=0\n" + "\n".join(lines) + '\nprintf "%s|%s|" "$total" "$A"; cat'
+    assert len(script) > 128 * 1024
+    result = LocalConnection("here").run(script, timeout=60, env={"A": "a'b"}, stdin=stdin)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{sum(range(8000))}|a'b|" + (stdin or b"").decode()
+    envelope = build_command(script, None, sudo=True, is_root=False, stdin_follows=False)
+    assert len(envelope.command) < 1000 and envelope.stdin_prefix == script.encode()
+
+
 def test_env_values_are_not_in_the_process_list(tmp_path: Path) -> None:
     marker = tmp_path / "argv"
     LocalConnection("here").run(f"cat /proc/$$/cmdline > {marker}; cat /proc/$PPID/cmdline "
