@@ -187,7 +187,7 @@ def jobs(
 
     loaded = load_inventory(inventory)
     store = job_store(loaded)
-    records = [store.load(i) for i in store.ids()[-limit:]]
+    records = store.records(newest=limit)
     ask_slurm = set_up_from_here(loaded)
     table: dict[str, dict[str, NodeState]] = {}
     queued: list[QueuedJob] | None = None

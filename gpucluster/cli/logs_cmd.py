@@ -96,7 +96,7 @@ def logs(
         if job is not None or follow_live:
             raise GpuclusterError("--all-jobs reads every job the controller has: not with "
                                   "a JOB or -f (fix: drop one)")
-        records = [store.load(i) for i in store.ids()]
+        records = store.records()
         _print(logsearch.merged(store, records, keep, last=tail), json_output,
                across_jobs=True)
         return

@@ -116,6 +116,15 @@ class JobStore:
                 raise GpuclusterError(f"job {job_id!r} {what} (fix: gpucluster jobs lists "
                                       f"them{slurm})")
             chosen = matches[0]
+        return self._read(chosen)
+
+    def records(self, newest: int | None = None) -> list[JobRecord]:
+        """Every job's record (or the `newest` ones), oldest first: the directory is
+        listed once (a `load` per id listed it per job: 5.8 s for 600 jobs)."""
+        ids = self.ids()
+        return [self._read(job_id) for job_id in (ids[-newest:] if newest else ids)]
+
+    def _read(self, chosen: str) -> JobRecord:
         path = self.directory(chosen) / "job.json"
         try:
             data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))

@@ -92,7 +92,7 @@ def prune(session: Session, inventory: Inventory, store: JobStore, older_than_s:
     `older_than_s` ago: one round trip per node for the jobs' states, one for their
     files."""
     cutoff = (now if now is not None else time.time()) - older_than_s
-    records = [store.load(job_id) for job_id in store.ids()]
+    records = store.records()
     old = [r for r in records if r.started_at <= cutoff]
     skipped: list[tuple[str, str]] = []
     ended = _ended(session, inventory, store, old, skipped)
