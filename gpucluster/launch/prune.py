@@ -24,7 +24,7 @@ from gpucluster.remote.connection import Connection
 from gpucluster.remote.session import Session
 from gpucluster.templating import render
 
-PRUNE_TIMEOUT_S = 300.0  # du and rm of a job's checkpoints: large, but bounded
+PRUNE_TIMEOUT_S = 300.0  # sizing and rm of the jobs' checkpoints: large, but bounded
 def parse_age(text: str) -> float:
     """`7d`, `12h`, `30m`, `90s`, `0` (every ended job); a bare number is days."""
     seconds = duration_s(text) if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text.strip()) \
@@ -96,7 +96,8 @@ def prune(session: Session, inventory: Inventory, store: JobStore, older_than_s:
     old = [r for r in records if r.started_at <= cutoff]
     skipped: list[tuple[str, str]] = []
     ended = _ended(session, inventory, store, old, skipped)
-    kept_runs = {r.checkpoints_on_node() for r in records if r not in ended}
+    ended_ids = {r.id for r in ended}  # a set: hundreds of records each looked up
+    kept_runs = {r.checkpoints_on_node() for r in records if r.id not in ended_ids}
     listed = {h.name for h in inventory.hosts}
     jobs = [JobPrune(r, checkpoints and r.checkpoints_on_node() not in kept_runs,
                      _local_bytes(store.directory(r.id)),
