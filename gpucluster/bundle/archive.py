@@ -74,7 +74,8 @@ def summary(collected: Collected, inventory_path: Path) -> str:
               "`kernel-gpu.txt`, `network.txt`, `firewall.txt`, `system.txt`, "
               "`journal.txt`, `slurm.txt` (where Slurm is set up)"
               + (", and `job/` (its log, stamps, torchrun's per-rank logs, NCCL debug "
-                 "files and flight-recorder dumps)" if record else ""),
+                 "files and flight-recorder dumps; of a file past 8 MiB, its end, and "
+                 "`job/CUT.txt` names it)" if record else ""),
               "- `doctor.json`: the whole report, every node's facts"]
     if record is not None:
         lines.append("- `job/job.json`: the job's record (its environment with secret values "
@@ -139,10 +140,16 @@ def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list
         return [f"No node failed. States: {states}."]
     rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
     last = [line for line in (failure.rank_tail or failure.tail) if line.strip()][-3:]
+    shown = ["Its last lines:", "", "```", *last, "```", ""]
+    if failure.rank_error:  # its last lines, unless more of its output came after it
+        shown = ["Its last traceback" + (" (more of its output came after it):"
+                                         if failure.error_came_before else ":"),
+                 "", "```", *failure.rank_error, "```", "",
+                 *(shown if failure.error_came_before else [])]
     return [f"**First failure: {failure.node}, {rank}** ({failure.state.state}"
             + (f", exit {failure.exit_code}" if failure.exit_code is not None else "")
             + (f", worker exit {failure.worker_exit}" if failure.worker_exit is not None
-               else "") + ").", "", "Its last lines:", "", "```", *last, "```", "",
+               else "") + ").", "", *shown,
             *([f"Likely cause: {failure.cause.what} (fix: {failure.cause.fix}).", ""]
               if failure.cause else []),
             f"States: {states}."]

@@ -39,8 +39,7 @@ from gpucluster.slurm_states import SET_UP_HERE, SINFO
 from gpucluster.templating import render
 
 NODE_LIMIT_S = 180.0  # the whole collection on one node; each command has its own
-MAX_FILE_BYTES = 8 * 1024 * 1024  # one command's output
-MAX_JOB_FILE_KB = 64 * 1024  # one file of a job's directory
+MAX_FILE_BYTES = 8 * 1024 * 1024  # one command's output, or the end of a job's file
 SINFO_HEADING = "# sinfo: node|state|reason"  # in slurm.txt, where SUMMARY.md reads it
 SKIPPED_CHECKS = ("rendezvous-port",)  # it opens a test listener: not while a job runs
 # NAME=value or NAME: value where NAME looks secret, wherever a script printed it,
@@ -114,7 +113,7 @@ def collect_script(inventory: Inventory, host: Host, job_dir: str, since: float,
     `typed_sudo`: its stdin's first line is the --ask-sudo-pass password."""
     return render("bundle/collect.sh.j2", node=host.name, max_bytes=MAX_FILE_BYTES,
                   **typed_sudo_context(typed_sudo),
-                  max_job_file_kb=MAX_JOB_FILE_KB, since=int(since),
+                  since=int(since),
                   since_text=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
                   tag=inventory.cluster.name, job_dir=job_dir, slurm_set_up=SET_UP_HERE,
                   sinfo=SINFO, sinfo_heading=SINFO_HEADING)

@@ -11,7 +11,9 @@ from gpucluster.launch.known_causes import KnownCause, killed_by_sigkill, known_
 from gpucluster.launch.model import FirstFailure, NodeState
 
 RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")
+TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's, on a rank's uncaught error
 FAILURE_TAIL_LINES = 12
+TRACEBACK_START = "Traceback (most recent call last):"
 
 
 def split_rank(line: str) -> tuple[str | None, str]:
@@ -35,10 +37,38 @@ def root_cause(lines: list[str]) -> dict[str, str]:
 def first_traceback(lines: list[str], limit: int = 30) -> list[str]:
     """The first Python traceback, through its exception line (the last lines of a long
     one): where a script's own error shows, before the launchers' reports of it."""
-    start = next((i for i, line in enumerate(lines)
-                  if line.startswith("Traceback (most recent call last):")), None)
-    if start is None:
+    start = next((i for i, line in enumerate(lines) if line.startswith(TRACEBACK_START)),
+                 None)
+    return [] if start is None else _traceback_at(lines, start, limit)
+
+
+def last_traceback(rank_lines: list[str], limit: int = FAILURE_TAIL_LINES) -> list[str]:
+    """A rank's last Python traceback, through its exception line, without torch's
+    "[rankN]: " prefix: most often what it died of, wherever it stands. torchrun copies a
+    rank's stdout and stderr into the log apart, so a rank that printed fast left its
+    last output after its traceback (11000 lines after, for 15 MB printed)."""
+    for at in range(len(rank_lines) - 1, -1, -1):
+        line = rank_lines[at]  # the substring first: a regex per line of 100000 is slow
+        if TRACEBACK_START in line and TORCH_RANK_PREFIX.sub("", line).startswith(
+                TRACEBACK_START):
+            start = at
+            break
+    else:
         return []
+    # With torch's prefix, the lines without it are the rank's stdout, copied in between.
+    prefixed = TORCH_RANK_PREFIX.match(rank_lines[start]) is not None
+    block: list[str] = []
+    for line in rank_lines[start:]:
+        text = TORCH_RANK_PREFIX.sub("", line)
+        if prefixed and text == line:
+            continue
+        block.append(text)
+        if len(block) > 1 and text and not text[0].isspace():
+            break  # its exception line
+    return _traceback_at(block, 0, limit)
+
+
+def _traceback_at(lines: list[str], start: int, limit: int) -> list[str]:
     end = next((i for i in range(start + 1, len(lines))
                 if lines[i] and not lines[i][0].isspace()), len(lines) - 1)
     block = lines[start:end + 1]
@@ -56,17 +86,21 @@ def failure_of(node: str, state: NodeState, log: Path) -> FirstFailure:
     prefix = f"[{rank.group()}]:" if rank else None
     rank_lines = [line[len(prefix):] for line in lines if prefix and line.startswith(prefix)]
     worker_exit = int(worker.group()) if worker else None
+    # A rank killed by a signal printed no error: a traceback of its is one it lived on after.
+    error = last_traceback(rank_lines) if worker_exit is None or worker_exit > 0 else []
     return FirstFailure(node, state, int(rank.group()) if rank else None, state.exit_code,
                         tuple(lines[-FAILURE_TAIL_LINES:]), worker_exit,
                         fields.get("time", ""), tuple(rank_lines[-FAILURE_TAIL_LINES:]),
-                        cause_of(node, worker_exit, rank_lines, lines))
+                        cause_of(node, worker_exit, [*rank_lines, *error], lines),
+                        tuple(error))
 
 
 def cause_of(node: str, worker_exit: int | None, rank_lines: list[str],
              lines: list[str]) -> KnownCause | None:
-    """The failing rank's own words first; then the node's lines that are no rank's (its
-    torchrun's: a rendezvous it could not reach), never another rank's, whose errors are
-    most often the echo of this one."""
+    """The failing rank's own words first (its last traceback after them, so that the
+    end searched holds it); then the node's lines that are no rank's (its torchrun's: a
+    rendezvous it could not reach), never another rank's, whose errors are most often
+    the echo of this one."""
     if worker_exit == -signal.SIGKILL:
         return killed_by_sigkill(node)
     return known_cause(rank_lines, node) or known_cause(

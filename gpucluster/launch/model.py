@@ -124,6 +124,14 @@ class FirstFailure:
     failed_at: str = ""  # torchrun's root-cause time (second resolution)
     rank_tail: tuple[str, ...] = ()  # the failing rank's own last lines
     cause: KnownCause | None = None  # what its lines say, where they say a known cause
+    rank_error: tuple[str, ...] = ()  # the failing rank's last traceback, wherever it stands
+
+    @property
+    def error_came_before(self) -> bool:
+        """Its last traceback's exception line is not among its last lines: more of its
+        output came after it (torchrun copies stdout and stderr apart)."""
+        return bool(self.rank_error) and not any(line.endswith(self.rank_error[-1])
+                                                 for line in self.rank_tail)
 
     @property
     def killing_signal(self) -> str | None:

@@ -138,9 +138,10 @@ def signature(outcome: JobOutcome) -> tuple[int | None, str]:
     if failure is None:
         return None, ""
     lines = [line.strip() for line in (failure.rank_tail or failure.tail) if line.strip()]
-    # The exception's line (a rank's stdout may still arrive after its traceback), without
-    # torch's "[rankN]: " prefix, so that the same error on another rank reads the same.
-    errors = error_lines(lines)
+    # The exception's line (a rank's stdout may still arrive after its traceback, even
+    # thousands of lines after), without torch's "[rankN]: " prefix, so that the same
+    # error on another rank reads the same.
+    errors = error_lines(failure.rank_error) or error_lines(lines)
     return failure.rank, errors[-1] if errors else (lines[-1] if lines else "")
 
 

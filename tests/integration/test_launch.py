@@ -677,6 +677,10 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
     assert failure["likely_cause"]["evidence"].endswith(
         "ModuleNotFoundError: No module named 'gpc_no_such_module'")
     assert "No module named" in failing.stderr  # job lines on stderr, JSON on stdout
+    # Its traceback, as the real torchrun copied it, from its first line to its exception.
+    assert failure["rank_error"][0] == "Traceback (most recent call last):"
+    assert failure["rank_error"][-1] == \
+        "ModuleNotFoundError: No module named 'gpc_no_such_module'"
 
 
 LISTING = """import os

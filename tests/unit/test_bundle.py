@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import shlex
 import time
 from pathlib import Path
 
@@ -73,6 +75,17 @@ def test_the_summary_names_the_first_failure_the_lost_node_and_differing_fields(
     assert "- node1: Xid 79 on GPU 0000:18:00" in text
     assert "- node1: doctor `xid`: 1 Xid errors in the kernel log" in text
     assert "- node[1-2] `sudo` WARN: sudo asks for a password\n" in text  # said once
+    # Its last traceback far above its last lines (torchrun copied its stdout after it).
+    error = ("Traceback (most recent call last):", "RuntimeError: the cause")
+    buried = dataclasses.replace(failure, rank_tail=("step 9", "step 10"), rank_error=error)
+    text = summary(Collected(nodes, doctor, outcome, record, 4.2, buried), Path("inv.yaml"))
+    assert ("Its last traceback (more of its output came after it):\n\n```\n"
+            "Traceback (most recent call last):\nRuntimeError: the cause\n```\n\n"
+            "Its last lines:\n\n```\nstep 9\nstep 10\n```") in text
+    # At the end of its lines: shown once.
+    at_end = dataclasses.replace(buried, rank_tail=("step 10", *error))
+    text = summary(Collected(nodes, doctor, outcome, record, 4.2, at_end), Path("inv.yaml"))
+    assert "Its last traceback:\n" in text and "Its last lines" not in text
 
 
 def test_a_job_that_ended_well_has_its_nodes_folded_by_state() -> None:
@@ -284,3 +297,35 @@ def test_a_node_without_iproute2_or_firewall_tools_still_describes_its_network(
     firewall = files["firewall.txt"].decode()
     for tool in ("iptables-save", "ip6tables-save", "nft", "ufw"):
         assert f"# {tool}\n(no {tool} on this node)" in firewall, firewall
+
+
+def test_a_job_file_past_the_limit_arrives_as_its_end_and_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 15 MB node.log arrived as its first 8 MiB, said nowhere: the traceback at its
+    end was not in the bundle; a file past 64 MiB did not arrive at all."""
+    from gpucluster.bundle import collect
+    from gpucluster.inventory import load
+    from gpucluster.remote.local import LocalConnection
+
+    monkeypatch.setattr(collect, "MAX_FILE_BYTES", 1000)
+    job = tmp_path / "job dir"
+    (job / "torchrun" / "0").mkdir(parents=True)
+    (job / "node.log").write_text("".join(f"step {i}\n" for i in range(400))
+                                  + "RuntimeError: the end\n")
+    (job / "torchrun" / "0" / "stderr.log").write_text("short\n")
+    (job / "exit_code").write_text("1 1796484000.5\n")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts: [localhost]\n")
+    loaded = load(inventory)
+    script = collect.collect_script(loaded, loaded.hosts[0], shlex.quote(str(job)),
+                                    time.time())
+    files = collect._collect_on(LocalConnection("localhost"), script, None).files
+    whole = (job / "node.log").read_bytes()
+    assert files["job/node.log"] == whole[-1000:] and len(whole) > 2000
+    assert files["job/torchrun/0/stderr.log"] == b"short\n"
+    assert files["job/exit_code"] == b"1 1796484000.5\n"
+    assert files["job/CUT.txt"].decode() == (
+        f"node.log: {len(whole)} bytes; its last 1000 are here\n")
+    (job / "node.log").write_text("fits\n")
+    files = collect._collect_on(LocalConnection("localhost"), script, None).files
+    assert files["job/node.log"] == b"fits\n" and "job/CUT.txt" not in files

@@ -5,9 +5,11 @@ first failure reading it from a node's log."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from gpucluster.launch.failure import failure_of
 from gpucluster.launch.known_causes import known_cause
@@ -138,3 +140,73 @@ def test_a_rendezvous_the_agent_could_not_reach_is_read_from_its_own_lines(
     failure = failure_of("node3", NodeState("node3", "exited", exit_code=1), log)
     assert failure.rank is None and failure.cause is not None
     assert failure.cause.what == "a node could not reach the rendezvous at node1:29500"
+
+
+def test_a_ranks_traceback_far_above_its_last_lines_is_still_what_it_died_of(
+        tmp_path: Path) -> None:
+    """torchrun copies a rank's stdout and stderr into the log apart: a rank that printed
+    15 MB left 11000 lines of its stdout after its traceback (seen on the sandbox). Its
+    last lines were `step ...`, and neither the summary nor the cause named the error."""
+    from gpucluster.cli.views.launch import outcome_payload, print_outcome
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.model import JobOutcome
+    from gpucluster.launch.recover import signature
+
+    traceback = ["[rank3]: Traceback (most recent call last):",
+                 '[rank3]:   File "/srv/proj/train.py", line 40, in <module>',
+                 "[rank3]:     loss = model(batch)", CUDA_OOM]
+    steps = [f"step {i} loss 0.1" for i in range(2000)]
+    # A line of its stdout copied between two of its traceback's: not part of it.
+    rank_lines = [*steps[:5], *traceback[:2], "step 5 loss 0.1", *traceback[2:], *steps[6:]]
+    log = tmp_path / "node2.log"
+    log.write_text("\n".join([*(f"[3]:{line}" for line in rank_lines),
+                              "Root Cause (first observed failure):", "[0]:",
+                              "  host      : node2", "  rank      : 3 (local_rank: 1)",
+                              "  exitcode  : 1 (pid: 2028)"]) + "\n")
+    state = NodeState("node2", "exited", exit_code=1)
+    failure = failure_of("node2", state, log)
+    assert failure.rank_error == (
+        "Traceback (most recent call last):", '  File "/srv/proj/train.py", line 40, in '
+        '<module>', "    loss = model(batch)", CUDA_OOM.removeprefix("[rank3]: "))
+    assert failure.error_came_before and failure.rank_tail[-1] == "step 1999 loss 0.1"
+    assert failure.cause is not None and failure.cause.name == "gpu-out-of-memory"
+    record = JobRecord("20261205-150000-abcd", "train.py", [], ["node2"], "/c", "/j", 0.0,
+                       {"node2": 2})
+    outcome = JobOutcome(record, states={"node2": state}, first_failure=failure)
+    assert signature(outcome) == (3, CUDA_OOM.removeprefix("[rank3]: "))
+    store = JobStore(tmp_path / ".gpucluster")
+    console = Console(width=400, record=True, file=io.StringIO())
+    print_outcome(console, outcome, store)
+    shown = console.export_text()
+    assert ("last traceback of rank 3 (more of its output came after it):\n"
+            "  Traceback (most recent call last):\n") in shown
+    assert shown.index("torch.OutOfMemoryError") < shown.index("last lines of rank 3")
+    assert outcome_payload(outcome, store)["first_failure"]["rank_error"][-1] == \
+        CUDA_OOM.removeprefix("[rank3]: ")
+    # At the end of its lines, the traceback is shown once, as its last lines.
+    log.write_text("\n".join([*(f"[3]:{line}" for line in [*steps, *traceback]),
+                              "Root Cause (first observed failure):",
+                              "  rank      : 3 (local_rank: 1)",
+                              "  exitcode  : 1 (pid: 2028)"]) + "\n")
+    at_end = failure_of("node2", state, log)
+    assert at_end.rank_error and not at_end.error_came_before
+    console = Console(width=400, record=True, file=io.StringIO())
+    print_outcome(console, JobOutcome(record, {"node2": state}, at_end), store)
+    assert "last traceback" not in console.export_text()
+    # Killed by a signal, it printed no error: a traceback of its is one it lived on after.
+    log.write_text(log.read_text().replace("exitcode  : 1", "exitcode  : -9"))
+    assert failure_of("node2", state, log).rank_error == ()
+
+
+def test_the_last_of_several_tracebacks_is_taken_without_its_prefix_or_its_length() -> None:
+    from gpucluster.launch.failure import last_traceback
+
+    caught = ["Traceback (most recent call last):", '  File "a.py", line 1', "KeyError: 'x'"]
+    chained = ["Traceback (most recent call last):", *(f'  File "b.py", line {i}'
+                                                      for i in range(40)),
+               "ValueError: the last one"]
+    lines = [*caught, "going on", *chained, "step 9"]
+    found = last_traceback(lines)
+    assert found[0] == chained[0] and found[1] == "  ..." and found[-1] == chained[-1]
+    assert len(found) == 12
+    assert last_traceback(["step 1", "no traceback here"]) == []

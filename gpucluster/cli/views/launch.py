@@ -152,6 +152,11 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
         where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
             else failure.node
         err.print(f"[bold red]first failure: {where}, {escape(failure_cause(failure))}[/]")
+        if failure.error_came_before:
+            err.print(f"last traceback of rank {failure.rank} (more of its output came "
+                      f"after it):")
+            for line in failure.rank_error:
+                err.print(f"  {escape(line)}", style="dim")
         if failure.rank_tail:
             err.print(f"last lines of rank {failure.rank}:")
             for line in failure.rank_tail:
@@ -304,7 +309,8 @@ def outcome_payload(outcome: JobOutcome, store: JobStore) -> dict[str, Any]:
         "first_failure": None if failure is None else {
             "node": failure.node, "rank": failure.rank, "cause": failure_cause(failure),
             "exit_code": failure.exit_code, "worker_exit": failure.worker_exit,
-            "rank_tail": list(failure.rank_tail), "tail": list(failure.tail),
+            "rank_tail": list(failure.rank_tail), "rank_error": list(failure.rank_error),
+            "tail": list(failure.tail),
             "likely_cause": None if failure.cause is None else dataclasses.asdict(
                 failure.cause)},
         "stopped": stop_payload(outcome.record, outcome.stopped)["nodes"]
