@@ -82,6 +82,9 @@ class _Follower:
                 if kind == "state":
                     self.state = parse_state(self.host.name, rest)
                     return
+                if kind == "caught-up" and stream == "stdout":
+                    copy.caught_up()  # the log as it was at the start has come
+                    return
                 if kind == "times" and self.state is not None:
                     stamping = True
                     return

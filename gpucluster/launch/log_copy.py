@@ -1,12 +1,15 @@
 """The controller's copy of a node's log while a job is followed: capped, rotated, with
-each line's stamp; a copy that cannot be written stops short without stopping the job."""
+each line's stamp; a copy that cannot be written stops short without stopping the job.
+One process writes it at a time, and a copy written again replaces the one before only
+once it holds as much: a follow cut short (Ctrl-C) leaves the copy before whole."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from gpucluster.launch.logsearch import ROTATED_SUFFIX, TIMES_SUFFIX
 
@@ -18,11 +21,23 @@ FLUSH_EVERY_S = 0.2
 class LogCopy:
     """The controller's copy of a node's log, kept under `cap_bytes`: past half of it,
     the copy becomes NODE.log.1 (replacing the one before) and a new one begins. The
-    node's stamps (node.times, one per line of its node.log) are split the same way."""
+    node's stamps (node.times, one per line of its node.log) are split the same way.
+
+    Where a copy is there already, the new one is written beside it (NODE.part, and
+    NODE.1.part once it rotates) until it has caught up with the node's log as it was
+    when the follow began (`caught_up`), or has all of it (`close`); then it takes its
+    place and goes on there, where readers of a running job's copy look. Another
+    gpucluster writing this copy (an attached launch while `logs` runs) leaves it to
+    that one."""
 
     def __init__(self, log: Path, cap_bytes: int) -> None:
         self.log, self.half = log, max(cap_bytes // 2, 1)
         self.rotated = log.with_name(log.name + ROTATED_SUFFIX)
+        stem = log.name.removesuffix(".log")  # no ".log" in these: not taken for copies
+        self._part = log.with_name(f"{stem}.part")
+        self._rotated_part = log.with_name(f"{stem}.1.part")
+        self._lock_path = log.with_name(f"{stem}.copy-lock")
+        self._lock: BinaryIO | None = None
         # Opened by the first line: a node that cannot be reached leaves the old copy be.
         self.file: TextIO | None = None
         self.size = self.lines = 0  # of the current copy
@@ -31,10 +46,12 @@ class LogCopy:
         self.stamped = 0  # stamps seen, one per line of the node's log from its first
         self.stamps: list[str] = []  # those of the lines kept (NODE.log.1's, then NODE.log's)
         self.cut = ""  # why the copy stopped short (the controller's disk full), if it did
+        self.elsewhere = False  # another process writes this copy: this one writes none
+        self._beside = False  # written beside the copy before, which it has not caught up
         self._flushed_at = time.monotonic()
 
     def write(self, line: str) -> None:
-        if self.cut:
+        if self.cut or self.elsewhere:
             return
         try:
             self._write(line)
@@ -52,19 +69,59 @@ class LogCopy:
 
     def _write(self, line: str) -> None:
         if self.file is None:
-            self.rotated.unlink(missing_ok=True)
-            self.file = self.log.open("w", encoding="utf-8")
+            if not self._take_lock():
+                return
+            self._beside = self.log.exists() or self.rotated.exists()
+            self._rotated_part.unlink(missing_ok=True)  # of a copy cut short before
+            if not self._beside:
+                self.rotated.unlink(missing_ok=True)
+            self.file = self._current().open("w", encoding="utf-8")
         if self.size >= self.half:
             self.file.close()
-            self.log.replace(self.rotated)
+            self._current().replace(self._rotated_part if self._beside else self.rotated)
             self.dropped += self.in_rotated
             self.in_rotated, self.lines = self.lines, 0
-            self.file, self.size = self.log.open("w", encoding="utf-8"), 0
+            self.file, self.size = self._current().open("w", encoding="utf-8"), 0
         self.file.write(line + "\n")
         self.size += len(line.encode()) + 1
         self.lines += 1
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
             self.flush()
+
+    def _take_lock(self) -> bool:
+        """This copy's writer: the first process to ask (locks go with the process)."""
+        self._lock = self._lock_path.open("ab")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock, self.elsewhere = None, True
+            return False
+        return True
+
+    def _current(self) -> Path:
+        return self._part if self._beside else self.log
+
+    def caught_up(self) -> None:
+        """Every line the node's log had when the follow began has come: this copy holds
+        all the one before did, and replaces it."""
+        if self._beside and not self.cut:
+            try:
+                self._take_place()
+            except OSError as error:
+                self._give_up(error)
+
+    def _take_place(self) -> None:
+        """This copy replaces the one before, and goes on being written where it now
+        is."""
+        if self.file is not None and not self.file.closed:
+            self.file.flush()
+        if self._rotated_part.exists():
+            self._rotated_part.replace(self.rotated)
+        elif not self.in_rotated:
+            self.rotated.unlink(missing_ok=True)  # this copy has no older half
+        self._part.replace(self.log)
+        self._beside = False
 
     def flush(self) -> None:
         """What was written so far, to the disk (a heartbeat from the node calls it)."""
@@ -85,21 +142,32 @@ class LogCopy:
 
     def close(self, answered: bool) -> None:
         """`answered`: the node sent its whole log (maybe none): the copy is that."""
-        if self.cut:
-            return
         try:
-            self._close(answered)
+            if not self.cut and not self.elsewhere:
+                self._close(answered)
         except OSError as error:
             self._give_up(error)
+        finally:
+            if self._lock is not None:
+                self._lock.close()  # and the lock with it
+                self._lock = None
 
     def _close(self, answered: bool) -> None:
         if self.file is None:
-            if not answered:
+            if not answered or not self._take_lock():
                 return
             self.rotated.unlink(missing_ok=True)
             self.log.write_text("", encoding="utf-8")
         else:
             self.file.close()
+            if self._beside:  # the copy before stays, unless this one came whole
+                if not answered:
+                    for unfinished in (self._part, self._rotated_part):
+                        unfinished.unlink(missing_ok=True)
+                    return
+                self._take_place()
+        if not answered:  # the stamps come after the log: those of before stay
+            return
         rotated, current = self.stamps[:self.in_rotated], self.stamps[self.in_rotated:]
         for path, part in ((self.rotated, rotated), (self.log, current)):
             if part or path.exists():

@@ -777,6 +777,8 @@ def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
     store = JobStore(tmp_path / ".gpucluster")
     store.directory(record.id).mkdir(parents=True)
     store.node_log(record.id, "node1").symlink_to("/dev/full")
+    # where a copy written again goes, beside the one before until it replaces it
+    store.node_log(record.id, "node1").with_name("node1.part").symlink_to("/dev/full")
     shown: list[str] = []
     ended: list[JobOutcome] = []
     following = threading.Thread(target=lambda: ended.append(follow(
@@ -1352,3 +1354,34 @@ def test_the_fewest_nodes_are_set_aside_to_part_every_pair_that_loses_full_size_
     # Only judged nodes go (a spare tried beside the nodes it would join).
     assert fewest_to_part(star, (), {"n4"}, order) == ["n4"]
     assert fewest_to_part(lossy({"n1": ["n2"]}), (), {"n5"}, order) == []
+
+
+@pytest.mark.parametrize("ending", ["", "[1]:progress 4/10", "[1]:" + "x" * 70000])
+def test_a_live_follow_marks_where_the_log_it_began_with_has_come(
+        tmp_path: Path, ending: str) -> None:
+    """The controller's copy written again replaces the one before at that mark (a
+    follow cut short before it leaves the one before whole). A line the log ends inside
+    comes after the mark, whole; one longer than the window looked at leaves the mark
+    out (the copy then replaces the one before at its end)."""
+    from gpucluster.remote.local import LocalConnection
+
+    text = "[0]:epoch 1\n[0]:epoch 2\n" + ending
+    record = _ended_job(tmp_path, text.encode())
+    job = tmp_path / record.id / "node1"
+    leader = subprocess.Popen(["sleep", "1.5"], env={
+        **os.environ, "GPUCLUSTER_JOB": record.marker("node1")})
+    try:
+        (job / "leader.pid").write_text(f"{leader.pid}\n")
+        (job / "exit_code").unlink()
+        result = LocalConnection("here").run(
+            node_scripts.follow_script(record, "node1", follow=True), timeout=15)
+    finally:
+        leader.kill()
+        leader.wait()
+    sent = result.stdout.split("@@gpc state", 1)[0]
+    unfinished = "\n" if ending else ""
+    if len(ending) > 65536:
+        assert sent == text + unfinished  # no mark
+        return
+    mark = len(text) - len(ending)
+    assert sent == f"{text[:mark]}@@gpc caught-up\n{text[mark:]}{unfinished}"

@@ -177,3 +177,74 @@ def test_a_nodes_last_lines_pair_with_their_stamps_from_the_end() -> None:
     # More stamps than lines (the log's last line half written): the newest pair up.
     whole = parse_tail(record, "n1", "a\n@@gpc state running - \n@@gpc times\n101\n102\n")
     assert [line.time for line in whole.lines] == [102.0]
+
+
+def _copy_of(log: Path, lines: list[str], cap_bytes: int, until: int | None = None,
+             answered: bool = True) -> LogCopy:
+    """A copy of `lines` with a stamp each; `until`: cut short there, never closed (the
+    process ended by Ctrl-C)."""
+    copy = LogCopy(log, cap_bytes)
+    for line in lines[:until]:
+        copy.write(line)
+    if until is None:
+        for index in range(len(lines)):
+            copy.stamp(str(100 + index))
+        copy.close(answered=answered)
+    elif copy.file is not None:
+        copy.file.flush()
+    return copy
+
+
+def _files(directory: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(directory.iterdir())
+            if not p.name.endswith("copy-lock")}
+
+
+@pytest.mark.parametrize("cap_bytes", [1 << 20, 40])  # 40: it rotates every 2 lines
+def test_a_copy_written_again_and_cut_short_leaves_the_one_before_whole(
+        tmp_path: Path, cap_bytes: int) -> None:
+    """`logs -f` of a job whose copy was whole, ended by Ctrl-C while it fetched the log
+    again from its first line: the copy was cut to what had come, its stamps left
+    behind it."""
+    lines = [f"line {i:02d} ......" for i in range(9)]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    _copy_of(whole / "node1.log", lines, cap_bytes)
+    log = tmp_path / "job" / "node1.log"
+    log.parent.mkdir()
+    _copy_of(log, lines[:7], cap_bytes)  # the copy before: the job had printed 7 lines
+    before = _files(log.parent)
+    for until in (1, 3, 6):
+        cut = _copy_of(log, lines, cap_bytes, until=until)
+        assert {k: v for k, v in _files(log.parent).items() if "part" not in k} == before
+        cut.close(answered=False)  # a node that stopped answering: the same
+        assert _files(log.parent) == before
+    # Caught up with the log as it was when the follow began, it is the copy, written on
+    # where readers of a running job look.
+    running = _copy_of(log, lines, cap_bytes, until=8)
+    running.caught_up()
+    running.write(lines[8])
+    assert running.file is not None
+    running.file.flush()
+    assert "".join(v for k, v in _files(log.parent).items()
+                   if not k.endswith(".times")).count("line 08") == 1
+    assert not [name for name in _files(log.parent) if "part" in name]
+    running.close(answered=False)
+    _copy_of(log, lines, cap_bytes)  # and whole, as a copy made from nothing
+    assert _files(log.parent) == _files(whole)
+
+
+def test_one_process_writes_a_copy_the_others_leave_it_be(tmp_path: Path) -> None:
+    """An attached launch writing the copy while `logs` of the job fetched it again: both
+    wrote it, each from its own offset."""
+    log = tmp_path / "node1.log"
+    live = LogCopy(log, 1 << 20)
+    live.write("line 1")
+    other = _copy_of(log, ["line 1", "line 2"], 1 << 20)
+    assert other.elsewhere
+    live.write("line 2")
+    live.write("line 3")
+    live.close(answered=True)
+    assert log.read_text() == "line 1\nline 2\nline 3\n"
+    again = _copy_of(log, ["line 1", "line 2", "line 3", "line 4"], 1 << 20)
+    assert not again.elsewhere and log.read_text().endswith("line 4\n")
