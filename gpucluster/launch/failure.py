@@ -11,9 +11,12 @@ from gpucluster.launch.known_causes import KnownCause, killed_by_sigkill, known_
 from gpucluster.launch.model import FirstFailure, NodeState
 
 RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")
-TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's, on a rank's uncaught error
 FAILURE_TAIL_LINES = 12
 TRACEBACK_START = "Traceback (most recent call last):"
+# torch's prefix on a rank's uncaught error, searched, not anchored: torchrun copies a
+# rank's stdout and stderr apart, so a line of its stdout not yet ended may come first.
+_TORCH_PREFIX = re.compile(r"\[rank\d+\]: ?")
+_TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?(Traceback \(most recent call last\):)\s*$")
 
 
 def split_rank(line: str) -> tuple[str | None, str]:
@@ -47,23 +50,22 @@ def last_traceback(rank_lines: list[str], limit: int = FAILURE_TAIL_LINES) -> li
     "[rankN]: " prefix: most often what it died of, wherever it stands. torchrun copies a
     rank's stdout and stderr into the log apart, so a rank that printed fast left its
     last output after its traceback (11000 lines after, for 15 MB printed)."""
-    for at in range(len(rank_lines) - 1, -1, -1):
-        line = rank_lines[at]  # the substring first: a regex per line of 100000 is slow
-        if TRACEBACK_START in line and TORCH_RANK_PREFIX.sub("", line).startswith(
-                TRACEBACK_START):
-            start = at
+    for start in range(len(rank_lines) - 1, -1, -1):
+        line = rank_lines[start]  # the substring first: a regex per line of 100000 is slow
+        if TRACEBACK_START in line and (found := _TRACEBACK.search(line)) is not None:
             break
     else:
         return []
     # With torch's prefix, the lines without it are the rank's stdout, copied in between.
-    prefixed = TORCH_RANK_PREFIX.match(rank_lines[start]) is not None
-    block: list[str] = []
-    for line in rank_lines[start:]:
-        text = TORCH_RANK_PREFIX.sub("", line)
-        if prefixed and text == line:
+    prefixed = found.group(1) is not None
+    block = [found.group(2)]
+    for line in rank_lines[start + 1:]:
+        prefix = _TORCH_PREFIX.search(line) if prefixed else None
+        if prefixed and prefix is None:
             continue
+        text = line[prefix.end():] if prefix is not None else line
         block.append(text)
-        if len(block) > 1 and text and not text[0].isspace():
+        if text and not text[0].isspace():
             break  # its exception line
     return _traceback_at(block, 0, limit)
 

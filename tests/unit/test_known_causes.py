@@ -156,8 +156,10 @@ def test_a_ranks_traceback_far_above_its_last_lines_is_still_what_it_died_of(
                  '[rank3]:   File "/srv/proj/train.py", line 40, in <module>',
                  "[rank3]:     loss = model(batch)", CUDA_OOM]
     steps = [f"step {i} loss 0.1" for i in range(2000)]
-    # A line of its stdout copied between two of its traceback's: not part of it.
-    rank_lines = [*steps[:5], *traceback[:2], "step 5 loss 0.1", *traceback[2:], *steps[6:]]
+    # Lines of its stdout copied between its traceback's are not part of it; one not yet
+    # ended when the traceback came has it glued on (seen on the sandbox).
+    rank_lines = [*steps[:4], steps[4] + traceback[0], traceback[1], steps[5],
+                  steps[6] + traceback[2], traceback[3], *steps[7:]]
     log = tmp_path / "node2.log"
     log.write_text("\n".join([*(f"[3]:{line}" for line in rank_lines),
                               "Root Cause (first observed failure):", "[0]:",
