@@ -121,9 +121,13 @@ def logs(
                    fail_fast=False, grace=0, nodes=nodes, tail=tail)
             return
         from gpucluster.launch.follow import follow
+        from gpucluster.launch.log_copy import final
 
-        follow(session, loaded, record, store, live=False, fail_fast=False,
-               stop_on_interrupt=False, nodes=nodes)
+        # A node whose copy was made whole after the job ended there has nothing new.
+        stale = [n for n in nodes or record.hosts if not final(store.node_log(record.id, n))]
+        if stale:
+            follow(session, loaded, record, store, live=False, fail_fast=False,
+                   stop_on_interrupt=False, nodes=stale)
     found = logsearch.merged(store, [record], keep, last=tail)
     _print(found, json_output)
     if not found:

@@ -34,6 +34,8 @@ from gpucluster.remote.session import Session
 
 SILENT_NODE_S = 30.0  # no output and no heartbeat this long: the node is taken for lost
 FOLLOW_LIMIT_S = 30 * 24 * 3600.0  # a job may run for weeks; heartbeats catch dead nodes
+# A node's part of the job is over and nothing of it is left to write to its log.
+FINAL_STATES = ("exited", "stopped")
 
 
 class _Follower:
@@ -116,7 +118,8 @@ class _Follower:
         finally:
             # A node that no longer has the job (its work dir wiped, the node re-imaged)
             # sends no log: the controller's copy is all that is left, so it is kept.
-            copy.close(answered=self.state is not None and self.state.state != "missing")
+            copy.close(answered=self.state is not None and self.state.state != "missing",
+                       ended=self.state is not None and self.state.state in FINAL_STATES)
         self.copy_cut = copy.cut
         self.done.put((self.host.name, state))
 

@@ -18,6 +18,17 @@ from gpucluster.launch.logsearch import ROTATED_SUFFIX, TIMES_SUFFIX
 FLUSH_EVERY_S = 0.2
 
 
+def _beside(log: Path, suffix: str) -> Path:
+    """A file of the copy's own, without ".log" in its name: not taken for a copy."""
+    return log.with_name(f"{log.name.removesuffix('.log')}.{suffix}")
+
+
+def final(log: Path) -> bool:
+    """The copy was made whole after the job had ended on its node: its log can no longer
+    change, so a search reads the copy without fetching it again."""
+    return _beside(log, "ended").exists() and log.exists()
+
+
 class LogCopy:
     """The controller's copy of a node's log, kept under `cap_bytes`: past half of it,
     the copy becomes NODE.log.1 (replacing the one before) and a new one begins. The
@@ -33,10 +44,8 @@ class LogCopy:
     def __init__(self, log: Path, cap_bytes: int) -> None:
         self.log, self.half = log, max(cap_bytes // 2, 1)
         self.rotated = log.with_name(log.name + ROTATED_SUFFIX)
-        stem = log.name.removesuffix(".log")  # no ".log" in these: not taken for copies
-        self._part = log.with_name(f"{stem}.part")
-        self._rotated_part = log.with_name(f"{stem}.1.part")
-        self._lock_path = log.with_name(f"{stem}.copy-lock")
+        self._part, self._rotated_part = _beside(log, "part"), _beside(log, "1.part")
+        self._lock_path, self._ended = _beside(log, "copy-lock"), _beside(log, "ended")
         self._lock: BinaryIO | None = None
         # Opened by the first line: a node that cannot be reached leaves the old copy be.
         self.file: TextIO | None = None
@@ -116,6 +125,7 @@ class LogCopy:
         is."""
         if self.file is not None and not self.file.closed:
             self.file.flush()
+        self._ended.unlink(missing_ok=True)  # said again at the end, if so
         if self._rotated_part.exists():
             self._rotated_part.replace(self.rotated)
         elif not self.in_rotated:
@@ -140,11 +150,16 @@ class LogCopy:
             self.stamps.append(stamp)
         self.stamped += 1
 
-    def close(self, answered: bool) -> None:
-        """`answered`: the node sent its whole log (maybe none): the copy is that."""
+    def close(self, answered: bool, ended: bool = False) -> None:
+        """`answered`: the node sent its whole log (maybe none): the copy is that.
+        `ended`: and the job had ended there: the copy is final."""
         try:
             if not self.cut and not self.elsewhere:
                 self._close(answered)
+                if answered and ended:
+                    self._ended.touch()
+                elif answered:
+                    self._ended.unlink(missing_ok=True)
         except OSError as error:
             self._give_up(error)
         finally:
@@ -191,5 +206,5 @@ class NoCopy(LogCopy):
     def stamp(self, stamp: str) -> None:
         pass
 
-    def close(self, answered: bool) -> None:
+    def close(self, answered: bool, ended: bool = False) -> None:
         pass
