@@ -274,6 +274,7 @@ def test_a_search_of_an_ended_job_reads_its_final_copies_without_a_connection(
         tmp_path: Path) -> None:
     """`logs JOB --grep` fetched every node's whole log again each time: 5.2 s for a
     finished job's 52 MB on the sandbox, where reading the copies takes 1.8 s."""
+    import contextlib
     import socket
     import subprocess
     import sys
@@ -283,15 +284,15 @@ def test_a_search_of_an_ended_job_reads_its_final_copies_without_a_connection(
 
     listener = socket.create_server(("127.0.0.2", 0))  # n2's: counts connections, answers none
     listener.settimeout(0.2)
-    asked: list[object] = []
+    asked: list[socket.socket] = []
     done = threading.Event()
 
     def count() -> None:
         while not done.is_set():
-            try:
-                asked.append(listener.accept()[0].close())
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                connection, _ = listener.accept()
+                connection.close()
+                asked.append(connection)
 
     threading.Thread(target=count, daemon=True).start()
     port = listener.getsockname()[1]
