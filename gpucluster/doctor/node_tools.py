@@ -15,6 +15,7 @@ COMMANDS = {
     "setsid": "util-linux",  # the job's own session, detached from SSH
     "bash": "bash",  # the log's stamper (bash's clock builtin)
     "timeout": "coreutils",  # limits on each tool a script waits for
+    "awk": "gawk",  # the job's network interface variables; prune's sizes of job files
 }
 # command: (a test that fails without the GNU form the scripts use, its package).
 GNU_FORMS = {

@@ -261,21 +261,22 @@ def test_a_node_lacking_tar_gzip_or_gnu_find_is_named_with_the_packages_to_insta
 
     (here,) = judged(None)  # this machine has them all (scripts/system-packages)
     assert here.status is Status.OK and "gzip" in here.message
-    # A minimal image's PATH: no gzip, no setsid, and busybox's find (no -printf).
+    # A minimal image's PATH: no gzip, setsid or awk, and busybox's find (no -printf).
     bare = tmp_path / "bin"
     bare.mkdir()
     for tool in Path("/usr/bin").iterdir():
-        if tool.name not in ("gzip", "setsid", "find"):
+        if tool.name not in ("gzip", "setsid", "awk", "find"):
             (bare / tool.name).symlink_to(tool)
     busybox = shutil.which("busybox")
     assert busybox is not None
     (bare / "find").symlink_to(busybox)
     (lacking,) = judged({"PATH": str(bare)})
     assert lacking.status is Status.FAIL
-    assert lacking.message == ("lacks gzip, setsid, find (not GNU's): launch's sync and "
-                               "start run them here")
-    assert lacking.remedy == ("install them: sudo apt install gzip util-linux findutils "
-                              "(RHEL: sudo dnf install gzip util-linux findutils)")
+    assert lacking.message == ("lacks awk, gzip, setsid, find (not GNU's): launch's sync "
+                               "and start run them here")
+    assert lacking.remedy == ("install them: sudo apt install gawk gzip util-linux "
+                              "findutils (RHEL: sudo dnf install gawk gzip util-linux "
+                              "findutils)")
     assert lacking.details == {"PATH": str(bare)}
 
 
