@@ -31,12 +31,13 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     """Every node's log (live: until the job ends), then how the job ended. With `tail`,
     only the last `tail` lines so far across the nodes, in time order; live, then the
     lines that come after them."""
-    from gpucluster.launch import logsearch
+    from gpucluster.launch import ended_copies
     from gpucluster.launch.follow import follow
 
     outcome: JobOutcome
     lines = view.LinePrinter(sys.stderr if json_output else sys.stdout,
-                             full_logs=f"gpucluster logs {record.id}" if live else None)
+                             full_logs=f"gpucluster logs {record.id}" if live else None,
+                             live=live)
     printer: OutputCallback = lines
     shown: list[LogLine] = []
     resume: dict[str, int] = {}  # with `tail`: where each node's follow starts
@@ -57,18 +58,22 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
         lines.finish()
         raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
-    # Nodes that no longer have the job sent nothing: what the controller kept of their
-    # logs is shown instead (with `tail`, it was among the lines shown), said to be the copy.
-    gone = frozenset(n for n, s in outcome.states.items() if s.state == "missing")
+    # Nodes that no longer have the job, or cannot be reached, and sent nothing: what the
+    # controller kept of their logs is shown instead (with `tail`, it was among the lines
+    # shown), said to be the copy. (A node lost while it streamed sent its lines.)
+    streamed = lines.heard if tail is None else set()
+    gone = {n: s.state for n, s in outcome.states.items()
+            if s.state in ("missing", "unreachable") and n not in streamed}
     kept: list[LogLine] = []
     if gone and tail is None:
-        kept = logsearch.merged(store, [record], logsearch.LogFilter(nodes=gone))
+        kept = ended_copies.lines(store, record, gone)
     _print_lines(printer, kept)
     lines.finish()
-    from_copy = [line.node for line in kept or shown if line.node in gone]
-    if from_copy:
-        err.print(f"{hostrange.fold(from_copy)}: job {record.id} "
-                  f"is gone from the node; its lines above are the controller's copy")
+    for why, words in (("missing", f"job {record.id} is gone from the node"),
+                       ("unreachable", "cannot be reached")):
+        if from_copy := {line.node for line in kept or shown if gone.get(line.node) == why}:
+            err.print(f"{hostrange.fold(from_copy)}: {words}; its lines above are the "
+                      f"controller's copy")
     view.print_outcome(err, outcome, store, lines.rendezvous_not_closed)
     if json_output:
         common.print_json(stdout_console(), view.outcome_payload(outcome, store))
@@ -83,28 +88,32 @@ def _last_lines(session: Session, inventory: Inventory, store: JobStore, record:
                 then_follow: bool) -> tuple[JobOutcome, list[LogLine], dict[str, int]]:
     """`logs -n N`: each node's last N lines only, and their last N across the nodes
     printed; the lines of a node that no longer has the job, or cannot be reached, are
-    the controller's copy. Also where a follow of each node that answered starts: past
-    those lines (`then_follow`: at an unfinished last line, which is not printed, for
-    the follow to send it whole). Not followed after, a node where the job failed is
-    fetched whole too, for its first failure as launch names it."""
-    from gpucluster.launch import log_tail, logsearch
+    the controller's copy, and so are those of a node whose copy is final (it is not
+    asked). Also where a follow of each node that answered starts: past those lines
+    (`then_follow`: at an unfinished last line, which is not printed, for the follow to
+    send it whole). Not followed after (nothing to follow), a node where the job failed
+    is fetched whole too, for its first failure as launch names it."""
+    from gpucluster.launch import ended_copies, log_tail, logsearch
     from gpucluster.launch.model import JobOutcome
 
-    tails = log_tail.fetch(session, inventory, record, nodes, tail)
+    wanted = nodes or record.hosts
+    ended = ended_copies.recorded(store, record, wanted, whole=True)
+    asked = [node for node in wanted if node not in ended]
+    tails = log_tail.fetch(session, inventory, record, asked, tail) if asked else {}
     outcome = JobOutcome(record)
-    outcome.states = {node: got.state for node, got in tails.items()}
-    if not then_follow:
-        _after_tail(session, inventory, store, record, outcome, outcome.states)
-    away = frozenset(node for node, got in tails.items()
-                     if got.state.state in ("missing", "unreachable"))
+    states = {**ended, **{node: got.state for node, got in tails.items()}}
+    outcome.states = {node: states[node] for node in wanted}
+    away = {node for node, got in tails.items()
+            if got.state.state in ("missing", "unreachable")}
     lines = [line for got in tails.values()
              for line in (got.lines[:-1] if then_follow and got.last_unfinished else got.lines)]
-    if away:
-        lines += logsearch.merged(store, [record], logsearch.LogFilter(nodes=away))
+    lines += ended_copies.lines(store, record, away | set(ended), last=tail)
     shown = logsearch.in_time_order(lines, tail)
     _print_lines(printer, shown)
     resume = {node: got.resume_at for node, got in tails.items()
               if got.resume_at is not None and node not in away}
+    if not (then_follow and resume):  # no follow after these lines: this is the outcome
+        _after_tail(session, inventory, store, record, outcome, outcome.states)
     return outcome, shown, resume
 
 
@@ -113,16 +122,24 @@ def _after_tail(session: Session, inventory: Inventory, store: JobStore, record:
     """`outcome`, of the nodes the follow after a tail did not cover too (`tails`: each
     node's state when its tail was read), in the job's order of nodes; and its first
     failure from the nodes where the job failed, fetched whole (only their end was
-    read)."""
+    read), but those that could not be reached or no longer have the job: their copy
+    here is all there is (a second try cost a second connect timeout)."""
+    from gpucluster.launch.failure import failure_of
     from gpucluster.launch.follow import follow
+    from gpucluster.launch.model import FirstFailure
 
     states = {**tails, **outcome.states}
     outcome.states = {node: states[node] for node in record.hosts if node in states}
     failed = [node for node, state in outcome.states.items() if state.failed]
-    if failed:
-        outcome.first_failure = follow(session, inventory, record, store, live=False,
-                                       fail_fast=False, stop_on_interrupt=False,
-                                       nodes=failed).first_failure
+    away = [node for node in failed if outcome.states[node].state in ("unreachable", "missing")]
+    failures: list[FirstFailure | None] = [
+        failure_of(node, outcome.states[node], store.node_log(record.id, node)) for node in away]
+    if fetch := [node for node in failed if node not in away]:
+        failures.append(follow(session, inventory, record, store, live=False,
+                               fail_fast=False, stop_on_interrupt=False,
+                               nodes=fetch).first_failure)
+    outcome.first_failure = min((f for f in failures if f is not None),
+                                key=FirstFailure.order, default=None)
 
 
 def _print_lines(printer: OutputCallback, lines: list[LogLine]) -> None:

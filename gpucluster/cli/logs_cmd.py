@@ -121,13 +121,10 @@ def logs(
                    fail_fast=False, grace=0, nodes=nodes, tail=tail)
             return
         from gpucluster.launch.follow import follow
-        from gpucluster.launch.log_copy import final
 
-        # A node whose copy was made whole after the job ended there has nothing new.
-        stale = [n for n in nodes or record.hosts if not final(store.node_log(record.id, n))]
-        if stale:
-            follow(session, loaded, record, store, live=False, fail_fast=False,
-                   stop_on_interrupt=False, nodes=stale)
+        # Fetched into the copies here (a node's final copy is not fetched again).
+        follow(session, loaded, record, store, live=False, fail_fast=False,
+               stop_on_interrupt=False, nodes=nodes)
     found = logsearch.merged(store, [record], keep, last=tail)
     _print(found, json_output)
     if not found:

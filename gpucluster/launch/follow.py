@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpucluster import hostrange, interrupts, reports
 from gpucluster.inventory import Host, Inventory
-from gpucluster.launch import node_scripts
+from gpucluster.launch import ended_copies, node_scripts
 from gpucluster.launch.control import hosts_of, stop
 from gpucluster.launch.failure import failure_of, split_rank
 from gpucluster.launch.jobs import JobRecord, JobStore
@@ -56,6 +56,7 @@ class _Follower:
         self.heartbeat_mtime = ""
         self.heartbeat: Progress | None = None
         self.state: NodeState | None = None
+        self.state_said = ""  # the node's own words for it, kept with a final copy
         self.copy_cut = ""  # why the controller's copy of the log stopped short, if it did
 
     def start(self) -> None:
@@ -82,7 +83,7 @@ class _Follower:
                         self._beat(int(step) if step.isdigit() else None)
                     return
                 if kind == "state":
-                    self.state = parse_state(self.host.name, rest)
+                    self.state, self.state_said = parse_state(self.host.name, rest), rest
                     return
                 if kind == "caught-up" and stream == "stdout":
                     copy.caught_up()  # the log as it was at the start has come
@@ -118,8 +119,9 @@ class _Follower:
         finally:
             # A node that no longer has the job (its work dir wiped, the node re-imaged)
             # sends no log: the controller's copy is all that is left, so it is kept.
+            ended = self.state is not None and self.state.state in FINAL_STATES
             copy.close(answered=self.state is not None and self.state.state != "missing",
-                       ended=self.state is not None and self.state.state in FINAL_STATES)
+                       ended=self.state_said if ended else "")
         self.copy_cut = copy.cut
         self.done.put((self.host.name, state))
 
@@ -150,18 +152,26 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     made progress (output, or a touch of its heartbeat file) for that long is hung and
     stopped. Without `stop_lost`, a node already lost is not waited for when stopping
     (its connect timeout): the caller deals with it (recovery re-checks it). A node in
-    `from_bytes` is followed from that offset of its log on, its copy left as it was."""
+    `from_bytes` is followed from that offset of its log on, its copy left as it was.
+    A node whose copy here is final is not asked: its lines and state are the copy's."""
     hosts = hosts_of(inventory, record, nodes)
     # Each node's end, and (None) each Ctrl-C: SimpleQueue.put is safe in a signal handler
     done: queue.SimpleQueue[tuple[str, NodeState | None]] = queue.SimpleQueue()
     output_closed = threading.Event()
+    ended = ended_copies.recorded(store, record, [h.name for h in hosts
+                                                  if h.name not in (from_bytes or {})],
+                                  whole=on_output is not None)
     followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
                                    live, on_output, done, _cap_bytes(inventory, record),
                                    output_closed, (from_bytes or {}).get(h.name, 0))
-                 for h in hosts}
+                 for h in hosts if h.name not in ended}
     store.directory(record.id).mkdir(parents=True, exist_ok=True)
     for follower in followers.values():
         follower.start()
+    if on_output is not None and not ended_copies.replay(store, record, ended, on_output):
+        output_closed.set()
+    for node, recorded in ended.items():
+        done.put((node, recorded))  # taken as any node's end: fail-fast included
     outcome = JobOutcome(record)
 
     def stop_all(why: str, grace: float) -> threading.Thread:
@@ -212,8 +222,8 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
                     and not stops.begun:  # a process the script left: ours to end
                 stops.begin(f"{hostrange.fold(left)}: torchrun exited 0 leaving processes "
                             f"of the job there: ending them")
-    failures = [failure_of(n, s, followers[n].log) for n, s in outcome.states.items()
-                if s.failed]
+    failures = [failure_of(n, s, store.node_log(record.id, n))
+                for n, s in outcome.states.items() if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     outcome.copies_cut = {n: f.copy_cut for n, f in followers.items() if f.copy_cut}
@@ -269,7 +279,8 @@ def _stop_reason(followers: Mapping[str, _Follower], outcome: JobOutcome,
                "job on every node"
     # Armed once every node has made progress: starting up (imports, the rendezvous) is
     # torchrun's join timeout's to judge, not a hang.
-    if hang_timeout_s is None or not all(f.progressed for f in followers.values()):
+    if hang_timeout_s is None or not followers \
+            or not all(f.progressed for f in followers.values()):
         return None
     quiet = time.monotonic() - max(f.last_progress for f in followers.values())
     if quiet <= hang_timeout_s:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -23,10 +25,28 @@ def _beside(log: Path, suffix: str) -> Path:
     return log.with_name(f"{log.name.removesuffix('.log')}.{suffix}")
 
 
-def final(log: Path) -> bool:
-    """The copy was made whole after the job had ended on its node: its log can no longer
-    change, so a search reads the copy without fetching it again."""
-    return _beside(log, "ended").exists() and log.exists()
+@dataclass(frozen=True)
+class Ending:
+    """How the job ended on a copy's node, written beside a copy made final: one made
+    whole after the job had ended there, whose log can no longer change."""
+
+    state: str  # the node's own words, `@@gpc state`'s: "exited 0 1733400000.25"
+    whole: bool  # every line of the log is in the copy (none rotated out of it)
+
+
+def ending(log: Path) -> Ending | None:
+    """The copy's ending when it is final, else None (and for a marker that is not one of
+    ours, such as the empty one of a version before: the node is asked again)."""
+    try:
+        if not log.exists():
+            return None
+        said = json.loads(_beside(log, "ended").read_text(encoding="utf-8"))
+        state, whole = said["state"], said["whole"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(state, str) or not state or not isinstance(whole, bool):
+        return None
+    return Ending(state, whole)
 
 
 class LogCopy:
@@ -150,14 +170,15 @@ class LogCopy:
             self.stamps.append(stamp)
         self.stamped += 1
 
-    def close(self, answered: bool, ended: bool = False) -> None:
+    def close(self, answered: bool, ended: str = "") -> None:
         """`answered`: the node sent its whole log (maybe none): the copy is that.
-        `ended`: and the job had ended there: the copy is final."""
+        `ended`: and the job had ended there, as the node said so: the copy is final."""
         try:
             if not self.cut and not self.elsewhere:
                 self._close(answered)
                 if answered and ended:
-                    self._ended.touch()
+                    self._ended.write_text(json.dumps(
+                        {"state": ended, "whole": not self.dropped}), encoding="utf-8")
                 elif answered:
                     self._ended.unlink(missing_ok=True)
         except OSError as error:
@@ -206,5 +227,5 @@ class NoCopy(LogCopy):
     def stamp(self, stamp: str) -> None:
         pass
 
-    def close(self, answered: bool, ended: bool = False) -> None:
+    def close(self, answered: bool, ended: str = "") -> None:
         pass

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.failure import split_rank
@@ -22,8 +22,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):  # a tuple: made for each of millions of lines, twice as fast
     time: float
     job: str
     node: str
@@ -146,10 +145,11 @@ def timed_lines(record: JobRecord, node: str, texts: Iterable[str],
     go back: one without a time of its own takes the previous line's, else the job's
     start."""
     last = record.started_at
+    job = record.id
     for text, own in zip(texts, times, strict=True):
-        last = max(own or last, last)
+        last = max(last, own)  # 0.0 (none) never is more
         rank, message = split_rank(text)
-        yield LogLine(last, record.id, node, int(rank) if rank else None, message)
+        yield LogLine(last, job, node, int(rank) if rank else None, message)
 
 
 def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,
@@ -157,6 +157,7 @@ def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,
     """Every kept line of these jobs, in time order (a node's own order within a stamp);
     only the `last` of them when given."""
     return in_time_order([line for record in records for node in record.hosts
+                          if keep.nodes is None or node in keep.nodes
                           for line in _node_lines(store, record, node) if keep.keeps(line)],
                          last)
 

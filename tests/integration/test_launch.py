@@ -263,9 +263,17 @@ def test_a_work_dir_shared_by_every_node_keeps_each_nodes_files_apart(
         states = gpucluster("jobs", "-i", str(inventory), "--json").json()
         assert {n["state"] for n in states["jobs"][-1]["nodes"].values()} == {"exited"}
 
-        # node2 no longer has the job (its files wiped): `logs` shows the controller's
-        # copy of its lines and says so; the copy is kept, so a search finds them too
+        # node2 no longer has the job (its files wiped). Its copy here was made after the
+        # job had ended there: `logs` reads it, with how the job ended, and asks no node.
         shutil.rmtree(job_dir / "node2")
+        shown = gpucluster("logs", "-i", str(inventory), job_dir.name)
+        assert shown.code == 0, shown.stderr
+        assert "[node2/1] rank 1/3 on node2 ready" in shown.stdout.splitlines(), shown.stdout
+        assert "exited 0 on node[1-3]" in shown.stderr, shown.stderr
+        # A copy not known to be final (as of a job detached and not followed to its end):
+        # node2 is asked, the job is missing there, and `logs` shows the copy, saying so;
+        # the copy is kept, so a search finds its lines too.
+        (inventory.parent / ".gpucluster" / "jobs" / job_dir.name / "node2.ended").unlink()
         shown = gpucluster("logs", "-i", str(inventory), job_dir.name)
         assert shown.code == 1, shown.stderr  # missing on node2 all the same
         assert "[node2/1] rank 1/3 on node2 ready" in shown.stdout.splitlines(), shown.stdout
@@ -840,9 +848,14 @@ def test_a_node_that_dies_mid_job_stops_the_job_everywhere(cluster: Sandbox,
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
     try:
-        code, _, stderr, took = finish(process, 90)
+        code, stdout, stderr, took = finish(process, 90)
         assert code == 1, stderr
         assert "first failure: node3, unreachable (connection lost while running)" in stderr
+        # Its lines came while it ran (read above, up to the ranks' ready lines): they
+        # are not printed again from the copy
+        assert not re.search(r"^\[node3/\d\] rank \d/6 on node3 ready$", stdout,
+                             re.MULTILINE), stdout
+        assert "controller's copy" not in stderr, stderr
         assert took < 45, f"took {took:.1f} s to notice the dead node"
         assert {n for n in job_processes(cluster)} <= {"node3"} and not job_processes(
             cluster).get("node3"), job_processes(cluster)

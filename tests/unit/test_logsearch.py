@@ -252,28 +252,49 @@ def test_one_process_writes_a_copy_the_others_leave_it_be(tmp_path: Path) -> Non
 
 def test_a_copy_made_after_the_job_ended_is_final_until_one_replaces_it(
         tmp_path: Path) -> None:
-    from gpucluster.launch.log_copy import final
+    from gpucluster.launch.log_copy import Ending, ending
 
     log = tmp_path / "node1.log"
     _copy_of(log, ["line 1"], 1 << 20)  # the job still ran
-    assert not final(log)
+    assert ending(log) is None
     copy = LogCopy(log, 1 << 20)
     copy.write("line 1")
     copy.write("line 2")
-    copy.close(answered=True, ended=True)
-    assert final(log)
+    copy.close(answered=True, ended="exited 0 1800000002.5")
+    assert ending(log) == Ending("exited 0 1800000002.5", whole=True)
     cut = _copy_of(log, ["line 1", "line 2"], 1 << 20, until=1)
     cut.close(answered=False)  # cut short: the copy before, final, stays
-    assert final(log) and log.read_text() == "line 1\nline 2\n"
+    assert ending(log) is not None and log.read_text() == "line 1\nline 2\n"
     again = _copy_of(log, ["line 1", "line 2"], 1 << 20, until=2)
     again.caught_up()  # in its place, not yet whole
-    assert not final(log)
+    assert ending(log) is None
+    log.with_name("node1.ended").write_text("")  # a version before marked it so
+    assert ending(log) is None
 
 
-def test_a_search_of_an_ended_job_reads_its_final_copies_without_a_connection(
+def test_a_final_copy_that_lost_its_oldest_lines_is_not_whole(tmp_path: Path) -> None:
+    from gpucluster.launch.log_copy import ending
+
+    log = tmp_path / "node1.log"
+    copy = LogCopy(log, 40)  # each half holds two lines of 10 bytes
+    for index in range(6):
+        copy.write(f"line {index:04d}")
+    copy.close(answered=True, ended="stopped - 1800000002.5")
+    end = ending(log)
+    assert end is not None and not end.whole and end.state.startswith("stopped")
+    kept = LogCopy(tmp_path / "node2.log", 40)
+    for index in range(4):  # rotated once: NODE.log.1 and NODE.log hold them all
+        kept.write(f"line {index:04d}")
+    kept.close(answered=True, ended="exited 0")
+    assert (end := ending(tmp_path / "node2.log")) is not None and end.whole
+
+
+def test_an_ended_job_is_read_from_its_final_copies_without_a_connection(
         tmp_path: Path) -> None:
     """`logs JOB --grep` fetched every node's whole log again each time: 5.2 s for a
-    finished job's 52 MB on the sandbox, where reading the copies takes 1.8 s."""
+    finished job's 52 MB on the sandbox, where reading the copies takes 1.8 s. A plain
+    `logs JOB` did too, and with a node down since, said the job's first failure was
+    that node, unreachable, where the job had exited 0 on it."""
     import contextlib
     import socket
     import subprocess
@@ -303,18 +324,30 @@ def test_a_search_of_an_ended_job_reads_its_final_copies_without_a_connection(
     record = JobRecord(new_job_id(1_800_000_000), "train.py", [], ["n1", "n2"], "/srv/p",
                        "/srv/jobs", 1_800_000_000.0, {"n1": 1, "n2": 1})
     store.save(record)
-    for node, rank in (("n1", 0), ("n2", 1)):
+    for node, rank, code in (("n1", 0, 0), ("n2", 1, 1)):
         copy = LogCopy(store.node_log(record.id, node), 1 << 20)
-        copy.write(f"[{rank}]:loss 0.5 on {node}")
-        copy.stamp(f"1800000001.{rank}")
-        copy.close(answered=True, ended=True)
-    search = [sys.executable, "-m", "gpucluster", "logs", "-i", str(inventory), record.id,
-              "--grep", "loss", "--connect-timeout", "2"]
+        for number, words in enumerate((f"loss 0.5 on {node}", f"done on {node}")):
+            copy.write(f"[{rank}]:{words}")
+            copy.stamp(f"180000000{number + 1}.{rank}")
+        copy.close(answered=True, ended=f"exited {code} 1800000003")
+    logs = [sys.executable, "-m", "gpucluster", "logs", "-i", str(inventory), record.id,
+            "--connect-timeout", "2"]
+    search = [*logs, "--grep", "loss"]
     try:
         found = subprocess.run(search, capture_output=True, text=True, check=False)
         assert found.returncode == 0, found.stderr
         assert [line.split(" ", 1)[1] for line in found.stdout.splitlines()] == [
             "[n1/0] loss 0.5 on n1", "[n2/1] loss 0.5 on n2"]
+        for options, code, shown in (
+                ([], 0, ["loss 0.5 on n1", "loss 0.5 on n2", "done on n1", "done on n2"]),
+                (["-f"], 1, ["loss 0.5 on n1", "loss 0.5 on n2", "done on n1", "done on n2"]),
+                (["-n", "1"], 0, ["done on n2"])):
+            plain = subprocess.run([*logs, *options], capture_output=True, text=True,
+                                   check=False)
+            assert plain.returncode == code, plain.stderr
+            assert [line.split("] ", 1)[1] for line in plain.stdout.splitlines()] == shown
+            words = " ".join(plain.stderr.split())
+            assert "first failure: n2" in words and "exited 0 on n1, exited 1 on n2" in words
         assert asked == []
         # A node whose copy is not final is asked (here it fails; its copy is shown).
         store.node_log(record.id, "n2").with_name("n2.ended").unlink()

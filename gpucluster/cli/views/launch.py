@@ -55,8 +55,12 @@ class LinePrinter:
     nodes' 800000 lines: the threads queued on it, a wake-up per line.)"""
 
     def __init__(self, stream: TextIO, notes: TextIO | None = None,
-                 full_logs: str | None = None) -> None:
+                 full_logs: str | None = None, live: bool = True) -> None:
         self._stream, self._notes, self._full_logs = stream, notes, full_logs
+        # Live, each line reaches the stream as it comes; else as the stream's buffer fills
+        # and at the end, as cat's do (a flush per line was most of the time `logs JOB`
+        # took to print 600000 lines).
+        self._live = live
         self._lock = threading.Lock()
         self._waiting: deque[tuple[str, str | None, str]] = deque()
         self._failed = False
@@ -65,6 +69,7 @@ class LinePrinter:
         # Nodes whose agent could not close the rendezvous: after a clean end, torch's
         # teardown race, which print_outcome then names as such.
         self.rendezvous_not_closed: set[str] = set()
+        self.heard: set[str] = set()  # nodes whose lines came
 
     def __call__(self, node: str, rank: str | None, text: str) -> None:
         self._waiting.append((node, rank, text))
@@ -80,33 +85,42 @@ class LinePrinter:
         """Says the frames left out at the very end of a node's output."""
         with self._lock:
             self._write_waiting()
+            out: list[str] = []
             for node, rank in list(self._frames):
-                self._say_frames(node, rank)
+                self._say_frames(out, node, rank)
+            self._write(out)
             self._guarded(self._stream.flush)
 
     def _write_waiting(self) -> None:
+        """Every line waiting, written at once."""
+        out: list[str] = []
         while self._waiting:
             node, rank, text = self._waiting.popleft()
-            if (node, rank) in self._frames and _BACKTRACE_FRAME.match(text):
-                self._frames[(node, rank)] += 1
-                continue
-            self._say_frames(node, rank)
-            self._write(node, rank, text)
+            self.heard.add(node)
+            if self._frames:  # a backtrace is being folded
+                if (node, rank) in self._frames and _BACKTRACE_FRAME.match(text):
+                    self._frames[(node, rank)] += 1
+                    continue
+                self._say_frames(out, node, rank)
+            out.append(f"[{node}/{rank}] {text}\n" if rank is not None else f"[{node}] {text}\n")
             if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
                 self.rendezvous_not_closed.add(node)
             if self._full_logs and _BACKTRACE_START.search(text):
                 self._frames[(node, rank)] = 0
-        self._guarded(self._stream.flush)
+        self._write(out)
 
-    def _say_frames(self, node: str, rank: str | None) -> None:
+    def _say_frames(self, out: list[str], node: str, rank: str | None) -> None:
         count = self._frames.pop((node, rank), 0)
         if count:
-            self._write(node, rank, f"({counted(count, 'line')} of C++ backtrace left out: "
-                                    f"{self._full_logs} prints them)")
+            prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
+            out.append(f"{prefix} ({counted(count, 'line')} of C++ backtrace left out: "
+                       f"{self._full_logs} prints them)\n")
 
-    def _write(self, node: str, rank: str | None, text: str) -> None:
-        prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
-        self._guarded(lambda: self._stream.write(f"{prefix} {text}\n"))
+    def _write(self, out: list[str]) -> None:
+        if out:
+            self._guarded(lambda: self._stream.write("".join(out)))
+        if self._live:
+            self._guarded(self._stream.flush)
 
     def _guarded(self, action: Callable[[], object]) -> None:
         if self._failed:
