@@ -198,7 +198,7 @@ def jobs(
         with ThreadPoolExecutor(1) as beside, open_session(
                 loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             asked = beside.submit(queue, session, loaded) if ask_slurm else None
-            table = states(session, loaded, records) if records else {}
+            table = states(session, loaded, records, copies=store) if records else {}
             try:
                 queued = asked.result() if asked else None
             except GpuclusterError as error:

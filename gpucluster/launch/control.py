@@ -9,7 +9,7 @@ from gpucluster import reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts
-from gpucluster.launch.jobs import JobRecord
+from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import DEFAULT_GRACE_S, NodeState, StopResult, parse_state
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.session import Session
@@ -76,12 +76,21 @@ def hosts_of(inventory: Inventory, record: JobRecord,
     return [inventory.host(n) for n in wanted]
 
 
-def states(session: Session, inventory: Inventory,
-           records: Sequence[JobRecord]) -> dict[str, dict[str, NodeState]]:
-    """job id -> node -> state, one round trip per node for all jobs."""
+def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],
+           copies: JobStore | None = None) -> dict[str, dict[str, NodeState]]:
+    """job id -> node -> state, one round trip per node for all jobs. With `copies`, a
+    node whose copy there of a job's log is final is not asked about it: the state it
+    gave then is the job's there for good (a node down since is no news of the job)."""
+    from gpucluster.launch import ended_copies
+
     table: dict[str, dict[str, NodeState]] = {r.id: {} for r in records}
     # A node this inventory cannot ask about a job gets no state: "not in this inventory".
     askable = {r.id: set(r.hosts) - set(elsewhere(inventory, r)) for r in records}
+    if copies is not None:
+        for record in records:
+            ended = ended_copies.recorded(copies, record, askable[record.id], whole=False)
+            table[record.id].update(ended)
+            askable[record.id] -= set(ended)
     names = sorted(set().union(*askable.values()))
     by_node = {n: [r for r in records if n in askable[r.id]] for n in names}
     jobs_dirs = {r.jobs_dir for r in records}
@@ -104,6 +113,7 @@ def states(session: Session, inventory: Inventory,
                 table[job_id][node] = parse_state(node, rest)
     for node, failure in answers.failures.items():
         for record in records:
-            if node in record.hosts:
+            if node in askable[record.id]:
                 table[record.id][node] = NodeState(node, "unreachable", None, failure.message)
-    return table
+    return {r.id: {n: table[r.id][n] for n in r.hosts if n in table[r.id]}  # the job's order
+            for r in records}

@@ -4,6 +4,7 @@ JSON; and the per-node copy's size cap."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 from pathlib import Path
@@ -348,6 +349,13 @@ def test_an_ended_job_is_read_from_its_final_copies_without_a_connection(
             assert [line.split("] ", 1)[1] for line in plain.stdout.splitlines()] == shown
             words = " ".join(plain.stderr.split())
             assert "first failure: n2" in words and "exited 0 on n1, exited 1 on n2" in words
+        listed = subprocess.run([sys.executable, "-m", "gpucluster", "jobs", "-i",
+                                 str(inventory), "--json", "--connect-timeout", "2"],
+                                capture_output=True, text=True, check=False)
+        assert listed.returncode == 0, listed.stderr
+        [job] = json.loads(listed.stdout)["jobs"]
+        assert {node: (s["state"], s["exit_code"]) for node, s in job["nodes"].items()} == {
+            "n1": ("exited", 0), "n2": ("exited", 1)}
         assert asked == []
         # A node whose copy is not final is asked (here it fails; its copy is shown).
         store.node_log(record.id, "n2").with_name("n2.ended").unlink()
