@@ -50,7 +50,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
             outcome = follow(session, inventory, record, store, printer,
                              live=live, fail_fast=fail_fast, stop_on_interrupt=fail_fast,
                              grace_s=grace, nodes=list(resume) if resume else nodes,
-                             on_stopping=lambda why: err.print(f"[bold yellow]gpucluster: "
+                             say=lambda why: err.print(f"[bold yellow]gpucluster: "
                                                                f"{why}[/]"),
                              from_bytes=resume)
             if tailed is not None:

@@ -42,14 +42,14 @@ class Attempt:
 
     def follow(self, on_output: OutputCallback | None = None,
                grace_s: float = DEFAULT_GRACE_S,
-               on_stopping: Callable[[str], None] | None = None,
+               say: Callable[[str], None] | None = None,
                hang_timeout_s: float | None = None,
                node_timeout_s: float = SILENT_NODE_S, stop_lost: bool = True) -> JobOutcome:
         """Stream until every node's part has ended; the first failure (or a hang) stops
         it all."""
         return follow(self.session, self.inventory, self._started(), self.store, on_output,
                       live=True, fail_fast=True, stop_on_interrupt=True, grace_s=grace_s,
-                      on_stopping=on_stopping, hang_timeout_s=hang_timeout_s,
+                      say=say, hang_timeout_s=hang_timeout_s,
                       node_timeout_s=node_timeout_s, stop_lost=stop_lost)
 
     def stop(self, grace_s: float = DEFAULT_GRACE_S,

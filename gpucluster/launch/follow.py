@@ -8,16 +8,15 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Collection, Mapping, Sequence
 
-from gpucluster import hostrange, interrupts, reports
+from gpucluster import hostrange, interrupts
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import ended_copies, node_scripts
 from gpucluster.launch.control import hosts_of, stop
-from gpucluster.launch.failure import failure_of, split_rank
+from gpucluster.launch.failure import failure_of
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.log_copy import LogCopy, NoCopy
+from gpucluster.launch.lost_contact import LostContact
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     FirstFailure,
@@ -25,123 +24,19 @@ from gpucluster.launch.model import (
     NodeState,
     OutputCallback,
     OutputClosed,
-    Progress,
     StopResult,
-    parse_state,
 )
-from gpucluster.remote.result import RemoteError
+from gpucluster.launch.node_follower import NodeFollower
 from gpucluster.remote.session import Session
 
 SILENT_NODE_S = 30.0  # no output and no heartbeat this long: the node is taken for lost
-FOLLOW_LIMIT_S = 30 * 24 * 3600.0  # a job may run for weeks; heartbeats catch dead nodes
-# A node's part of the job is over and nothing of it is left to write to its log.
-FINAL_STATES = ("exited", "stopped")
-
-
-class _Follower:
-    """One node's log, streamed into the controller's copy and to the caller."""
-
-    def __init__(self, session: Session, host: Host, record: JobRecord, log: Path,
-                 follow: bool, on_output: OutputCallback | None,
-                 done: queue.SimpleQueue[tuple[str, NodeState | None]], cap_bytes: int,
-                 output_closed: threading.Event, from_byte: int = 0) -> None:
-        self.session, self.host, self.record = session, host, record
-        self.from_byte = from_byte  # past 0: the log's end only, and no copy of it
-        self.log, self.follow, self.on_output, self.done = log, follow, on_output, done
-        self.output_closed = output_closed  # shared: the output's reader went away
-        self.cap_bytes = cap_bytes
-        self.last_heard = time.monotonic()
-        self.last_progress = time.monotonic()  # output, or a newer heartbeat file
-        self.progressed = False  # any progress yet (imports and rendezvous make none)
-        self.heartbeat_mtime = ""
-        self.heartbeat: Progress | None = None
-        self.state: NodeState | None = None
-        self.state_said = ""  # the node's own words for it, kept with a final copy
-        self.copy_cut = ""  # why the controller's copy of the log stopped short, if it did
-
-    def start(self) -> None:
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        copy = LogCopy(self.log, self.cap_bytes) if not self.from_byte else NoCopy()
-        stamping = False  # the log and its state have come: the rest is its stamps
-        try:
-            def on_line(stream: str, line: str) -> None:
-                nonlocal stamping
-                self.last_heard = time.monotonic()
-                if stamping:
-                    if stream == "stdout":
-                        copy.stamp(line)
-                    return
-                kind, rest = reports.parse(line) or ("", "")
-                if kind == "alive" and stream == "stderr":
-                    copy.flush()  # a quiet job's last lines reach the disk within a beat
-                    mtime, step = [*rest.split(), "", ""][:2]
-                    if mtime not in ("", "-") and rest.strip() != self.heartbeat_mtime:
-                        self.heartbeat_mtime = rest.strip()  # a new mtime or step
-                        self.last_progress, self.progressed = time.monotonic(), True
-                        self._beat(int(step) if step.isdigit() else None)
-                    return
-                if kind == "state":
-                    self.state, self.state_said = parse_state(self.host.name, rest), rest
-                    return
-                if kind == "caught-up" and stream == "stdout":
-                    copy.caught_up()  # the log as it was at the start has come
-                    return
-                if kind == "times" and self.state is not None:
-                    stamping = True
-                    return
-                rank, text = split_rank(line)
-                # A rank's own line is progress; torchrun's (its start-up warnings, printed
-                # before the workers have even imported torch) is not, else the hang
-                # timer would be armed during the imports.
-                if rank is not None:
-                    self.last_progress, self.progressed = time.monotonic(), True
-                copy.write(line)
-                if self.on_output is not None and not self.output_closed.is_set():
-                    try:
-                        self.on_output(self.host.name, rank, text)
-                    except OutputClosed:  # the copy goes on; follow() decides the rest
-                        self.output_closed.set()
-
-            self.session.connection(self.host).run(
-                node_scripts.follow_script(self.record, self.host.name, self.follow,
-                                           from_byte=self.from_byte),
-                timeout=FOLLOW_LIMIT_S if self.follow else 120, on_line=on_line)
-            state = self.state or NodeState(self.host.name, "lost", None,
-                                            "the log ended without a state")
-        except RemoteError as error:
-            state = self.state or NodeState(self.host.name, "unreachable", None,
-                                            error.message)
-        except Exception as error:  # else the wait for this node's end would never end
-            state = self.state or NodeState(self.host.name, "lost", None,
-                                            f"following its log failed: {error!r}")
-        finally:
-            # A node that no longer has the job (its work dir wiped, the node re-imaged)
-            # sends no log: the controller's copy is all that is left, so it is kept.
-            ended = self.state is not None and self.state.state in FINAL_STATES
-            copy.close(answered=self.state is not None and self.state.state != "missing",
-                       ended=self.state_said if ended else "")
-        self.copy_cut = copy.cut
-        self.done.put((self.host.name, state))
-
-    def _beat(self, step: int | None) -> None:
-        now = time.time()
-        if self.heartbeat is None:
-            self.heartbeat = Progress(now, now, step, step)
-        else:
-            self.heartbeat.last_at = now
-            if step is not None:
-                self.heartbeat.last_step = step
-                if self.heartbeat.first_step is None:
-                    self.heartbeat.first_step = step
 
 
 def follow(session: Session, inventory: Inventory, record: JobRecord, store: JobStore,
            on_output: OutputCallback | None = None, live: bool = True,
            fail_fast: bool = True, stop_on_interrupt: bool = True,
            grace_s: float = DEFAULT_GRACE_S, nodes: Sequence[str] | None = None,
-           on_stopping: Callable[[str], None] | None = None,
+           say: Callable[[str], None] | None = None,
            hang_timeout_s: float | None = None,
            node_timeout_s: float = SILENT_NODE_S, stop_lost: bool = True,
            from_bytes: Mapping[str, int] | None = None) -> JobOutcome:
@@ -153,81 +48,143 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     stopped. Without `stop_lost`, a node already lost is not waited for when stopping
     (its connect timeout): the caller deals with it (recovery re-checks it). A node in
     `from_bytes` is followed from that offset of its log on, its copy left as it was.
-    A node whose copy here is final is not asked: its lines and state are the copy's."""
+    A node whose copy here is final is not asked: its lines and state are the copy's.
+    Live, a node whose connection is lost is judged before it fails (lost_contact): one
+    of every node lost at once (this machine's network) is asked again and followed on.
+    `say`: what the follow does and why (a stop begun, contact lost), for the user."""
     hosts = hosts_of(inventory, record, nodes)
-    # Each node's end, and (None) each Ctrl-C: SimpleQueue.put is safe in a signal handler
-    done: queue.SimpleQueue[tuple[str, NodeState | None]] = queue.SimpleQueue()
-    output_closed = threading.Event()
+    watch = _Watch(session, inventory, record, hosts, live, fail_fast, say)
     ended = ended_copies.recorded(store, record, [h.name for h in hosts
                                                   if h.name not in (from_bytes or {})],
                                   whole=on_output is not None)
-    followers = {h.name: _Follower(session, h, record, store.node_log(record.id, h.name),
-                                   live, on_output, done, _cap_bytes(inventory, record),
-                                   output_closed, (from_bytes or {}).get(h.name, 0))
-                 for h in hosts if h.name not in ended}
+    watch.followers = {
+        h.name: NodeFollower(session, h, record, store.node_log(record.id, h.name), live,
+                             on_output, watch.done, _cap_bytes(inventory, record),
+                             watch.output_closed, (from_bytes or {}).get(h.name, 0))
+        for h in hosts if h.name not in ended}
     store.directory(record.id).mkdir(parents=True, exist_ok=True)
-    for follower in followers.values():
+    for follower in watch.followers.values():
         follower.start()
     if on_output is not None and not ended_copies.replay(store, record, ended, on_output):
-        output_closed.set()
+        watch.output_closed.set()
     for node, recorded in ended.items():
-        done.put((node, recorded))  # taken as any node's end: fail-fast included
-    outcome = JobOutcome(record)
-
-    def stop_all(why: str, grace: float) -> threading.Thread:
-        if on_stopping is not None:
-            with contextlib.suppress(OSError):  # a closed stderr must not keep the job on
-                on_stopping(why)
-
-        lost = [] if stop_lost else [n for n, s in outcome.states.items()
-                                     if s.state == "unreachable"]
-
-        def run() -> None:
-            outcome.stopped.update(stop(session, inventory, record, grace,
-                                        [h.name for h in hosts if h.name not in lost]))
-            outcome.stopped.update({n: StopResult(n, 0, "unreachable", (), "lost: not tried")
-                                    for n in lost})
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    stops = _Stops(stop_all, grace_s)
-    with interrupts.deferred(lambda: done.put(("", None))):
-        # Until every node's part has ended and every stop begun has finished.
-        while (len(outcome.states) < len(hosts) or stops.running) \
-                and time.monotonic() < stops.deadline:
-            try:
-                node, state = done.get(timeout=0.5)
-            except queue.Empty:
-                if len(outcome.states) < len(hosts):
-                    _drop_silent(session, followers, outcome.states, node_timeout_s)
-                why = None if stops.begun else _stop_reason(
-                    followers, outcome, output_closed, stop_on_interrupt,
-                    hang_timeout_s if live else None)
-                if why is not None:
-                    stops.begin(why)
-                continue
-            if state is None:  # Ctrl-C
-                if not stop_on_interrupt:
-                    raise KeyboardInterrupt  # logs -f: not ours to stop
-                stops.interrupted(again=outcome.interrupted)
-                outcome.interrupted = True
-                continue
-            outcome.states[node] = state
-            if fail_fast and live and state.failed and not stops.begun:
-                stops.begin(f"{node} failed ({_describe(state)}): stopping the job on every "
-                            f"node")
-            left = [n for n, s in outcome.states.items() if s.state == "leftover"]
-            if fail_fast and live and left and len(outcome.states) == len(hosts) \
-                    and not stops.begun:  # a process the script left: ours to end
-                stops.begin(f"{hostrange.fold(left)}: torchrun exited 0 leaving processes "
-                            f"of the job there: ending them")
+        watch.done.put((node, recorded))  # taken as any node's end: fail-fast included
+    watch.run(_Stops(watch.stop_all(stop_lost), grace_s), stop_on_interrupt,
+              hang_timeout_s if live else None, node_timeout_s)
+    outcome, followers = watch.outcome, watch.followers
     failures = [failure_of(n, s, store.node_log(record.id, n))
                 for n, s in outcome.states.items() if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     outcome.copies_cut = {n: f.copy_cut for n, f in followers.items() if f.copy_cut}
     return outcome
+
+
+class _Watch:
+    """The nodes' ends as they come, and what follows from each: fail-fast, Ctrl-C, a
+    hang, a node lost or this machine cut off."""
+
+    def __init__(self, session: Session, inventory: Inventory, record: JobRecord,
+                 hosts: list[Host], live: bool, fail_fast: bool,
+                 say: Callable[[str], None] | None) -> None:
+        self.session, self.inventory, self.record, self.hosts = session, inventory, record, hosts
+        self.live, self.fail_fast, self._say_to = live, fail_fast, say
+        # Each node's end, and (None) each Ctrl-C: SimpleQueue.put is safe in a signal
+        # handler
+        self.done: queue.SimpleQueue[tuple[str, NodeState | None]] = queue.SimpleQueue()
+        self.output_closed = threading.Event()
+        self.followers: dict[str, NodeFollower] = {}
+        self.outcome = JobOutcome(record)
+        self.contact = LostContact(session, {h.name: h for h in hosts}, self.say) \
+            if live else None
+        self.stops: _Stops | None = None
+
+    def say(self, words: str) -> None:
+        _say(self._say_to, words)
+
+    def stop_all(self, stop_lost: bool) -> Callable[[str, float], threading.Thread]:
+        outcome = self.outcome
+
+        def start(why: str, grace: float) -> threading.Thread:
+            self.say(why)
+            lost = [] if stop_lost else [
+                n for n, s in outcome.states.items() if s.state == "unreachable"
+            ] + list(self.contact.held if self.contact else ())
+
+            def run() -> None:
+                outcome.stopped.update(stop(self.session, self.inventory, self.record, grace,
+                                            [h.name for h in self.hosts if h.name not in lost]))
+                outcome.stopped.update({n: StopResult(n, 0, "unreachable", (),
+                                                      "lost: not tried") for n in lost})
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            return thread
+        return start
+
+    def run(self, stops: _Stops, stop_on_interrupt: bool, hang_timeout_s: float | None,
+            node_timeout_s: float) -> None:
+        self.stops = stops
+        outcome = self.outcome
+        with interrupts.deferred(lambda: self.done.put(("", None))):
+            # Until every node's part has ended and every stop begun has finished.
+            while (len(outcome.states) < len(self.hosts) or stops.running) \
+                    and time.monotonic() < stops.deadline:
+                self._judge_lost()
+                try:
+                    node, state = self.done.get(timeout=0.5)
+                except queue.Empty:
+                    self._quiet(stop_on_interrupt, hang_timeout_s, node_timeout_s)
+                    continue
+                if state is None:  # Ctrl-C
+                    if not stop_on_interrupt:
+                        raise KeyboardInterrupt  # logs -f: not ours to stop
+                    stops.interrupted(again=outcome.interrupted)
+                    outcome.interrupted = True
+                    continue
+                self._ended(node, state)
+
+    def _quiet(self, ours: bool, hang_timeout_s: float | None, node_timeout_s: float) -> None:
+        """Nothing came for a while: a node silent too long is dropped; a closed output
+        or a hang stops the job (no hang while this machine is cut off)."""
+        assert self.stops is not None
+        gone = {*self.outcome.states, *(self.contact.held if self.contact else ())}
+        if len(gone) < len(self.hosts):
+            _drop_silent(self.session, self.followers, gone, node_timeout_s)
+        if self.contact is not None and self.contact.cut_off:
+            hang_timeout_s = None
+        why = None if self.stops.begun else _stop_reason(
+            self.followers, self.outcome, self.output_closed, ours, hang_timeout_s)
+        if why is not None:
+            self.stops.begin(why)
+
+    def _ended(self, node: str, state: NodeState, judged: bool = False) -> None:
+        assert self.stops is not None
+        stops, states = self.stops, self.outcome.states
+        if self.contact is not None and state.state == "unreachable" and not judged \
+                and not stops.begun:
+            self.contact.hold(node, state)  # the node, or this machine's network? judged
+            return
+        states[node] = state
+        if self.fail_fast and self.live and state.failed and not stops.begun:
+            stops.begin(f"{node} failed ({_describe(state)}): stopping the job on every "
+                        f"node")
+        left = [n for n, s in states.items() if s.state == "leftover"]
+        if self.fail_fast and self.live and left and len(states) == len(self.hosts) \
+                and not stops.begun:  # a process the script left: ours to end
+            stops.begin(f"{hostrange.fold(left)}: torchrun exited 0 leaving processes "
+                        f"of the job there: ending them")
+
+    def _judge_lost(self) -> None:
+        if self.contact is None or self.stops is None:
+            return
+        verdict = self.contact.decide(
+            {n: f.last_heard for n, f in self.followers.items()},
+            {h.name for h in self.hosts} - set(self.outcome.states), self.stops.begun)
+        for node in verdict.resumed:
+            self.followers[node] = self.followers[node].again()
+            self.followers[node].start()
+        for node, state in verdict.failed.items():
+            self._ended(node, state, judged=True)
 
 
 class _Stops:
@@ -265,7 +222,7 @@ class _Stops:
                 f"period) and confirming it is gone", 0.0))
 
 
-def _stop_reason(followers: Mapping[str, _Follower], outcome: JobOutcome,
+def _stop_reason(followers: Mapping[str, NodeFollower], outcome: JobOutcome,
                  output_closed: threading.Event, ours: bool,
                  hang_timeout_s: float | None) -> str | None:
     """Why to stop the job now, if anything: the reader of its output went away (as
@@ -294,15 +251,22 @@ def _cap_bytes(inventory: Inventory, record: JobRecord) -> int:
     return inventory.cluster.log_max_mb * 1024 * 1024 // max(len(record.hosts), 1)
 
 
-def _drop_silent(session: Session, followers: Mapping[str, _Follower],
-                 finished: Mapping[str, NodeState], limit_s: float) -> None:
+def _drop_silent(session: Session, followers: Mapping[str, NodeFollower],
+                 finished: Collection[str], limit_s: float) -> None:
     """A node that sent neither output nor heartbeat for `limit_s` is gone: close its
-    connection so that its follower ends as unreachable."""
+    connection so that its follower ends as unreachable (`finished`: nodes whose
+    follower ended)."""
     now = time.monotonic()
     for name, follower in followers.items():
         if name not in finished and now - follower.last_heard > limit_s:
             follower.last_heard = now
             session.connection(follower.host).close()
+
+
+def _say(say: Callable[[str], None] | None, words: str) -> None:
+    if say is not None:
+        with contextlib.suppress(OSError):  # a closed stderr must not keep the job on
+            say(words)
 
 
 def _describe(state: NodeState) -> str:

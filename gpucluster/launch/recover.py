@@ -190,7 +190,7 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
         attempt = Attempt(session, nodes, store, attempt_request, record)
         # A lost node is not waited for (its connect timeout) when stopping the others:
         # the health checks below re-check it, and stop it if it answers after all.
-        outcome = attempt.follow(on_output, policy.grace_s, on_stopping=say,
+        outcome = attempt.follow(on_output, policy.grace_s, say=say,
                                  hang_timeout_s=policy.hang_timeout_s,
                                  node_timeout_s=policy.node_timeout_s, stop_lost=False)
         result.outcome = outcome

@@ -834,6 +834,35 @@ def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, proj
     assert job_processes(cluster) == {}
 
 
+def test_a_job_outlives_this_machine_losing_its_network(cluster: Sandbox,
+                                                         project: Path) -> None:
+    """40 s without the controller's network: every node is lost at once (dropped as
+    silent after 30 s). It used to end launch with `first failure: node1, unreachable`,
+    its stop unable to reach any node and the job left running with nobody following
+    it. Now launch asks again, follows the job on and ends with it, no line twice."""
+    process = start_attached(cluster, project, "train.py", "--", "--epochs", "16",
+                             "--step-delay", "0.2")
+    seen = wait_for_ranks(process, 6)
+    rules = [["OUTPUT", "-d", SUBNET, "-j", "DROP"], ["INPUT", "-s", SUBNET, "-j", "DROP"]]
+    for rule in rules:
+        subprocess.run(["iptables", "-I", *rule], check=True)
+    try:
+        time.sleep(40)
+    finally:
+        for rule in rules:
+            subprocess.run(["iptables", "-D", *rule], check=True)
+    code, stdout, stderr, _ = finish(process, 240)
+    assert code == 0, stderr
+    assert "lost contact with every node still running the job (node[1-3]) at once" in \
+        stderr, stderr
+    assert re.search(r"node\[1-3\]: answering again after \d+s; following the job on",
+                     stderr), stderr
+    epochs = re.findall(r"^\[node1/0\] epoch (\d+) loss", "".join(seen) + stdout,
+                        re.MULTILINE)
+    assert epochs == [str(epoch) for epoch in range(16)], stdout
+    assert "exited 0 on node[1-3]" in stderr, stderr
+
+
 def test_a_node_that_dies_mid_job_stops_the_job_everywhere(cluster: Sandbox,
                                                            project: Path) -> None:
     """node3 loses power: every process in its namespace, sshd included, is killed at
