@@ -1,6 +1,7 @@
 """Following a job: every node's log streamed into the controller's copy and to the
-caller, with fail-fast (the first failed node gets the job stopped everywhere) and
-Ctrl-C handling."""
+caller (node_follower), with fail-fast (the first failed node gets the job stopped
+everywhere), Ctrl-C handling, and a node lost told from this machine cut off
+(lost_contact)."""
 
 from __future__ import annotations
 
@@ -160,9 +161,11 @@ class _Watch:
     def _ended(self, node: str, state: NodeState, judged: bool = False) -> None:
         assert self.stops is not None
         stops, states = self.stops, self.outcome.states
+        follower = self.followers.get(node)
         if self.contact is not None and state.state == "unreachable" and not judged \
-                and not stops.begun:
-            self.contact.hold(node, state)  # the node, or this machine's network? judged
+                and not stops.begun and follower is not None and follower.heard:
+            # Lost after contact: the node, or this machine's network? _judge_lost says
+            self.contact.hold(node, state, follower.last_heard)
             return
         states[node] = state
         if self.fail_fast and self.live and state.failed and not stops.begun:
@@ -258,8 +261,9 @@ def _drop_silent(session: Session, followers: Mapping[str, NodeFollower],
     follower ended)."""
     now = time.monotonic()
     for name, follower in followers.items():
-        if name not in finished and now - follower.last_heard > limit_s:
-            follower.last_heard = now
+        if name not in finished \
+                and now - max(follower.last_heard, follower.dropped_at) > limit_s:
+            follower.dropped_at = now  # last_heard stays its last sign of life
             session.connection(follower.host).close()
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from gpucluster import hostrange
 from gpucluster.inventory import Host
 from gpucluster.launch.model import NodeState
+from gpucluster.launch.node_scripts import HEARTBEAT_S
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 
@@ -27,6 +28,10 @@ RECONNECT_EVERY_S = 5.0
 CUT_OFF_LIMIT_S = 600.0  # this long without any node: they are taken for unreachable
 ALL_BACK_GRACE_S = 15.0  # once one node answers again, the others' time to answer too
 ANSWER_TIMEOUT_S = 15.0  # a node's answer to `true` once connected
+# Nodes cut off at once went silent within a heartbeat of each other (2 s), give or take
+# the link's delays: a node heard from later than this after another's last sign of
+# life means that one went silent alone.
+SILENCE_SLACK_S = 2 * HEARTBEAT_S
 
 
 @dataclass
@@ -44,7 +49,9 @@ class LostContact:
     def __init__(self, session: Session, hosts: Mapping[str, Host],
                  say: Callable[[str], None]) -> None:
         self.session, self.hosts, self.say = session, hosts, say
-        self.held: dict[str, tuple[NodeState, float]] = {}  # node -> its state, lost when
+        # node -> its state, and since when it is given up: the earlier of its loss and
+        # its last sign of life plus SILENCE_SLACK_S
+        self.held: dict[str, tuple[NodeState, float]] = {}
         self.cut_off_since: float | None = None
         self._answered: dict[str, float] = {}  # node -> when it answered again
         self._lock = threading.Lock()
@@ -54,8 +61,9 @@ class LostContact:
     def cut_off(self) -> bool:
         return self.cut_off_since is not None
 
-    def hold(self, node: str, state: NodeState) -> None:
-        self.held[node] = (state, time.monotonic())
+    def hold(self, node: str, state: NodeState, last_heard: float) -> None:
+        """`node` lost, last heard from at `last_heard` (time.monotonic())."""
+        self.held[node] = (state, min(time.monotonic(), last_heard + SILENCE_SLACK_S))
 
     def decide(self, heard: Mapping[str, float], running: set[str],
                stopping: bool) -> Verdict:
@@ -67,9 +75,12 @@ class LostContact:
             return self._fail(list(self.held))
         now = time.monotonic()
         if self.cut_off_since is None:
-            lost_at = min(when for _, when in self.held.values())
-            if any(when > lost_at for node, when in heard.items() if node not in self.held):
-                return self._fail(list(self.held))  # another node answers: it is the node
+            # Another node heard from since: this machine's network works, so it is the
+            # node. (A node dropped as silent was silent for long: the others heard from
+            # meanwhile judge it at once.)
+            given_up = min(when for _, when in self.held.values())
+            if any(when > given_up for node, when in heard.items() if node not in self.held):
+                return self._fail(list(self.held))
             if running <= set(self.held):
                 self._cut_off(now)
             return Verdict()

@@ -46,6 +46,8 @@ class NodeFollower:
         self.output_closed = output_closed  # shared: the output's reader went away
         self.cap_bytes = cap_bytes
         self.last_heard = time.monotonic()
+        self.heard = False  # anything came from the node (a connection that worked)
+        self.dropped_at = 0.0  # its connection last closed here for its silence
         self.last_progress = time.monotonic()  # output, or a newer heartbeat file
         self.progressed = False  # any progress yet (imports and rendezvous make none)
         self.heartbeat_mtime = ""
@@ -70,7 +72,7 @@ class NodeFollower:
         try:
             def on_line(stream: str, line: str) -> None:
                 nonlocal stamping
-                self.last_heard = time.monotonic()
+                self.last_heard, self.heard = time.monotonic(), True
                 if stamping:
                     if stream == "stdout":
                         copy.stamp(line)
