@@ -67,7 +67,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     kept: list[LogLine] = []
     if gone and tail is None:
         kept = ended_copies.lines(store, record, gone)
-    _print_lines(printer, kept)
+    ended_copies.hand_on(kept, printer)
     lines.finish()
     for why, words in (("missing", f"job {record.id} is gone from the node"),
                        ("unreachable", "cannot be reached")):
@@ -109,7 +109,7 @@ def _last_lines(session: Session, inventory: Inventory, store: JobStore, record:
              for line in (got.lines[:-1] if then_follow and got.last_unfinished else got.lines)]
     lines += ended_copies.lines(store, record, away | set(ended), last=tail)
     shown = logsearch.in_time_order(lines, tail)
-    _print_lines(printer, shown)
+    ended_copies.hand_on(shown, printer)
     resume = {node: got.resume_at for node, got in tails.items()
               if got.resume_at is not None and node not in away}
     if not (then_follow and resume):  # no follow after these lines: this is the outcome
@@ -140,9 +140,3 @@ def _after_tail(session: Session, inventory: Inventory, store: JobStore, record:
                                nodes=fetch).first_failure)
     outcome.first_failure = min((f for f in failures if f is not None),
                                 key=FirstFailure.order, default=None)
-
-
-def _print_lines(printer: OutputCallback, lines: list[LogLine]) -> None:
-    for line in lines:
-        printer(line.node, None if line.rank is None else str(line.rank), line.text)
-

@@ -36,8 +36,13 @@ def replay(store: JobStore, record: JobRecord, nodes: Iterable[str],
     """The lines of these nodes' copies to `on_output`, in time order, as a follow of
     their logs would give them; False when the output's reader went away."""
     try:
-        for line in lines(store, record, nodes):
-            on_output(line.node, None if line.rank is None else str(line.rank), line.text)
+        hand_on(lines(store, record, nodes), on_output)
     except OutputClosed:
         return False
     return True
+
+
+def hand_on(found: Iterable[LogLine], on_output: OutputCallback) -> None:
+    """Lines read here to `on_output`, as a node's follower hands on those it gets."""
+    for line in found:
+        on_output(line.node, None if line.rank is None else str(line.rank), line.text)
