@@ -22,7 +22,13 @@ _TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?(Traceback \(most recent call last\):
 def split_rank(line: str) -> tuple[str | None, str]:
     """torchrun's tee prefixes each worker line with its global rank: "[3]:text"."""
     match = RANK_PREFIX.match(line)
-    return (match.group(1), match.group(2)) if match else (None, line)
+    if match is None:
+        return None, line
+    rank, text = match.groups()
+    # The tee reads a rank's output a line at a time as it grows: a line still open (a
+    # progress bar, redrawn after a \r) is written as it stands, and the \r that ends it
+    # comes next as an empty line of its own, "[3]:bar 40%" glued to that "[3]:".
+    return rank, text.removesuffix(f"[{rank}]:")
 
 
 def root_cause(lines: list[str]) -> dict[str, str]:

@@ -154,6 +154,24 @@ def test_a_process_the_script_left_behind_is_ended_and_the_job_succeeds(
     assert job_processes(cluster) == {}
 
 
+def test_a_progress_bar_shows_a_line_per_redraw_without_the_tees_glue(
+        cluster: Sandbox, project: Path) -> None:
+    """torchrun's tee reads a bar's \\r as an empty line of its rank, glued to the redraw
+    before it: each showed as "[node1/0] step 1/4[0]:"."""
+    (project / "bar.py").write_text(
+        "import os, sys, time\n"
+        "if os.environ.get('RANK') == '0':\n"
+        "    for step in range(1, 5):\n"
+        "        sys.stdout.write(f'\\rstep {step}/4'); sys.stdout.flush(); time.sleep(0.3)\n"
+        "    print(flush=True)\n")
+    done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
+                      "bar.py", cwd=str(project), timeout=120)
+    assert done.code == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bar = [line for line in done.stdout.splitlines() if "step " in line]
+    assert re.fullmatch(r"\[node\d/0\] step 4/4", bar[-1]), bar
+    assert all(re.fullmatch(r"\[node\d/0\] step [1-4]/4", line) for line in bar), bar
+
+
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
                       "train.py", "--", "--epochs", "3", "--checkpoint-dir", FIRST_RUN,
