@@ -9,26 +9,13 @@ from pathlib import Path
 
 from gpucluster.launch.known_causes import KnownCause, killed_by_sigkill, known_cause
 from gpucluster.launch.model import FirstFailure, NodeState
+from gpucluster.launch.tee_lines import RANK_PREFIX, TRACEBACK_START, split_rank, unglued
 
-RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")
 FAILURE_TAIL_LINES = 12
-TRACEBACK_START = "Traceback (most recent call last):"
 # torch's prefix on a rank's uncaught error, searched, not anchored: torchrun copies a
 # rank's stdout and stderr apart, so a line of its stdout not yet ended may come first.
 _TORCH_PREFIX = re.compile(r"\[rank\d+\]: ?")
 _TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?(Traceback \(most recent call last\):)\s*$")
-
-
-def split_rank(line: str) -> tuple[str | None, str]:
-    """torchrun's tee prefixes each worker line with its global rank: "[3]:text"."""
-    match = RANK_PREFIX.match(line)
-    if match is None:
-        return None, line
-    rank, text = match.groups()
-    # The tee reads a rank's output a line at a time as it grows: a line still open (a
-    # progress bar, redrawn after a \r) is written as it stands, and the \r that ends it
-    # comes next as an empty line of its own, "[3]:bar 40%" glued to that "[3]:".
-    return rank, text.removesuffix(f"[{rank}]:")
 
 
 def root_cause(lines: list[str]) -> dict[str, str]:
@@ -86,13 +73,14 @@ def _traceback_at(lines: list[str], start: int, limit: int) -> list[str]:
 def failure_of(node: str, state: NodeState, log: Path) -> FirstFailure:
     """Rank, exit code and time of a node's failure, from torchrun's own report (its
     "Root Cause" block) and the end of the node's log."""
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() \
-        if log.exists() else []
+    lines = [piece for line in (log.read_text(encoding="utf-8", errors="replace")
+                                .splitlines() if log.exists() else [])
+             for piece in unglued(line)]
     fields = root_cause(lines)
     rank = re.match(r"\d+", fields.get("rank", ""))
     worker = re.match(r"-?\d+", fields.get("exitcode", ""))
     prefix = f"[{rank.group()}]:" if rank else None
-    rank_lines = [line[len(prefix):] for line in lines if prefix and line.startswith(prefix)]
+    rank_lines = [split_rank(line)[1] for line in lines if prefix and line.startswith(prefix)]
     worker_exit = int(worker.group()) if worker else None
     # A rank killed by a signal printed no error: a traceback of its is one it lived on after.
     error = last_traceback(rank_lines) if worker_exit is None or worker_exit > 0 else []

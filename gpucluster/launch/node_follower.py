@@ -11,7 +11,6 @@ from pathlib import Path
 from gpucluster import reports
 from gpucluster.inventory import Host
 from gpucluster.launch import node_scripts
-from gpucluster.launch.failure import split_rank
 from gpucluster.launch.jobs import JobRecord
 from gpucluster.launch.log_copy import LogCopy, NoCopy
 from gpucluster.launch.model import (
@@ -21,6 +20,7 @@ from gpucluster.launch.model import (
     Progress,
     parse_state,
 )
+from gpucluster.launch.tee_lines import split_rank, unglued
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 
@@ -95,21 +95,12 @@ class NodeFollower:
                 if kind == "times" and self.state is not None:
                     stamping = True
                     return
-                rank, text = split_rank(line)
-                # A rank's own line is progress; torchrun's (its start-up warnings, printed
-                # before the workers have even imported torch) is not, else the hang
-                # timer would be armed during the imports.
                 copy.write(line)
                 self.lines += 1
                 if self.lines <= self.shown:  # passed on by the follow before this one
                     return
-                if rank is not None:
-                    self.last_progress, self.progressed = time.monotonic(), True
-                if self.on_output is not None and not self.output_closed.is_set():
-                    try:
-                        self.on_output(self.host.name, rank, text)
-                    except OutputClosed:  # the copy goes on; follow() decides the rest
-                        self.output_closed.set()
+                for piece in unglued(line):
+                    self._pass_on(*split_rank(piece))
 
             self.session.connection(self.host).run(
                 node_scripts.follow_script(self.record, self.host.name, self.follow,
@@ -131,6 +122,18 @@ class NodeFollower:
                        ended=self.state_said if ended else "")
         self.copy_cut = copy.cut
         self.done.put((self.host.name, state))
+
+    def _pass_on(self, rank: str | None, text: str) -> None:
+        # A rank's own line is progress; torchrun's (its start-up warnings, printed before
+        # the workers have even imported torch) is not, else the hang timer would be
+        # armed during the imports.
+        if rank is not None:
+            self.last_progress, self.progressed = time.monotonic(), True
+        if self.on_output is not None and not self.output_closed.is_set():
+            try:
+                self.on_output(self.host.name, rank, text)
+            except OutputClosed:  # the copy goes on; follow() decides the rest
+                self.output_closed.set()
 
     def _beat(self, step: int | None) -> None:
         now = time.time()

@@ -21,7 +21,7 @@ import pytest
 from gpucluster import inventory as inventory_module
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch import node_scripts, workdir
-from gpucluster.launch.failure import failure_of, split_rank
+from gpucluster.launch.failure import failure_of
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import (
     FirstFailure,
@@ -230,11 +230,6 @@ def test_node_states_from_the_scripts_lines() -> None:
     assert parse_state("n", "stopped -").exit_code is None
     assert parse_state("n", "running -").failed is False
     assert parse_state("n", "exited 1 5").failed and parse_state("n", "lost -").failed
-    assert split_rank("[12]:loss 0.5") == ("12", "loss 0.5")
-    assert split_rank("[W1129 socket.cpp:207] note") == (None, "[W1129 socket.cpp:207] note")
-    # a progress bar's redraw, as torchrun's tee writes it (its \r read as a line's end)
-    assert split_rank("[3]: 40%|####      | 4/10[3]:") == ("3", " 40%|####      | 4/10")
-    assert split_rank("[3]:shape of x[2]:") == ("3", "shape of x[2]:")  # another rank's
 
 
 ROOT_CAUSE = """\

@@ -1,0 +1,80 @@
+"""torchrun's tee: each worker line behind its rank, and what its reading of a line a
+rank left open (a progress bar) does to the log. The logs are as a sandbox job wrote
+them (a bar redrawn after \r three times, then the rank died)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucluster.launch.failure import failure_of
+from gpucluster.launch.model import NodeState
+from gpucluster.launch.tee_lines import split_rank, unglued
+
+DIED_IN_A_BAR = """\
+[1]:
+[1]:bar 0/10[1]:
+[1]:bar 1/10[1]:
+[1]:bar 2/10[1]:Traceback (most recent call last):
+[1]:  File "/srv/gpucluster/proj/barfail.py", line 8, in <module>
+[1]:    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+[1]:RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_21:21:03
+  host      : node2
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 28293)
+============================================================
+"""
+
+
+def test_a_line_is_split_into_its_rank_and_text() -> None:
+    assert split_rank("[12]:loss 0.5") == ("12", "loss 0.5")
+    assert split_rank("[W1129 socket.cpp:207] note") == (None, "[W1129 socket.cpp:207] note")
+
+
+def test_a_bars_redraw_loses_the_header_the_tee_glued_to_it() -> None:
+    assert split_rank("[3]: 40%|####      | 4/10[3]:") == ("3", " 40%|####      | 4/10")
+    assert split_rank("[3]:shape of x[2]:") == ("3", "shape of x[2]:")  # another rank's
+    assert split_rank("[3]:") == ("3", "")
+
+
+def test_a_traceback_glued_to_an_open_line_starts_a_line_of_its_own() -> None:
+    traceback = "Traceback (most recent call last):"
+    # by the tee, the rank's own header between them
+    assert unglued(f"[1]:bar 2/10[1]:{traceback}") == ("[1]:bar 2/10", f"[1]:{traceback}")
+    # within the rank's stream (the bar and the error both on stderr): no header between
+    assert unglued(f"[1]:bar 2/10{traceback}") == ("[1]:bar 2/10", f"[1]:{traceback}")
+    # another rank's traceback after this rank's open line, torch's own prefix kept
+    assert unglued(f"[0]:bar 2/10[1]:[rank1]: {traceback}") == (
+        "[0]:bar 2/10", f"[1]:[rank1]: {traceback}")
+
+
+def test_torchruns_own_log_line_glued_to_an_open_line_is_torchruns() -> None:
+    said = ("W1205 21:22:29.007000 32415 torch/distributed/elastic/agent/server/api.py:753] "
+            "Received 15 death signal, shutting down workers")
+    assert unglued(f"[0]:bar 2/10{said}") == ("[0]:bar 2/10", said)
+    # a worker's own torch warning, the tee's header before it
+    assert unglued(f"[0]:bar 2/10[0]:{said}") == ("[0]:bar 2/10", f"[0]:{said}")
+
+
+def test_a_line_without_anything_glued_stays_whole() -> None:
+    traceback = "Traceback (most recent call last):"
+    said = "W1205 21:22:29.007000 32415 torch/distributed/run.py:803] note"
+    for line in (f"[1]:{traceback}", f"[1]:[rank1]: {traceback}", traceback,
+                 f"[1]:see the {traceback} above", "[1]:Epoch [1]: loss 0.5",
+                 f"torchrun: {traceback}", said, f"[1]:{said}", "[1]:a [list] of words",
+                 "[1]:"):
+        assert unglued(line) == (line,)
+
+
+def test_a_failure_in_a_bar_reports_the_ranks_lines_unglued(tmp_path: Path) -> None:
+    log = tmp_path / "node2.log"
+    log.write_text(DIED_IN_A_BAR)
+    failure = failure_of("node2", NodeState("node2", "exited", 1, "", 5.0), log)
+    assert failure.rank == 1 and failure.worker_exit == 1
+    assert failure.rank_tail[:5] == ("", "bar 0/10", "bar 1/10", "bar 2/10",
+                                     "Traceback (most recent call last):")
+    assert failure.rank_error[0] == "Traceback (most recent call last):"
+    assert failure.rank_error[-1].startswith("RuntimeError: CUDA out of memory")
+    assert failure.cause is not None and "ran out of memory" in failure.cause.what
