@@ -14,6 +14,7 @@ from gpucluster import hostrange
 from gpucluster.cli.options import stdout_console
 from gpucluster.cli.views import common
 from gpucluster.cli.views import launch as view
+from gpucluster.cli.views.line_printer import LinePrinter
 from gpucluster.errors import EXIT_FAILED, Interrupted
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
     from gpucluster.launch.follow import follow
 
     outcome: JobOutcome
-    lines = view.LinePrinter(sys.stderr if json_output else sys.stdout,
+    lines = LinePrinter(sys.stderr if json_output else sys.stdout,
                              full_logs=f"gpucluster logs {record.id}" if live else None,
                              live=live)
     printer: OutputCallback = lines

@@ -14,6 +14,7 @@ from gpucluster import hostrange
 from gpucluster.cli.options import stdout_console
 from gpucluster.cli.views import common
 from gpucluster.cli.views import launch as view
+from gpucluster.cli.views.line_printer import LinePrinter
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch.jobs import JobRecord, JobStore
@@ -82,7 +83,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
     from gpucluster.launch.model import LaunchRefused
     from gpucluster.launch.recover import recover
 
-    lines = view.LinePrinter(sys.stderr if json_output else sys.stdout,
+    lines = LinePrinter(sys.stderr if json_output else sys.stdout,
                              full_logs="gpucluster logs JOB (each attempt's)")
 
     def attempt_started(record: JobRecord) -> None:

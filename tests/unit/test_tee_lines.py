@@ -1,6 +1,6 @@
 """torchrun's tee: each worker line behind its rank, and what its reading of a line a
 rank left open (a progress bar) does to the log. The logs are as a sandbox job wrote
-them (a bar redrawn after \r three times, then the rank died)."""
+them (tests/fixtures/torch: a bar redrawn three times, then the rank died)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,7 @@ from gpucluster.launch.failure import failure_of
 from gpucluster.launch.model import NodeState
 from gpucluster.launch.tee_lines import split_rank, unglued
 
-DIED_IN_A_BAR = """\
-[1]:
-[1]:bar 0/10[1]:
-[1]:bar 1/10[1]:
-[1]:bar 2/10[1]:Traceback (most recent call last):
-[1]:  File "/srv/gpucluster/proj/barfail.py", line 8, in <module>
-[1]:    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-[1]:RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-05_21:21:03
-  host      : node2
-  rank      : 1 (local_rank: 0)
-  exitcode  : 1 (pid: 28293)
-============================================================
-"""
+DIED_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/died-in-a-bar-node2.log"
 
 
 def test_a_line_is_split_into_its_rank_and_text() -> None:
@@ -68,10 +53,8 @@ def test_a_line_without_anything_glued_stays_whole() -> None:
         assert unglued(line) == (line,)
 
 
-def test_a_failure_in_a_bar_reports_the_ranks_lines_unglued(tmp_path: Path) -> None:
-    log = tmp_path / "node2.log"
-    log.write_text(DIED_IN_A_BAR)
-    failure = failure_of("node2", NodeState("node2", "exited", 1, "", 5.0), log)
+def test_a_failure_in_a_bar_reports_the_ranks_lines_unglued() -> None:
+    failure = failure_of("node2", NodeState("node2", "exited", 1, "", 5.0), DIED_IN_A_BAR)
     assert failure.rank == 1 and failure.worker_exit == 1
     assert failure.rank_tail[:5] == ("", "bar 0/10", "bar 1/10", "bar 2/10",
                                      "Traceback (most recent call last):")

@@ -13,6 +13,7 @@ from rich.console import Console
 from gpucluster import inventory
 from gpucluster.cli.views import common, run
 from gpucluster.cli.views import inventory as inventory_view
+from gpucluster.cli.views.line_printer import LinePrinter
 from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult, HostFailure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,11 +111,10 @@ def test_sudo_asking_a_password_names_ask_sudo_pass_only_where_sudo_n_refused() 
 def test_job_lines_into_a_full_disk_stop_there_and_say_so_once(tmp_path: Path) -> None:
     """`launch ... > run.log` on a full disk: the printer's OSError ended the node's
     follower, and the node was taken for lost (--recover relaunched a healthy job)."""
-    from gpucluster.cli.views import launch as launch_view
 
     notes = io.StringIO()
     with Path("/dev/full").open("w") as full:  # every write: ENOSPC
-        printer = launch_view.LinePrinter(full, notes)
+        printer = LinePrinter(full, notes)
         for number in range(3):
             printer("node1", "0", f"epoch {number}")  # no error reaches the follower
     assert notes.getvalue() == ("gpucluster: /dev/full: No space left on device: the job's "
@@ -126,10 +126,9 @@ def test_a_cpp_backtrace_is_one_line_per_node_in_the_live_view() -> None:
     """torch's teardown warning at the end of a multi-node job (the head's agent took the
     rendezvous store with it) printed 15 frames per node, interleaved: the live view
     says where the error was raised and how many frames it left out, each node apart."""
-    from gpucluster.cli.views import launch as launch_view
 
     out = io.StringIO()
-    printer = launch_view.LinePrinter(out, full_logs="gpucluster logs J")
+    printer = LinePrinter(out, full_logs="gpucluster logs J")
     printer("node2", None, "[W1204 TCPStore.cpp:115] [c10d] recvVector failed")
     printer("node2", None, "Exception raised from recvBytes at Utils.hpp:787 (most recent "
                            "call first):")
@@ -157,10 +156,55 @@ def test_a_cpp_backtrace_is_one_line_per_node_in_the_live_view() -> None:
     assert len(out.getvalue().splitlines()) == 10
     # Not live (`logs JOB`), every line as it came.
     whole = io.StringIO()
-    printer = launch_view.LinePrinter(whole)
+    printer = LinePrinter(whole)
     printer("node2", None, "Exception raised from recv at Utils.hpp:9 (most recent call first):")
     printer("node2", None, "frame #0: c10::Error::Error + 0x9d")
     assert whole.getvalue().splitlines()[-1] == "[node2] frame #0: c10::Error::Error + 0x9d"
+
+
+def test_torchruns_own_tracebacks_are_folded_live_and_a_ranks_is_not() -> None:
+    """The real thing: rank 1 died in a progress bar on node2, launch then stopped node1;
+    each node's torchrun printed its own traceback (26 lines of frames on node1, of the
+    SIGTERM it was sent), which buried the rank's in the live view."""
+    from gpucluster.launch.tee_lines import split_rank, unglued
+
+    fixtures = Path(__file__).parents[1] / "fixtures/torch"
+    out = io.StringIO()
+    printer = LinePrinter(out, full_logs="gpucluster logs J")
+    for node, name in (("node2", "died-in-a-bar-node2.log"),
+                       ("node1", "stopped-in-a-bar-node1.log")):
+        for line in (fixtures / name).read_text().splitlines():
+            for piece in unglued(line):
+                printer(node, *split_rank(piece))
+    printer.finish()
+    shown = out.getvalue().splitlines()
+    at = shown.index("[node2/1] bar 2/10")
+    assert shown[at + 1:at + 5] == [  # the rank's own traceback, whole
+        "[node2/1] Traceback (most recent call last):",
+        '[node2/1]   File "/srv/gpucluster/proj/barfail.py", line 8, in <module>',
+        '[node2/1]     raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")',
+        "[node2/1] RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    at = shown.index("[node2] Traceback (most recent call last):")
+    assert shown[at + 1:at + 4] == [
+        "[node2] (15 lines of torchrun's own traceback left out: gpucluster logs J prints "
+        "them)",
+        "[node2] torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "[node2] ============================================================"]
+    at = shown.index("[node2] Root Cause (first observed failure):")
+    assert shown[at + 1:at + 3] == ["[node2] [0]:", "[node2]   time      : 2026-12-05_21:23:47"]
+    assert "[node2/0] " not in shown  # its numbering, not an empty line of rank 0
+    assert shown[-6:] == [
+        "[node1/0] bar 2/10",
+        "[node1] W1205 21:23:48.174000 2373 torch/distributed/elastic/agent/server/api.py"
+        ":753] Received 15 death signal, shutting down workers",
+        "[node1] W1205 21:23:48.175000 2373 torch/distributed/elastic/multiprocessing/api.py"
+        ":1028] Sending process 2838 closing signal SIGTERM",
+        "[node1] Traceback (most recent call last):",
+        "[node1] (26 lines of torchrun's own traceback left out: gpucluster logs J prints "
+        "them)",
+        "[node1] torch.distributed.elastic.multiprocessing.api.SignalException: Process "
+        "2373 got signal: 15"]
+    assert len(shown) == 36
 
 
 def test_lines_from_many_threads_are_each_written_once_whole_and_in_their_order() -> None:
@@ -168,14 +212,13 @@ def test_lines_from_many_threads_are_each_written_once_whole_and_in_their_order(
     left behind when the threads are done (before finish), none written twice."""
     import threading
 
-    from gpucluster.cli.views import launch as launch_view
 
     class Slow(io.StringIO):  # writes that let go of the GIL, as a terminal's do
         def flush(self) -> None:
             time.sleep(0.0002)
 
     out = Slow()
-    printer = launch_view.LinePrinter(out)
+    printer = LinePrinter(out)
     nodes = [f"node{n}" for n in range(8)]
 
     def send(node: str) -> None:
@@ -203,18 +246,17 @@ def test_lines_from_many_threads_are_each_written_once_whole_and_in_their_order(
                 other.join()
 
     out = Interrupted()
-    printer = launch_view.LinePrinter(out)
+    printer = LinePrinter(out)
     printer("node1", "0", "first")
     assert out.getvalue().splitlines() == ["[node1/0] first", "[node2/1] meanwhile"]
 
 
 def test_torchs_teardown_warning_as_a_sandbox_node_printed_it_is_five_lines_live() -> None:
     """The real thing: node2's end of a demo job that exited 0 (torch 2.13)."""
-    from gpucluster.cli.views import launch as launch_view
 
     captured = Path(__file__).parents[1] / "fixtures/torch/teardown-race-node2.log"
     out = io.StringIO()
-    printer = launch_view.LinePrinter(out, full_logs="gpucluster logs J")
+    printer = LinePrinter(out, full_logs="gpucluster logs J")
     for text in captured.read_text().splitlines():
         printer("node2", None, text)
     printer.finish()
@@ -235,7 +277,7 @@ def test_the_teardown_warning_after_a_clean_end_is_named_in_the_outcome(tmp_path
     from gpucluster.launch.model import JobOutcome, NodeState
 
     captured = Path(__file__).parents[1] / "fixtures/torch/teardown-race-node2.log"
-    printer = launch_view.LinePrinter(io.StringIO(), full_logs="gpucluster logs J")
+    printer = LinePrinter(io.StringIO(), full_logs="gpucluster logs J")
     for node in ("node2", "node3"):
         for text in captured.read_text().splitlines():
             printer(node, None, text)
@@ -255,7 +297,7 @@ def test_the_teardown_warning_after_a_clean_end_is_named_in_the_outcome(tmp_path
     assert 'node[2-3]: torch\'s "failed to shutdown the rendezvous" came after the job ' \
            "exited 0 there: torch's teardown race" in outcome(0)
     assert "node2: torch's" in outcome(1) and "node[2-3]" not in outcome(1)
-    quiet = launch_view.LinePrinter(io.StringIO())
+    quiet = LinePrinter(io.StringIO())
     quiet("node2", None, "epoch 1 loss 0.5")
     assert "teardown race" not in _text(lambda console: launch_view.print_outcome(
         console, JobOutcome(record, {"node2": NodeState("node2", "exited", 0)}), store,

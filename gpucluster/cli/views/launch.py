@@ -1,143 +1,27 @@
-"""`launch`, `jobs`, `logs` and `stop`: streamed [node/rank] lines, the outcome with the
-first failure, the jobs table, what stop found; and each as JSON."""
+"""`launch`, `jobs`, `logs` and `stop`: the outcome with the first failure, the jobs
+table, what stop found; and each as JSON. The lines themselves: line_printer.py."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import re
-import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from gpucluster import hostrange
-from gpucluster.cli.views.common import discard_writes, print_json
+from gpucluster.cli.views.common import print_json
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     FirstFailure,
     JobOutcome,
     LaunchRefused,
     NodeState,
-    OutputClosed,
     StopResult,
 )
 from gpucluster.wording import counted
-
-# A C++ backtrace as torch's c10 errors print it: the line that says where the error was
-# raised (which stays), then one line per frame.
-_BACKTRACE_START = re.compile(r"Exception raised from .* \(most recent call first\):$")
-_BACKTRACE_FRAME = re.compile(r"frame #[0-9]+: |<omitting python frames>$")
-# What a node's torchrun agent says when the rendezvous store is gone as it closes it.
-_RENDEZVOUS_NOT_CLOSED = re.compile(r"has failed to shutdown the rendezvous ")
-
-
-class LinePrinter:
-    """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun).
-
-    Live (`full_logs` names the command that prints a job's lines in full), a C++
-    backtrace becomes one line: torch prints 20-30 frames even for a warning, such as the
-    one a multi-node job can end with on the nodes but the head (whose agent, done first,
-    took the rendezvous store with it). The node's log keeps them.
-
-    A stream that cannot be written (stdout redirected to a full disk) stops taking
-    lines, said once on `notes`; the job and its follow go on (the error used to end the
-    node's follower, and the node was taken for lost: --recover relaunched the job).
-
-    Each node's lines come from a thread of its own. Whichever thread holds the lock
-    writes every line waiting, its own and the others', and flushes once; the others
-    leave theirs and go on. (A lock taken per line cost 3.3 s of 8.9 for `logs` of two
-    nodes' 800000 lines: the threads queued on it, a wake-up per line.)"""
-
-    def __init__(self, stream: TextIO, notes: TextIO | None = None,
-                 full_logs: str | None = None, live: bool = True) -> None:
-        self._stream, self._notes, self._full_logs = stream, notes, full_logs
-        # Live, each line reaches the stream as it comes; else as the stream's buffer fills
-        # and at the end, as cat's do (a flush per line was most of the time `logs JOB`
-        # took to print 600000 lines).
-        self._live = live
-        self._lock = threading.Lock()
-        self._waiting: deque[tuple[str, str | None, str]] = deque()
-        self._failed = False
-        # Per node and rank inside a backtrace: its frames left out so far.
-        self._frames: dict[tuple[str, str | None], int] = {}
-        # Nodes whose agent could not close the rendezvous: after a clean end, torch's
-        # teardown race, which print_outcome then names as such.
-        self.rendezvous_not_closed: set[str] = set()
-        self.heard: set[str] = set()  # nodes whose lines came
-
-    def __call__(self, node: str, rank: str | None, text: str) -> None:
-        self._waiting.append((node, rank, text))
-        # A line left while another thread wrote is in `_waiting` when that thread,
-        # having let go of the lock, looks again.
-        while self._waiting and self._lock.acquire(blocking=False):
-            try:
-                self._write_waiting()
-            finally:
-                self._lock.release()
-
-    def finish(self) -> None:
-        """Says the frames left out at the very end of a node's output."""
-        with self._lock:
-            self._write_waiting()
-            out: list[str] = []
-            for node, rank in list(self._frames):
-                self._say_frames(out, node, rank)
-            self._write(out)
-            self._guarded(self._stream.flush)
-
-    def _write_waiting(self) -> None:
-        """Every line waiting, written at once."""
-        out: list[str] = []
-        while self._waiting:
-            node, rank, text = self._waiting.popleft()
-            self.heard.add(node)
-            if self._frames:  # a backtrace is being folded
-                if (node, rank) in self._frames and _BACKTRACE_FRAME.match(text):
-                    self._frames[(node, rank)] += 1
-                    continue
-                self._say_frames(out, node, rank)
-            out.append(f"[{node}/{rank}] {text}\n" if rank is not None else f"[{node}] {text}\n")
-            if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
-                self.rendezvous_not_closed.add(node)
-            if self._full_logs and _BACKTRACE_START.search(text):
-                self._frames[(node, rank)] = 0
-        self._write(out)
-
-    def _say_frames(self, out: list[str], node: str, rank: str | None) -> None:
-        count = self._frames.pop((node, rank), 0)
-        if count:
-            prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
-            out.append(f"{prefix} ({counted(count, 'line')} of C++ backtrace left out: "
-                       f"{self._full_logs} prints them)\n")
-
-    def _write(self, out: list[str]) -> None:
-        if out:
-            self._guarded(lambda: self._stream.write("".join(out)))
-        if self._live:
-            self._guarded(self._stream.flush)
-
-    def _guarded(self, action: Callable[[], object]) -> None:
-        if self._failed:
-            return
-        try:
-            action()
-        except BrokenPipeError:
-            discard_writes(self._stream)
-            raise OutputClosed(f"{self._stream.name}: its reader went away") from None
-        except OSError as error:
-            self._failed = True
-            discard_writes(self._stream)
-            with contextlib.suppress(OSError, ValueError):
-                print(f"gpucluster: {self._stream.name}: {error.strerror or error}: the "
-                      f"job's lines are no longer written there; the job goes on "
-                      f"(gpucluster logs shows them)", file=self._notes or sys.stderr,
-                      flush=True)
 
 
 def failure_cause(failure: FirstFailure) -> str:
