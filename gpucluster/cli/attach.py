@@ -37,8 +37,7 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
 
     outcome: JobOutcome
     lines = LinePrinter(sys.stderr if json_output else sys.stdout,
-                             full_logs=f"gpucluster logs {record.id}" if live else None,
-                             live=live)
+                        full_logs=f"gpucluster logs {record.id}" if live else None, live=live)
     printer: OutputCallback = lines
     shown: list[LogLine] = []
     resume: dict[str, int] = {}  # with `tail`: where each node's follow starts

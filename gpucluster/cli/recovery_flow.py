@@ -84,7 +84,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
     from gpucluster.launch.recover import recover
 
     lines = LinePrinter(sys.stderr if json_output else sys.stdout,
-                             full_logs="gpucluster logs JOB (each attempt's)")
+                        full_logs="gpucluster logs JOB (each attempt's)")
 
     def attempt_started(record: JobRecord) -> None:
         supervisor.record_pid(store, record.id, os.getpid())

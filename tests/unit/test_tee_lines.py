@@ -30,6 +30,9 @@ def test_a_traceback_glued_to_an_open_line_starts_a_line_of_its_own() -> None:
     assert unglued(f"[1]:bar 2/10[1]:{traceback}") == ("[1]:bar 2/10", f"[1]:{traceback}")
     # within the rank's stream (the bar and the error both on stderr): no header between
     assert unglued(f"[1]:bar 2/10{traceback}") == ("[1]:bar 2/10", f"[1]:{traceback}")
+    # torch's prefix on each line of a rank's error: a frame too (seen on the sandbox)
+    assert unglued("[3]:step 6 loss 0.1[rank3]:     loss = model(batch)") == (
+        "[3]:step 6 loss 0.1", "[3]:[rank3]:     loss = model(batch)")
     # another rank's traceback after this rank's open line, torch's own prefix kept
     assert unglued(f"[0]:bar 2/10[1]:[rank1]: {traceback}") == (
         "[0]:bar 2/10", f"[1]:[rank1]: {traceback}")
