@@ -12,8 +12,9 @@ TRACEBACK_START = "Traceback (most recent call last):"
 # from where the tee put one there: a line of a rank's error, as torch prefixes each
 # ("[rank3]: "), a traceback's first line, or a line of torch's own log ("W1205
 # 21:22:29.007000 32415 api.py:753] ").
-_GLUED = re.compile(r"(\[\d+\]:)?(?=\[rank\d+\]: |Traceback \(most recent call last\):\s*$"
-                    r"|([IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] ))")
+_GLUED = re.compile(r"(?P<header>\[\d+\]:)?(?=(?P<start>\[rank\d+\]: "
+                    r"|Traceback \(most recent call last\):\s*$"
+                    r"|(?P<torch_log>[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] )))")
 
 
 def split_rank(line: str) -> tuple[str | None, str]:
@@ -29,9 +30,9 @@ def split_rank(line: str) -> tuple[str | None, str]:
 
 
 def unglued(line: str) -> tuple[str, ...]:
-    """The lines a rank's open line and what was glued to it make: its error's (of this
-    rank unless the tee's header says another's), or a log line of torchrun's own (no
-    rank's, unless the tee's header says so), which it writes beside the tee."""
+    """The lines a rank's open line and what was glued to it make: a line of a rank's
+    error (this rank's, unless the tee's header names another) or of torchrun's own log
+    (no rank's, unless a header names one: torchrun writes it beside the tee)."""
     # Substrings first: this runs on every line of logs that may be gigabytes.
     if ("] " not in line and "[rank" not in line and TRACEBACK_START not in line) \
             or not line.startswith("["):
@@ -39,11 +40,21 @@ def unglued(line: str) -> tuple[str, ...]:
     match = RANK_PREFIX.match(line)
     if match is None:
         return (line,)
-    text_at = match.end(1) + 2
-    found = _GLUED.search(line, text_at)
-    if found is None or found.start() == text_at:
-        return (line,)
-    rest = line[found.start():]
-    if not found.group(1) and not found.group(2):  # its error, within the rank's stream
-        rest = f"[{match.group(1)}]:{rest}"
-    return (line[:found.start()], *unglued(rest))
+    pieces: list[str] = []
+    # The piece being cut begins at `begins`, behind `header` where the stream had none;
+    # its text at `at`. Positions, not slices: a line may be 1 MiB, cut 100000 times.
+    rank, header, begins, at = match.group(1), "", 0, match.end(1) + 2
+    while (found := _GLUED.search(line, at)) is not None:
+        if found.start() == at and not found.group("header"):
+            at += len(found.group("start"))  # what the text begins with is no glue
+            continue
+        pieces.append(header + line[begins:found.start()])
+        begins = found.start()
+        if found.group("torch_log"):  # torchrun's own line, to the end
+            header = ""
+            break
+        if found.group("header"):
+            rank, header, at = found.group("header")[1:-2], "", found.end("header")
+        else:  # a line of the rank's error, within its stream
+            header, at = f"[{rank}]:", found.start()
+    return (*pieces, header + line[begins:])

@@ -46,6 +46,12 @@ def test_torchruns_own_log_line_glued_to_an_open_line_is_torchruns() -> None:
     assert unglued(f"[0]:bar 2/10[0]:{said}") == ("[0]:bar 2/10", f"[0]:{said}")
 
 
+def test_a_line_glued_many_times_is_cut_every_time() -> None:
+    """A line passed on in pieces (an endless one, 1 MiB at a time) may hold thousands."""
+    line = "[3]:" + "step[rank3]: " * 5000
+    assert unglued(line) == ("[3]:step", *["[3]:[rank3]: step"] * 4999, "[3]:[rank3]: ")
+
+
 def test_a_line_without_anything_glued_stays_whole() -> None:
     traceback = "Traceback (most recent call last):"
     said = "W1205 21:22:29.007000 32415 torch/distributed/run.py:803] note"
