@@ -30,20 +30,42 @@ def split_rank(line: str) -> tuple[str | None, str]:
 
 
 def unglued(line: str) -> tuple[str, ...]:
-    """The lines a rank's open line and what was glued to it make: a line of a rank's
-    error (this rank's, unless the tee's header names another) or of torchrun's own log
-    (no rank's, unless a header names one: torchrun writes it beside the tee)."""
-    # Substrings first: this runs on every line of logs that may be gigabytes.
-    if ("] " not in line and "[rank" not in line and TRACEBACK_START not in line) \
-            or not line.startswith("["):
+    """The lines a rank's open line and what was glued to it make: the rank's next line
+    (its own header glued on: a print while its progress bar was open), a line of a
+    rank's error (this rank's, unless the tee's header names another) or of torchrun's
+    own log (no rank's, unless a header names one: torchrun writes it beside the tee)."""
+    # Substrings first: this runs on every line of logs that may be gigabytes. Each cut
+    # begins at a "]" past the rank's header's, or at a traceback.
+    if line.count("]") < 2 and TRACEBACK_START not in line:
         return (line,)
     match = RANK_PREFIX.match(line)
     if match is None:
         return (line,)
+    return tuple(piece for part in _own_lines(line, f"[{match.group(1)}]:")
+                 for piece in _cut_glued(part, match.group(1)))
+
+
+def _own_lines(line: str, header: str) -> list[str]:
+    """The line cut where the rank's own header comes again inside it: the tee's start
+    of the rank's next write, after one it left open. Not where the header begins the
+    text or ends the line (split_rank drops it there: a bar's redraw), nor behind a
+    space: "[0]: loss" and "Epoch [0]: loss" are a rank's own words."""
+    parts, begins = [], 0
+    at = line.find(header, len(header))
+    while at != -1:
+        if len(header) < at < len(line) - len(header) and not line[at - 1].isspace():
+            parts.append(line[begins:at])
+            begins = at
+        at = line.find(header, at + len(header))
+    return [*parts, line[begins:]]
+
+
+def _cut_glued(line: str, rank: str) -> list[str]:
+    """One of the rank's lines cut where a line of an error or of torch's log begins."""
     pieces: list[str] = []
     # The piece being cut begins at `begins`, behind `header` where the stream had none;
     # its text at `at`. Positions, not slices: a line may be 1 MiB, cut 100000 times.
-    rank, header, begins, at = match.group(1), "", 0, match.end(1) + 2
+    header, begins, at = "", 0, len(rank) + 3
     while (found := _GLUED.search(line, at)) is not None:
         if found.start() == at and not found.group("header"):
             at += len(found.group("start"))  # what the text begins with is no glue
@@ -57,4 +79,4 @@ def unglued(line: str) -> tuple[str, ...]:
             rank, header, at = found.group("header")[1:-2], "", found.end("header")
         else:  # a line of the rank's error, within its stream
             header, at = f"[{rank}]:", found.start()
-    return (*pieces, header + line[begins:])
+    return [*pieces, header + line[begins:]]

@@ -157,23 +157,26 @@ def test_a_process_the_script_left_behind_is_ended_and_the_job_succeeds(
 def test_a_progress_bar_and_the_error_it_died_in_show_apart(
         cluster: Sandbox, project: Path) -> None:
     """torchrun's tee reads a bar's \\r as an empty line of its rank, glued to the redraw
-    before it: each showed as "[node1/0] step 1/4[0]:", and the traceback's first line
-    came glued to the last."""
+    before it: each showed as "[node1/0] step 1/4[0]:"; a print while the bar was open
+    came glued to it, and so did the traceback's first line to the last."""
     (project / "bar.py").write_text(
         "import os, sys, time\n"
         "if os.environ.get('RANK') == '0':\n"
         "    for step in range(1, 5):\n"
-        "        sys.stdout.write(f'\\rstep {step}/4'); sys.stdout.flush(); time.sleep(0.3)\n"
+        "        sys.stderr.write(f'\\rstep {step}/4'); sys.stderr.flush(); time.sleep(0.3)\n"
+        "        if step == 2:\n"
+        "            print('halfway', flush=True)\n"
         "    raise ValueError('died in the bar')\n"
         "time.sleep(60)\n")
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
                       "bar.py", cwd=str(project), timeout=120)
     assert done.code == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    bar = [line for line in done.stdout.splitlines() if "step " in line]
+    bar = [line for line in done.stdout.splitlines() if "step " in line or "halfway" in line]
     assert re.fullmatch(r"\[node\d/0\] step 4/4", bar[-1]), bar
-    assert all(re.fullmatch(r"\[node\d/0\] step [1-4]/4", line) for line in bar), bar
+    assert all(re.fullmatch(r"\[node\d/0\] (step [1-4]/4|halfway)", line) for line in bar), bar
     assert re.search(r"^\[node\d/0\] Traceback \(most recent call last\):$", done.stdout,
                      re.MULTILINE), done.stdout[-3000:]
+    assert re.search(r"^\[node\d/0\] halfway$", done.stdout, re.MULTILINE), bar
     report = done.stderr[done.stderr.index("last lines of rank 0:"):]
     assert "\n  step 4/4\n  Traceback (most recent call last):\n" in report, report
 

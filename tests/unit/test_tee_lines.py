@@ -11,6 +11,7 @@ from gpucluster.launch.model import NodeState
 from gpucluster.launch.tee_lines import split_rank, unglued
 
 DIED_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/died-in-a-bar-node2.log"
+PRINT_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/print-in-a-bar-node1.log"
 
 
 def test_a_line_is_split_into_its_rank_and_text() -> None:
@@ -36,6 +37,22 @@ def test_a_traceback_glued_to_an_open_line_starts_a_line_of_its_own() -> None:
     # another rank's traceback after this rank's open line, torch's own prefix kept
     assert unglued(f"[0]:bar 2/10[1]:[rank1]: {traceback}") == (
         "[0]:bar 2/10", f"[1]:[rank1]: {traceback}")
+
+
+def test_a_print_while_the_ranks_bar_is_open_is_a_line_of_its_own() -> None:
+    """The bar on stderr, the print on stdout, as the sandbox wrote them."""
+    lines = PRINT_IN_A_BAR.read_text().splitlines()
+    assert lines[3] == "[0]: 16%|##          | 2/12[0]:step 3 loss 0.03"
+    shown = [split_rank(piece)[1] for line in lines for piece in unglued(line)]
+    assert shown[3:6] == [" 16%|##          | 2/12", "step 3 loss 0.03", ""]
+    assert shown[-3:] == [" 91%|########### | 11/12", "done", ""]
+    assert len(shown) == len(lines) + 4  # the four prints
+
+
+def test_a_ranks_own_words_with_its_header_in_them_stay_whole() -> None:
+    for line in ("[0]:[0]: loss 0.5", "[0]:Epoch [0]: loss 0.5", "[0]:x[0]:"):
+        assert unglued(line) == (line,)
+    assert unglued("[0]:batch[0]:tensor([1])") == ("[0]:batch", "[0]:tensor([1])")  # alas
 
 
 def test_torchruns_own_log_line_glued_to_an_open_line_is_torchruns() -> None:
