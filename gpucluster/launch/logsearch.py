@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.tee_lines import split_rank, unglued
+from gpucluster.launch.tee_lines import ranked
 
 TIMES_SUFFIX = ".times"  # beside each node's log: one stamp per line, from the node
 ROTATED_SUFFIX = ".1"  # the older half of a node's log once it passed its share of the cap
@@ -148,8 +148,7 @@ def timed_lines(record: JobRecord, node: str, texts: Iterable[str],
     job = record.id
     for text, own in zip(texts, times, strict=True):
         last = max(last, own)  # 0.0 (none) never is more
-        for piece in unglued(text):
-            rank, message = split_rank(piece)
+        for rank, message in ranked(text):
             yield LogLine(last, job, node, int(rank) if rank else None, message)
 
 

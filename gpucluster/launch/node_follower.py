@@ -20,7 +20,7 @@ from gpucluster.launch.model import (
     Progress,
     parse_state,
 )
-from gpucluster.launch.tee_lines import split_rank, unglued
+from gpucluster.launch.tee_lines import ranked
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 
@@ -99,8 +99,8 @@ class NodeFollower:
                 self.lines += 1
                 if self.lines <= self.shown:  # passed on by the follow before this one
                     return
-                for piece in unglued(line):
-                    self._pass_on(*split_rank(piece))
+                for rank, text in ranked(line):
+                    self._pass_on(rank, text)
 
             self.session.connection(self.host).run(
                 node_scripts.follow_script(self.record, self.host.name, self.follow,

@@ -29,6 +29,11 @@ def split_rank(line: str) -> tuple[str | None, str]:
     return rank, text.removesuffix(f"[{rank}]:")
 
 
+def ranked(line: str) -> list[tuple[str | None, str]]:
+    """The lines one line of a node's log shows as, each as its rank and its text."""
+    return [split_rank(piece) for piece in unglued(line)]
+
+
 def unglued(line: str) -> tuple[str, ...]:
     """The lines a rank's open line and what was glued to it make: the rank's next line
     (its own header glued on: a print while its progress bar was open), a line of a

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpucluster.launch.failure import failure_of
 from gpucluster.launch.model import NodeState
-from gpucluster.launch.tee_lines import split_rank, unglued
+from gpucluster.launch.tee_lines import ranked, split_rank, unglued
 
 DIED_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/died-in-a-bar-node2.log"
 PRINT_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/print-in-a-bar-node1.log"
@@ -43,7 +43,7 @@ def test_a_print_while_the_ranks_bar_is_open_is_a_line_of_its_own() -> None:
     """The bar on stderr, the print on stdout, as the sandbox wrote them."""
     lines = PRINT_IN_A_BAR.read_text().splitlines()
     assert lines[3] == "[0]: 16%|##          | 2/12[0]:step 3 loss 0.03"
-    shown = [split_rank(piece)[1] for line in lines for piece in unglued(line)]
+    shown = [text for line in lines for _, text in ranked(line)]
     assert shown[3:6] == [" 16%|##          | 2/12", "step 3 loss 0.03", ""]
     assert shown[-3:] == [" 91%|########### | 11/12", "done", ""]
     assert len(shown) == len(lines) + 4  # the four prints

@@ -166,7 +166,7 @@ def test_torchruns_own_tracebacks_are_folded_live_and_a_ranks_is_not() -> None:
     """The real thing: rank 1 died in a progress bar on node2, launch then stopped node1;
     each node's torchrun printed its own traceback (26 lines of frames on node1, of the
     SIGTERM it was sent), which buried the rank's in the live view."""
-    from gpucluster.launch.tee_lines import split_rank, unglued
+    from gpucluster.launch.tee_lines import ranked
 
     fixtures = Path(__file__).parents[1] / "fixtures/torch"
     out = io.StringIO()
@@ -174,8 +174,8 @@ def test_torchruns_own_tracebacks_are_folded_live_and_a_ranks_is_not() -> None:
     for node, name in (("node2", "died-in-a-bar-node2.log"),
                        ("node1", "stopped-in-a-bar-node1.log")):
         for line in (fixtures / name).read_text().splitlines():
-            for piece in unglued(line):
-                printer(node, *split_rank(piece))
+            for rank, text in ranked(line):
+                printer(node, rank, text)
     printer.finish()
     shown = out.getvalue().splitlines()
     at = shown.index("[node2/1] bar 2/10")
