@@ -56,8 +56,9 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
             if tailed is not None:
                 _after_tail(session, inventory, store, record, outcome, tailed)
     except KeyboardInterrupt:  # only when the job is not ours to stop (logs -f)
-        lines.finish()
         raise Interrupted(f"detached from the logs; job {record.id} goes on") from None
+    finally:
+        lines.finish()  # what came, however it ended (not live, lines wait for this)
     # Nodes that no longer have the job, or cannot be reached, and sent nothing: what the
     # controller kept of their logs is shown instead (with `tail`, it was among the lines
     # shown), said to be the copy. (A node lost while it streamed sent its lines.)

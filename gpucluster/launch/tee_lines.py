@@ -31,7 +31,15 @@ def split_rank(line: str) -> tuple[str | None, str]:
 
 def ranked(line: str) -> list[tuple[str | None, str]]:
     """The lines one line of a node's log shows as, each as its rank and its text."""
+    if _plain(line):  # nearly every line: no call to unglued
+        return [split_rank(line)]
     return [split_rank(piece) for piece in unglued(line)]
+
+
+def _plain(line: str) -> bool:
+    """Nothing is glued to it: a cut begins at a "]" past the rank's header's, or at a
+    traceback. Substrings only: this runs on every line of logs that may be gigabytes."""
+    return line.count("]") < 2 and TRACEBACK_START not in line
 
 
 def unglued(line: str) -> tuple[str, ...]:
@@ -39,9 +47,7 @@ def unglued(line: str) -> tuple[str, ...]:
     (its own header glued on: a print while its progress bar was open), a line of a
     rank's error (this rank's, unless the tee's header names another) or of torchrun's
     own log (no rank's, unless a header names one: torchrun writes it beside the tee)."""
-    # Substrings first: this runs on every line of logs that may be gigabytes. Each cut
-    # begins at a "]" past the rank's header's, or at a traceback.
-    if line.count("]") < 2 and TRACEBACK_START not in line:
+    if _plain(line):
         return (line,)
     match = RANK_PREFIX.match(line)
     if match is None:

@@ -207,6 +207,31 @@ def test_torchruns_own_tracebacks_are_folded_live_and_a_ranks_is_not() -> None:
     assert len(shown) == 36
 
 
+def test_not_live_lines_are_written_a_batch_at_a_time_and_the_rest_at_finish() -> None:
+    """`logs JOB` wrote each line apart: 600000 writes, 1.4 s of its 3.6."""
+    from gpucluster.cli.views import line_printer
+
+    class Counted(io.StringIO):
+        writes = 0
+
+        def write(self, text: str) -> int:
+            self.writes += 1
+            return super().write(text)
+
+    out = Counted()
+    printer = LinePrinter(out, live=False)
+    lines = line_printer.BATCH_LINES * 2 + 10
+    for step in range(lines):
+        printer(f"node{step % 2}", "0", f"step {step}")
+    assert printer.heard == {"node0", "node1"}  # at once, not when written
+    assert out.getvalue().count("\n") == line_printer.BATCH_LINES * 2 and out.writes == 2
+    printer.finish()
+    assert out.getvalue().splitlines() == [f"[node{step % 2}/0] step {step}"
+                                           for step in range(lines)]
+    printer.finish()
+    assert out.writes == 3
+
+
 def test_lines_from_many_threads_are_each_written_once_whole_and_in_their_order() -> None:
     """Whichever thread holds the printer writes the lines the others left: none may be
     left behind when the threads are done (before finish), none written twice."""
