@@ -148,7 +148,7 @@ def timed_lines(record: JobRecord, node: str, texts: Iterable[str],
     job = record.id
     for text, own in zip(texts, times, strict=True):
         last = max(last, own)  # 0.0 (none) never is more
-        for rank, message in ranked(text):
+        for rank, message, _, _ in ranked(text):
             yield LogLine(last, job, node, int(rank) if rank else None, message)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from gpucluster import reports
 from gpucluster.inventory import Host
 from gpucluster.launch import node_scripts
+from gpucluster.launch.bar_draws import BarDraws, Shown
 from gpucluster.launch.jobs import JobRecord
 from gpucluster.launch.log_copy import LogCopy, NoCopy
 from gpucluster.launch.model import (
@@ -55,6 +56,9 @@ class NodeFollower:
         self.state: NodeState | None = None
         self.state_said = ""  # the node's own words for it, kept with a final copy
         self.copy_cut = ""  # why the controller's copy of the log stopped short, if it did
+        # Followed live, a progress bar's draws are thinned for the caller; else each
+        # line is passed on as the log has it.
+        self.draws = BarDraws() if follow else None
 
     def start(self) -> None:
         threading.Thread(target=self._run, daemon=True).start()
@@ -80,6 +84,8 @@ class NodeFollower:
                 kind, rest = reports.parse(line) or ("", "")
                 if kind == "alive" and stream == "stderr":
                     copy.flush()  # a quiet job's last lines reach the disk within a beat
+                    if self.draws is not None:
+                        self._pass_on(self.draws.due())
                     mtime, step = [*rest.split(), "", ""][:2]
                     if mtime not in ("", "-") and rest.strip() != self.heartbeat_mtime:
                         self.heartbeat_mtime = rest.strip()  # a new mtime or step
@@ -99,8 +105,14 @@ class NodeFollower:
                 self.lines += 1
                 if self.lines <= self.shown:  # passed on by the follow before this one
                     return
-                for rank, text in ranked(line):
-                    self._pass_on(rank, text)
+                for piece in ranked(line):
+                    # A rank's own line is progress; torchrun's (its start-up warnings,
+                    # printed before the workers have even imported torch) is not, else
+                    # the hang timer would be armed during the imports.
+                    if piece.rank is not None:
+                        self.last_progress, self.progressed = time.monotonic(), True
+                    self._pass_on(self.draws.take(piece) if self.draws is not None
+                                  else [(piece.rank, piece.text)])
 
             self.session.connection(self.host).run(
                 node_scripts.follow_script(self.record, self.host.name, self.follow,
@@ -115,6 +127,8 @@ class NodeFollower:
             state = self.state or NodeState(self.host.name, "lost", None,
                                             f"following its log failed: {error!r}")
         finally:
+            if self.draws is not None:  # a bar's last draw, before the node's end is told
+                self._pass_on(self.draws.rest())
             # A node that no longer has the job (its work dir wiped, the node re-imaged)
             # sends no log: the controller's copy is all that is left, so it is kept.
             ended = self.state is not None and self.state.state in FINAL_STATES
@@ -123,13 +137,10 @@ class NodeFollower:
         self.copy_cut = copy.cut
         self.done.put((self.host.name, state))
 
-    def _pass_on(self, rank: str | None, text: str) -> None:
-        # A rank's own line is progress; torchrun's (its start-up warnings, printed before
-        # the workers have even imported torch) is not, else the hang timer would be
-        # armed during the imports.
-        if rank is not None:
-            self.last_progress, self.progressed = time.monotonic(), True
-        if self.on_output is not None and not self.output_closed.is_set():
+    def _pass_on(self, shown: Shown) -> None:
+        for rank, text in shown:
+            if self.on_output is None or self.output_closed.is_set():
+                return
             try:
                 self.on_output(self.host.name, rank, text)
             except OutputClosed:  # the copy goes on; follow() decides the rest

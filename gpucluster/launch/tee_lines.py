@@ -5,6 +5,7 @@ it as it stands, so whatever is written next is glued to it."""
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")
 TRACEBACK_START = "Traceback (most recent call last):"
@@ -15,25 +16,54 @@ TRACEBACK_START = "Traceback (most recent call last):"
 _GLUED = re.compile(r"(?P<header>\[\d+\]:)?(?=(?P<start>\[rank\d+\]: "
                     r"|Traceback \(most recent call last\):\s*$"
                     r"|(?P<torch_log>[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] )))")
+# Another rank's header ending a line, right behind its text: that rank's empty line (the
+# \r ending its bar's draw), written while this rank's draw was open.
+_HEADER_AT_END = re.compile(r"(?<=\S)\[(\d+)\]:$")
+
+
+class Piece(NamedTuple):
+    """A line as a log line shows it: its rank (None: torchrun's own), its text, and
+    whether the tee wrote it before the rank had ended it (`drawn`: a progress bar's
+    draw), then whatever ended it (\r, \n) not yet (`ends_later`, an empty line of the
+    rank to come: the rank's next write came first, glued on)."""
+
+    rank: str | None
+    text: str
+    drawn: bool = False
+    ends_later: bool = False
 
 
 def split_rank(line: str) -> tuple[str | None, str]:
     """The rank a line is from (None: torchrun's own) and its text."""
+    rank, text, _ = _split(line)
+    return rank, text
+
+
+def _split(line: str) -> tuple[str | None, str, bool]:
+    """split_rank's, and whether the line was a draw the tee ended within the line."""
     match = RANK_PREFIX.match(line)
     if match is None:
-        return None, line
+        return None, line, False
     rank, text = match.groups()
     # The tee reads a rank's output a line at a time as it grows: a line still open (a
     # progress bar, redrawn after a \r) is written as it stands, and the \r that ends it
     # comes next as an empty line of its own, "[3]:bar 40%" glued to that "[3]:".
-    return rank, text.removesuffix(f"[{rank}]:")
+    header = f"[{rank}]:"
+    if text.endswith(header):
+        return rank, text[:-len(header)], True
+    return rank, text, False
 
 
-def ranked(line: str) -> list[tuple[str | None, str]]:
-    """The lines one line of a node's log shows as, each as its rank and its text."""
-    if _plain(line):  # nearly every line: no call to unglued
-        return [split_rank(line)]
-    return [split_rank(piece) for piece in unglued(line)]
+def ranked(line: str) -> list[Piece]:
+    """The lines one line of a node's log shows as."""
+    if _plain(line):  # nearly every line: no call to unglued, no header at its end
+        match = RANK_PREFIX.match(line)
+        return [Piece(None, line) if match is None else Piece(match[1], match[2])]
+    pieces = unglued(line)
+    last = len(pieces) - 1
+    # Each piece but the last was cut off by the next write: open until its end comes.
+    return [Piece(rank, text, drawn or at < last, at < last)
+            for at, (rank, text, drawn) in enumerate(map(_split, pieces))]
 
 
 def _plain(line: str) -> bool:
@@ -46,14 +76,20 @@ def unglued(line: str) -> tuple[str, ...]:
     """The lines a rank's open line and what was glued to it make: the rank's next line
     (its own header glued on: a print while its progress bar was open), a line of a
     rank's error (this rank's, unless the tee's header names another) or of torchrun's
-    own log (no rank's, unless a header names one: torchrun writes it beside the tee)."""
+    own log (no rank's, unless a header names one: torchrun writes it beside the tee),
+    another rank's empty line at its end (two ranks' bars drawn at once)."""
     if _plain(line):
         return (line,)
     match = RANK_PREFIX.match(line)
     if match is None:
         return (line,)
-    return tuple(piece for part in _own_lines(line, f"[{match.group(1)}]:")
-                 for piece in _cut_glued(part, match.group(1)))
+    pieces = [piece for part in _own_lines(line, f"[{match.group(1)}]:")
+              for piece in _cut_glued(part, match.group(1))]
+    last = pieces[-1]
+    end = _HEADER_AT_END.search(last, last.find(":") + 2)  # behind a character of text
+    if end is not None and end.group(1) != match.group(1):  # its own: split_rank's to drop
+        pieces[-1:] = [last[:end.start()], end.group()]
+    return tuple(pieces)
 
 
 def _own_lines(line: str, header: str) -> list[str]:

@@ -158,13 +158,14 @@ def test_a_progress_bar_and_the_error_it_died_in_show_apart(
         cluster: Sandbox, project: Path) -> None:
     """torchrun's tee reads a bar's \\r as an empty line of its rank, glued to the redraw
     before it: each showed as "[node1/0] step 1/4[0]:"; a print while the bar was open
-    came glued to it, and so did the traceback's first line to the last."""
+    came glued to it, and so did the traceback's first line to the last. Live, the bar
+    shows a draw every few seconds, and as it stood before the rank's next line."""
     (project / "bar.py").write_text(
         "import os, sys, time\n"
         "if os.environ.get('RANK') == '0':\n"
-        "    for step in range(1, 5):\n"
-        "        sys.stderr.write(f'\\rstep {step}/4'); sys.stderr.flush(); time.sleep(0.3)\n"
-        "        if step == 2:\n"
+        "    for step in range(1, 31):\n"
+        "        sys.stderr.write(f'\\rstep {step}/30'); sys.stderr.flush(); time.sleep(0.05)\n"
+        "        if step == 15:\n"
         "            print('halfway', flush=True)\n"
         "    raise ValueError('died in the bar')\n"
         "time.sleep(60)\n")
@@ -172,13 +173,25 @@ def test_a_progress_bar_and_the_error_it_died_in_show_apart(
                       "bar.py", cwd=str(project), timeout=120)
     assert done.code == 1, done.stdout[-3000:] + done.stderr[-3000:]
     bar = [line for line in done.stdout.splitlines() if "step " in line or "halfway" in line]
-    assert re.fullmatch(r"\[node\d/0\] step 4/4", bar[-1]), bar
-    assert all(re.fullmatch(r"\[node\d/0\] (step [1-4]/4|halfway)", line) for line in bar), bar
+    assert all(re.fullmatch(r"\[node\d/0\] (step \d+/30|halfway)", line) for line in bar), bar
+    halfway = next(at for at, line in enumerate(bar) if line.endswith(" halfway"))
+    assert " step " in bar[halfway - 1], bar  # the bar as it stood, above the line
+    assert re.fullmatch(r"\[node\d/0\] step 30/30", bar[-1]), bar  # then the error
+    assert len(bar) < 10, bar  # not all 30 draws
     assert re.search(r"^\[node\d/0\] Traceback \(most recent call last\):$", done.stdout,
                      re.MULTILINE), done.stdout[-3000:]
     assert re.search(r"^\[node\d/0\] halfway$", done.stdout, re.MULTILINE), bar
+    shown = done.stdout.splitlines()
+    # The tee's empty lines are left out; the bar's first one stays before a first draw
+    # that the tee read whole (its \r had come), not known for a draw until the second.
+    assert all(shown[at + 1].endswith(" step 1/30") for at, line in enumerate(shown)
+               if re.fullmatch(r"\[node\d/0\] ", line)), shown
     report = done.stderr[done.stderr.index("last lines of rank 0:"):]
-    assert "\n  step 4/4\n  Traceback (most recent call last):\n" in report, report
+    assert "\n  step 30/30\n  Traceback (most recent call last):\n" in report, report
+    job = re.search(r"job (\S+): ", done.stderr)
+    assert job, done.stderr
+    logs = gpucluster("logs", "-i", str(cluster.inventory), job.group(1))
+    assert len(re.findall(r"^\[node\d/0\] step \d+/30$", logs.stdout, re.MULTILINE)) == 30
 
 
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpucluster.launch.failure import failure_of
 from gpucluster.launch.model import NodeState
-from gpucluster.launch.tee_lines import ranked, split_rank, unglued
+from gpucluster.launch.tee_lines import Piece, ranked, split_rank, unglued
 
 DIED_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/died-in-a-bar-node2.log"
 PRINT_IN_A_BAR = Path(__file__).parents[1] / "fixtures/torch/print-in-a-bar-node1.log"
@@ -43,7 +43,7 @@ def test_a_print_while_the_ranks_bar_is_open_is_a_line_of_its_own() -> None:
     """The bar on stderr, the print on stdout, as the sandbox wrote them."""
     lines = PRINT_IN_A_BAR.read_text().splitlines()
     assert lines[3] == "[0]: 16%|##          | 2/12[0]:step 3 loss 0.03"
-    shown = [text for line in lines for _, text in ranked(line)]
+    shown = [piece.text for line in lines for piece in ranked(line)]
     assert shown[3:6] == [" 16%|##          | 2/12", "step 3 loss 0.03", ""]
     assert shown[-3:] == [" 91%|########### | 11/12", "done", ""]
     assert len(shown) == len(lines) + 4  # the four prints
@@ -87,3 +87,19 @@ def test_a_failure_in_a_bar_reports_the_ranks_lines_unglued() -> None:
     assert failure.rank_error[0] == "Traceback (most recent call last):"
     assert failure.rank_error[-1].startswith("RuntimeError: CUDA out of memory")
     assert failure.cause is not None and "ran out of memory" in failure.cause.what
+
+
+def test_a_piece_says_whether_the_tee_wrote_it_open() -> None:
+    assert ranked("[0]:loss 0.5") == [Piece("0", "loss 0.5")]
+    assert ranked("[0]:bar 2/9[0]:") == [Piece("0", "bar 2/9", drawn=True)]
+    # the rank's print came before the \r that ends the draw: an empty line of it later
+    assert ranked("[0]:bar 2/9[0]:done") == [Piece("0", "bar 2/9", True, True),
+                                              Piece("0", "done")]
+
+
+def test_another_ranks_header_ending_a_line_is_its_empty_line() -> None:
+    """Two ranks' bars at once: the \\r ending rank 3's draw glued to rank 2's draw."""
+    assert unglued("[2]: 1%| 1/100[3]:") == ("[2]: 1%| 1/100", "[3]:")
+    assert ranked("[2]: 1%| 1/100[3]:")[1] == Piece("3", "")
+    for words in ("[2]:Epoch [3]:", "[2]:[3]:"):  # behind a space, or all the text
+        assert unglued(words) == (words,)

@@ -174,7 +174,7 @@ def test_torchruns_own_tracebacks_are_folded_live_and_a_ranks_is_not() -> None:
     for node, name in (("node2", "died-in-a-bar-node2.log"),
                        ("node1", "stopped-in-a-bar-node1.log")):
         for line in (fixtures / name).read_text().splitlines():
-            for rank, text in ranked(line):
+            for rank, text, _, _ in ranked(line):
                 printer(node, rank, text)
     printer.finish()
     shown = out.getvalue().splitlines()

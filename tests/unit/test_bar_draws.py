@@ -1,0 +1,103 @@
+"""A progress bar in the live view: each rank's draws thinned, the last before the
+rank's next line kept, and what torchrun's tee makes of its carriage returns left out.
+The logs are as two sandbox jobs wrote them (tests/fixtures/torch/README.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpucluster.launch.bar_draws import BarDraws, Shown
+from gpucluster.launch.tee_lines import Piece, ranked
+
+FIXTURES = Path(__file__).parents[1] / "fixtures/torch"
+DRAW = re.compile(r" *\d+%\|[# ]{10}\| \d+/100")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def shown_of(log: str, draws: BarDraws) -> Shown:
+    shown = [line for text in (FIXTURES / log).read_text().splitlines()
+             for piece in ranked(text) for line in draws.take(piece)]
+    return shown + draws.rest()
+
+
+def test_a_bar_shows_its_first_draw_and_the_last_before_each_line() -> None:
+    """Rank 0's bar, 100 draws an epoch, a line every 25th; the clock stands still."""
+    shown = shown_of("rank0-bar-node1.log", BarDraws(clock=Clock()))
+    draws = [text for rank, text in shown if DRAW.fullmatch(text)]
+    assert len(draws) == 11, shown
+    for at, (_, text) in enumerate(shown):
+        if text in ("checkpoint at 25", "checkpoint at 50", "checkpoint at 75"):
+            # the bar as it stood, above it (at 100, the epoch's print on stdout came first)
+            assert shown[at - 1][1].endswith(f" {int(text.split()[-1]) - 1}/100"), shown
+    assert shown[-1] == ("0", "100%|##########| 100/100")  # the last draw, at the end
+    assert not [line for line in shown if not line[1].strip()], shown  # no empty lines
+
+
+def test_another_ranks_line_glued_to_a_draw_is_that_ranks() -> None:
+    """The log has "[0]: 99%|######### | 99/100[1]:rank 1 epoch 0 done"."""
+    log = (FIXTURES / "rank0-bar-node1.log").read_text()
+    assert "99/100[1]:rank 1 epoch 0 done" in log
+    shown = shown_of("rank0-bar-node1.log", BarDraws(clock=Clock()))
+    assert ("1", "rank 1 epoch 0 done") in shown
+    assert ("0", " 99%|######### | 99/100") in shown
+    assert not [text for _, text in shown if "]:" in text], shown
+
+
+def test_every_draw_shows_once_its_time_is_up() -> None:
+    """With no wait between them, each draw shows: none is lost, none shows twice."""
+    log = (FIXTURES / "rank0-bar-node1.log").read_text()
+    shown = shown_of("rank0-bar-node1.log", BarDraws(every_s=0, clock=Clock()))
+    draws = [text for _, text in shown if DRAW.fullmatch(text)]
+    assert len(draws) == 2 * 101 == len(re.findall(r"\d+/100", log))
+    assert draws[:3] == ["  0%|          | 0/100", "  1%|          | 1/100",
+                         "  2%|          | 2/100"]
+
+
+def test_two_ranks_bars_drawn_at_once_keep_apart() -> None:
+    log = (FIXTURES / "two-bars-node2.log").read_text()
+    assert "[2]:  1%|          | 1/100[3]:\n" in log  # rank 3's \r, glued to rank 2's draw
+    shown = shown_of("two-bars-node2.log", BarDraws(clock=Clock()))
+    for rank in ("2", "3"):
+        mine = [text for r, text in shown if r == rank]
+        assert mine[-1] == "100%|##########| 100/100", mine
+        assert f"rank {rank} done" in mine
+        assert len([text for text in mine if DRAW.fullmatch(text)]) < 12, mine
+    assert len(shown) < 40 < len(log.splitlines()) / 5, shown
+    assert not [text for _, text in shown if "]:" in text], shown
+
+
+def test_a_bar_that_stopped_shows_where_it_stopped() -> None:
+    clock = Clock()
+    draws = BarDraws(every_s=5, clock=clock)
+    assert draws.take(Piece("0", "step 1/9", drawn=True)) == [("0", "step 1/9")]
+    assert draws.take(Piece("0", "step 2/9", drawn=True)) == []
+    assert draws.due() == []
+    clock.now += 5
+    assert draws.due() == [("0", "step 2/9")]
+    assert draws.due() == []  # shown once
+    assert draws.take(Piece("0", "step 3/9", drawn=True)) == []  # 5 s from the last shown
+
+
+def test_empty_lines_of_the_ranks_own_are_shown() -> None:
+    draws = BarDraws(clock=Clock())
+    pieces = [Piece("0", "a"), Piece("0", ""), Piece("0", ""), Piece("0", "b"),
+              Piece("0", "")]
+    shown = [line for piece in pieces for line in draws.take(piece)] + draws.rest()
+    assert shown == [("0", "a"), ("0", ""), ("0", ""), ("0", "b"), ("0", "")]
+
+
+def test_torchruns_failure_numbering_stays_in_its_summary() -> None:
+    """torchrun numbers each failure "[1]:", as its tee heads a rank's empty line."""
+    draws = BarDraws(clock=Clock())
+    pieces = [Piece(None, "Failures:"), Piece("1", ""), Piece(None, "  time : 0"),
+              Piece(None, "=====")]
+    shown = [line for piece in pieces for line in draws.take(piece)] + draws.rest()
+    assert shown == [(None, "Failures:"), ("1", ""), (None, "  time : 0"), (None, "=====")]
