@@ -12,9 +12,10 @@ from collections.abc import Callable
 from gpucluster.launch.tee_lines import Piece, ranked
 
 DRAW_EVERY_S = 5.0  # live, a rank's bar is shown moving this often at most
-# What changes from one draw of a bar to the next: its figures and the bar itself
-# (tqdm's ascii and unicode bars, rich's), left out to tell a draw by what remains.
-_MOVING = str.maketrans("", "", "0123456789.? #▏▎▍▌▋▊▉█━╸╺")
+# What changes from one draw of a bar to the next: its figures (tqdm's times, "?" while
+# unknown) and the bar itself (tqdm's ascii and unicode bars, rich's), left out to tell
+# a draw by what remains.
+_MOVING = str.maketrans("", "", "0123456789.:? #▏▎▍▌▋▊▉█━╸╺")
 Shown = list[tuple[str | None, str]]  # (rank, text) of lines to show, in order
 # The tee's header of a rank, inside a line: right behind text ("Epoch [1]:" is a rank's).
 _HEADER_INSIDE = re.compile(r"(?<=\S)\[(\d+)\]:")
@@ -39,17 +40,26 @@ class BarDraws:
     other rank's header is like the rank's last draw."""
 
     def __init__(self, every_s: float = DRAW_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.every_s, self._clock = every_s, clock
+                 clock: Callable[[], float] = time.monotonic, live: bool = True) -> None:
+        """Not `live` (every draw shown: every_s=0), an empty line is passed on as it
+        comes, where the log has it (`logs -n` counts a log's last lines, and the merge
+        of several nodes' keeps each one's order), but the tee's: once a rank drew a
+        bar, an empty line of its is taken for the \r of its next draw."""
+        self.every_s, self._clock, self._live = every_s, clock, live
         self._held: dict[str, str] = {}  # rank -> its newest draw not shown
         self._shown_at: dict[str, float] = {}  # rank -> when its draw was last shown
         self._empty: set[str] = set()  # ranks with an empty line waiting for what follows
         self._unended: set[str] = set()  # ranks with a draw whose end is yet to come
         self._drawing: dict[str, str] = {}  # rank -> its last draw's shape
-        self._line: dict[str, tuple[str, float]] = {}  # rank -> its last line, when shown
+        self._line: dict[str, str] = {}  # rank -> its last line
 
     def take(self, piece: Piece) -> Shown:
         """What to show now for this piece of the node's log."""
+        rank, text = piece.rank, piece.text
+        if text and not piece.drawn and rank not in self._drawing and rank not in self._empty \
+                and rank is not None:  # a line of a rank that drew no bar: most lines
+            self._line[rank] = text
+            return [(rank, text)]
         glued_at = self._glued_to_draw(piece)
         if piece.rank is None or glued_at is None:
             return self._take(piece)
@@ -82,7 +92,7 @@ class BarDraws:
         if rank in self._empty:
             self._empty.discard(rank)
             shown.append((rank, ""))
-        self._line[rank] = text, self._clock()
+        self._line[rank] = text
         return [*shown, (rank, text)]
 
     def due(self) -> Shown:
@@ -107,10 +117,8 @@ class BarDraws:
         if not text.strip():  # the bar cleared (tqdm does, to print beside it)
             return []
         shape = _shape(text)
-        if rank not in self._drawing:  # a bar's first draw the tee read whole came first?
-            line, at = self._line.get(rank, ("", 0.0))
-            if _shape(line) == shape:
-                self._shown_at[rank] = at
+        if rank not in self._drawing and _shape(self._line.get(rank, "")) == shape:
+            self._shown_at[rank] = self._clock()  # the bar's first draw, read whole, shown
         self._drawing[rank] = shape
         if self._clock() - self._shown_at.get(rank, float("-inf")) < self.every_s:
             self._held[rank] = text
@@ -123,6 +131,8 @@ class BarDraws:
             self._unended.discard(rank)
             return []
         shown = self._held_draw(rank)  # the bar's last draw
+        if not self._live:
+            return shown if rank in self._drawing else [*shown, (rank, "")]
         if rank in self._empty:  # the one before was an empty line of the rank's own
             shown.append((rank, ""))
         else:

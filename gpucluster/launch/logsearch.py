@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpucluster.errors import GpuclusterError
+from gpucluster.launch.bar_draws import BarDraws
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.tee_lines import ranked
 
@@ -143,13 +144,18 @@ def timed_lines(record: JobRecord, node: str, texts: Iterable[str],
                 times: Iterable[float]) -> Iterator[LogLine]:
     """A node's lines with each one's own time (0.0: none), as lines whose times never
     go back: one without a time of its own takes the previous line's, else the job's
-    start."""
+    start. A progress bar's every draw; another rank's line glued to a draw cut off,
+    and the empty line that ends a draw something was glued to left out, as live."""
     last = record.started_at
     job = record.id
+    draws = BarDraws(every_s=0, live=False)
     for text, own in zip(texts, times, strict=True):
         last = max(last, own)  # 0.0 (none) never is more
-        for rank, message, _, _ in ranked(text):
-            yield LogLine(last, job, node, int(rank) if rank else None, message)
+        for piece in ranked(text):
+            for rank, message in draws.take(piece):
+                yield LogLine(last, job, node, int(rank) if rank else None, message)
+    for rank, message in draws.rest():
+        yield LogLine(last, job, node, int(rank) if rank else None, message)
 
 
 def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,

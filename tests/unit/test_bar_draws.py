@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 from gpucluster.launch.bar_draws import BarDraws, Shown
+from gpucluster.launch.jobs import JobRecord
+from gpucluster.launch.logsearch import timed_lines
 from gpucluster.launch.tee_lines import Piece, ranked
 
 FIXTURES = Path(__file__).parents[1] / "fixtures/torch"
@@ -101,3 +103,28 @@ def test_torchruns_failure_numbering_stays_in_its_summary() -> None:
               Piece(None, "=====")]
     shown = [line for piece in pieces for line in draws.take(piece)] + draws.rest()
     assert shown == [(None, "Failures:"), ("1", ""), (None, "  time : 0"), (None, "=====")]
+
+
+def test_logs_show_every_draw_and_each_line_under_its_own_rank() -> None:
+    """Not followed live (`logs JOB`, searches, --json): every draw, cut as live."""
+    texts = (FIXTURES / "rank0-bar-node1.log").read_text().splitlines()
+    record = JobRecord("j", "tq0.py", [], ["node1"], "/srv/p", "/srv/p/jobs", 1.0, {"node1": 2})
+    lines = list(timed_lines(record, "node1", texts, [0.0] * len(texts)))
+    assert len([line for line in lines if DRAW.fullmatch(line.text)]) == 2 * 101
+    assert [line.rank for line in lines if line.text == "rank 1 epoch 0 done"] == [1]
+    assert not [line for line in lines if "]:" in line.text]
+    # The one before the first draw stays: it is passed on as it comes
+    assert [at for at, line in enumerate(lines) if not line.text.strip()] == [0]
+
+
+def test_tqdms_draws_read_whole_are_told_from_its_first() -> None:
+    """tqdm's own format: its first draw has "?" for what it does not know yet."""
+    draws = BarDraws(clock=Clock())
+    first = "epoch 1:   0%|          | 0/500 [00:00<?, ?it/s]"
+    assert draws.take(Piece("0", first, drawn=True)) == [("0", first)]
+    for n in range(1, 60):  # read whole: not drawn by the tee's word
+        bar = "▉" * (n // 6)
+        assert draws.take(Piece("0", f"epoch 1:  {n // 5:2d}%|{bar:<10}| {n}/500 "
+                                     f"[00:{n // 10:02d}<00:49, {9.8 + n / 100:.2f}it/s]")) == []
+    assert draws.take(Piece("0", "loss 0.25")) == [
+        ("0", "epoch 1:  11%|▉▉▉▉▉▉▉▉▉ | 59/500 [00:05<00:49, 10.39it/s]"), ("0", "loss 0.25")]
