@@ -12,6 +12,18 @@ from collections.abc import Callable
 from gpucluster.launch.tee_lines import Piece, ranked
 
 DRAW_EVERY_S = 5.0  # live, a rank's bar is shown moving this often at most
+# A rank draws a bar once the tee read this many of its lines open in a row, alike, each
+# within BAR_GAP_S of the one before; until BAR_GAP_S after the last, a line read whole
+# that is alike is a draw too. A print is an open line as often as the tee reads it
+# between its writes (a print's words and its newline are several: 72 of 40000 lines of
+# a job's multi-argument prints), three in a row next to never; a bar's draws are open
+# as often as the tee reads before the next one comes (tqdm's: 10 a second).
+BAR_OPEN_DRAWS = 3
+BAR_GAP_S = 2.0
+# Between two open draws in a row, as many alike read whole (a bar drawn faster than the
+# tee reads: 20 draws a second, one open at each read; a print is read open once in
+# hundreds of lines).
+BAR_WHOLE_BETWEEN = 4
 # What changes from one draw of a bar to the next: its figures (tqdm's times, "?" while
 # unknown) and the bar itself (tqdm's ascii and unicode bars, rich's), left out to tell
 # a draw by what remains.
@@ -51,19 +63,20 @@ class BarDraws:
         self._empty: set[str] = set()  # ranks with an empty line waiting for what follows
         self._unended: set[str] = set()  # ranks with a draw whose end is yet to come
         self._drawing: dict[str, str] = {}  # rank -> its last draw's shape
-        self._line: dict[str, str] = {}  # rank -> its last line
+        self._bar: dict[str, float] = {}  # rank -> when it last drew a bar's draw open
+        # rank -> its open draws in a row, when the last came, alike lines read whole since
+        self._opens: dict[str, tuple[int, float, int]] = {}
 
     def take(self, piece: Piece) -> Shown:
         """What to show now for this piece of the node's log."""
         rank, text = piece.rank, piece.text
         if text and not piece.drawn and rank not in self._drawing and rank not in self._empty \
                 and rank is not None:  # a line of a rank that drew no bar: most lines
-            self._line[rank] = text
             return [(rank, text)]
         glued_at = self._glued_to_draw(piece)
         if piece.rank is None or glued_at is None:
             return self._take(piece)
-        shown = self._draw(piece.rank, piece.text[:glued_at], ends_later=True)
+        shown = self._draw(piece.rank, piece.text[:glued_at], ends_later=True, open_=True)
         return shown + [line for later in ranked(piece.text[glued_at:])
                         for line in self._take(later)]
 
@@ -82,17 +95,17 @@ class BarDraws:
         if rank is None:  # torchrun's own: a failure summary numbers failures "[r]:"
             self._unended.clear()
             self._drawing.clear()
+            self._bar.clear()
             return [*self.rest(), (None, text)]
         if not text and not piece.drawn:
             return self._empty_line(rank)
-        shape = self._drawing.get(rank)
-        if piece.drawn or (shape is not None and (not text.strip() or _shape(text) == shape)):
-            return self._draw(rank, text, piece.ends_later)
+        if piece.drawn or self._read_whole(rank, text):
+            return self._draw(rank, text, piece.ends_later, piece.drawn)
+        self._read_between(rank, text)
         shown = self._held_draw(rank)  # the bar as it stood when this line came
         if rank in self._empty:
             self._empty.discard(rank)
             shown.append((rank, ""))
-        self._line[rank] = text
         return [*shown, (rank, text)]
 
     def due(self) -> Shown:
@@ -110,17 +123,46 @@ class BarDraws:
         self._empty.clear()
         return held + empties
 
-    def _draw(self, rank: str, text: str, ends_later: bool) -> Shown:
+    def _read_whole(self, rank: str, text: str) -> bool:
+        """A draw of the rank's bar the tee read whole? Only while a bar is drawn (a
+        print the tee read in two, "[0]:step 5 loss[0]: 0.1", is an open line too: it
+        must not make the rank's every "step N loss X" after it a draw)."""
+        return self._drawing_bar(rank, self._clock()) and (
+            not text.strip() or _shape(text) == self._drawing.get(rank))
+
+    def _read_between(self, rank: str, text: str) -> None:
+        """A line read whole, not (yet) a bar's draw: the open ones before it and after
+        are not in a row unless it is alike, and one of few."""
+        opens = self._opens.get(rank)
+        if opens is None:
+            return
+        row, last, between = opens
+        if between < BAR_WHOLE_BETWEEN and _shape(text) == self._drawing.get(rank):
+            self._opens[rank] = row, last, between + 1
+        else:
+            del self._opens[rank]
+
+    def _drawing_bar(self, rank: str, now: float) -> bool:
+        return now - self._bar.get(rank, float("-inf")) <= BAR_GAP_S
+
+    def _draw(self, rank: str, text: str, ends_later: bool, open_: bool) -> Shown:
         if ends_later:
             self._unended.add(rank)
         self._empty.discard(rank)  # the \r that began the bar
         if not text.strip():  # the bar cleared (tqdm does, to print beside it)
             return []
-        shape = _shape(text)
-        if rank not in self._drawing and _shape(self._line.get(rank, "")) == shape:
-            self._shown_at[rank] = self._clock()  # the bar's first draw, read whole, shown
+        shape, now = _shape(text), self._clock()
+        if open_:
+            row, last, _ = self._opens.get(rank, (0, float("-inf"), 0))
+            alike = self._drawing.get(rank) == shape and now - last <= BAR_GAP_S
+            row = row + 1 if alike else 1
+            self._opens[rank] = row, now, 0
+            if row >= BAR_OPEN_DRAWS:
+                self._bar[rank] = now
         self._drawing[rank] = shape
-        if self._clock() - self._shown_at.get(rank, float("-inf")) < self.every_s:
+        if not self._drawing_bar(rank, now):  # no bar yet (or a print read open): shown
+            return [*self._held_draw(rank), self._show(rank, text)]
+        if now - self._shown_at.get(rank, float("-inf")) < self.every_s:
             self._held[rank] = text
             return []
         self._held.pop(rank, None)
@@ -132,7 +174,7 @@ class BarDraws:
             return []
         shown = self._held_draw(rank)  # the bar's last draw
         if not self._live:
-            return shown if rank in self._drawing else [*shown, (rank, "")]
+            return shown if rank in self._bar else [*shown, (rank, "")]
         if rank in self._empty:  # the one before was an empty line of the rank's own
             shown.append((rank, ""))
         else:

@@ -34,7 +34,9 @@ def test_a_bar_shows_its_first_draw_and_the_last_before_each_line() -> None:
     """Rank 0's bar, 100 draws an epoch, a line every 25th; the clock stands still."""
     shown = shown_of("rank0-bar-node1.log", BarDraws(clock=Clock()))
     draws = [text for rank, text in shown if DRAW.fullmatch(text)]
-    assert len(draws) == 11, shown
+    # each epoch's draws before its 4 lines and its last; the first epoch's first three
+    # too: a bar is known once the tee read three of its draws open in a row
+    assert len(draws) == 13, shown
     for at, (_, text) in enumerate(shown):
         if text in ("checkpoint at 25", "checkpoint at 50", "checkpoint at 75"):
             # the bar as it stood, above it (at 100, the epoch's print on stdout came first)
@@ -80,12 +82,16 @@ def test_a_bar_that_stopped_shows_where_it_stopped() -> None:
     clock = Clock()
     draws = BarDraws(every_s=5, clock=clock)
     assert draws.take(Piece("0", "step 1/9", drawn=True)) == [("0", "step 1/9")]
-    assert draws.take(Piece("0", "step 2/9", drawn=True)) == []
+    assert draws.take(Piece("0", "step 2/9", drawn=True)) == [("0", "step 2/9")]
+    assert draws.take(Piece("0", "step 3/9", drawn=True)) == []  # three open: a bar
+    clock.now += 1
+    assert draws.take(Piece("0", "step 4/9", drawn=True)) == []
     assert draws.due() == []
-    clock.now += 5
-    assert draws.due() == [("0", "step 2/9")]
+    clock.now += 4
+    assert draws.due() == [("0", "step 4/9")]
     assert draws.due() == []  # shown once
-    assert draws.take(Piece("0", "step 3/9", drawn=True)) == []  # 5 s from the last shown
+    # moving again after a stop, it shows until it is drawn as often again
+    assert draws.take(Piece("0", "step 5/9", drawn=True)) == [("0", "step 5/9")]
 
 
 def test_empty_lines_of_the_ranks_own_are_shown() -> None:
@@ -122,9 +128,36 @@ def test_tqdms_draws_read_whole_are_told_from_its_first() -> None:
     draws = BarDraws(clock=Clock())
     first = "epoch 1:   0%|          | 0/500 [00:00<?, ?it/s]"
     assert draws.take(Piece("0", first, drawn=True)) == [("0", first)]
-    for n in range(1, 60):  # read whole: not drawn by the tee's word
+    for n in range(1, 60):  # the tee reads most draws open, every fourth whole
         bar = "▉" * (n // 6)
         assert draws.take(Piece("0", f"epoch 1:  {n // 5:2d}%|{bar:<10}| {n}/500 "
-                                     f"[00:{n // 10:02d}<00:49, {9.8 + n / 100:.2f}it/s]")) == []
+                                     f"[00:{n // 10:02d}<00:49, {9.8 + n / 100:.2f}it/s]",
+                                drawn=n % 4 != 0)) == ([] if n > 1 else [  # not yet a bar
+            ("0", "epoch 1:   0%|          | 1/500 [00:00<00:49, 9.81it/s]")])
     assert draws.take(Piece("0", "loss 0.25")) == [
         ("0", "epoch 1:  11%|▉▉▉▉▉▉▉▉▉ | 59/500 [00:05<00:49, 10.39it/s]"), ("0", "loss 0.25")]
+
+
+def test_a_print_the_tee_read_in_two_makes_no_bar_of_the_lines_like_it() -> None:
+    """print("step", n, "loss", x) is eight writes: the tee may read it half written."""
+    clock = Clock()
+    draws = BarDraws(clock=clock)
+    shown = draws.take(Piece("0", "step 1 loss", drawn=True, ends_later=True))
+    shown += draws.take(Piece("0", " 0.5"))
+    for n in range(2, 50):
+        shown += draws.take(Piece("0", f"step {n} loss 0.{50 - n:02d}"))
+        clock.now += 0.5
+    shown += draws.take(Piece("0", "step 50 loss 0.01", drawn=True))  # its \n came apart
+    for n in range(51, 99):
+        shown += draws.take(Piece("0", f"step {n} loss 0.01"))
+    shown += draws.rest()
+    assert len(shown) == 99 and shown[-1] == ("0", "step 98 loss 0.01"), shown
+
+
+def test_a_bar_drawn_faster_than_the_tee_reads_is_thinned() -> None:
+    """20 draws a second, the tee's reads 10: a draw read whole between open ones."""
+    draws = BarDraws(clock=Clock())
+    shown = [line for n in range(1, 31)
+             for line in draws.take(Piece("0", f"step {n}/30", drawn=n % 2 == 0))]
+    assert shown[:3] == [("0", "step 1/30"), ("0", "step 2/30"), ("0", "step 3/30")]
+    assert len(shown) < 10 and draws.rest() == [("0", "step 30/30")], shown
