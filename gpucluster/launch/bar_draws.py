@@ -56,7 +56,7 @@ class BarDraws:
         """Not `live` (every draw shown: every_s=0), an empty line is passed on as it
         comes, where the log has it (`logs -n` counts a log's last lines, and the merge
         of several nodes' keeps each one's order), but the tee's: once a rank drew a
-        bar, an empty line of its is taken for the \r of its next draw."""
+        bar, an empty line of its is taken for the \\r of its next draw."""
         self.every_s, self._clock, self._live = every_s, clock, live
         self._held: dict[str, str] = {}  # rank -> its newest draw not shown
         self._shown_at: dict[str, float] = {}  # rank -> when its draw was last shown
@@ -73,20 +73,19 @@ class BarDraws:
         if text and not piece.drawn and rank not in self._drawing and rank not in self._empty \
                 and rank is not None:  # a line of a rank that drew no bar: most lines
             return [(rank, text)]
-        glued_at = self._glued_to_draw(piece)
-        if piece.rank is None or glued_at is None:
+        glued_at = None if rank is None else self._glued_to_draw(rank, text)
+        if rank is None or glued_at is None:
             return self._take(piece)
-        shown = self._draw(piece.rank, piece.text[:glued_at], ends_later=True, open_=True)
-        return shown + [line for later in ranked(piece.text[glued_at:])
-                        for line in self._take(later)]
+        shown = self._draw(rank, text[:glued_at], ends_later=True, open_=True)
+        return shown + [line for later in ranked(text[glued_at:]) for line in self._take(later)]
 
-    def _glued_to_draw(self, piece: Piece) -> int | None:
-        """Where another rank's line begins, glued to a draw of the piece's rank."""
-        shape = self._drawing.get(piece.rank) if piece.rank is not None else None
-        if shape is None or "]:" not in piece.text:
+    def _glued_to_draw(self, rank: str, text: str) -> int | None:
+        """Where another rank's line begins, glued to a draw of this rank's."""
+        shape = self._drawing.get(rank)
+        if shape is None or "]:" not in text:
             return None
-        for header in _HEADER_INSIDE.finditer(piece.text):
-            if header.group(1) != piece.rank and _shape(piece.text[:header.start()]) == shape:
+        for header in _HEADER_INSIDE.finditer(text):
+            if header.group(1) != rank and _shape(text[:header.start()]) == shape:
                 return header.start()
         return None
 

@@ -24,7 +24,7 @@ _HEADER_AT_END = re.compile(r"(?<=\S)\[(\d+)\]:$")
 class Piece(NamedTuple):
     """A line as a log line shows it: its rank (None: torchrun's own), its text, and
     whether the tee wrote it before the rank had ended it (`drawn`: a progress bar's
-    draw), then whatever ended it (\r, \n) not yet (`ends_later`, an empty line of the
+    draw), then whatever ended it (\\r, \\n) not yet (`ends_later`, an empty line of the
     rank to come: the rank's next write came first, glued on)."""
 
     rank: str | None
