@@ -1,7 +1,8 @@
 """A progress bar in a job's live view: each rank's draws (tqdm redraws ten times a
-second) shown at most once every few seconds, and the last one before the rank's next
-line always, as the bar stood; what torchrun's tee makes of a bar's carriage returns
-(empty lines of the rank) left out. The node's log keeps every draw."""
+second, Lightning's bar once a batch) shown at most once every few seconds, and the
+last one before the rank's next line always, as the bar stood; what torchrun's tee
+makes of a bar's carriage returns (empty lines of the rank) left out. The node's log
+keeps every draw."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ BAR_GAP_S = 2.0
 # tee reads: 20 draws a second, one open at each read; a print is read open once in
 # hundreds of lines).
 BAR_WHOLE_BETWEEN = 4
+# What only a bar's draw looks like: tqdm's "45%|" and its rate ("9.8it/s", "2.1s/it"),
+# rich's bar, Keras's. Such a line read open is a draw at once, and once the rank drew
+# one, such a line alike to it is a draw however read: Lightning's bar draws once a
+# batch (100-500 a second: 10-50 read whole between two open ones), and a bar's draws
+# wait out an epoch's validation and go on.
+_BAR_LOOK = re.compile(r"\d%\||\d(?:it|s)/(?:s|it)\b|━━|==+>")
 # What changes from one draw of a bar to the next: its figures (tqdm's times, "?" while
 # unknown) and the bar itself (tqdm's ascii and unicode bars, rich's), left out to tell
 # a draw by what remains.
@@ -104,7 +111,8 @@ class BarDraws:
         shown = self._held_draw(rank)  # the bar as it stood when this line came
         if rank in self._empty:
             self._empty.discard(rank)
-            shown.append((rank, ""))
+            if not _looks_drawn(text):  # else the \r of a bar's first draw, read whole
+                shown.append((rank, ""))
         return [*shown, (rank, text)]
 
     def due(self) -> Shown:
@@ -126,8 +134,9 @@ class BarDraws:
         """A draw of the rank's bar the tee read whole? Only while a bar is drawn (a
         print the tee read in two, "[0]:step 5 loss[0]: 0.1", is an open line too: it
         must not make the rank's every "step N loss X" after it a draw)."""
-        return self._drawing_bar(rank, self._clock()) and (
-            not text.strip() or _shape(text) == self._drawing.get(rank))
+        alike = not text.strip() or _shape(text) == self._drawing.get(rank)
+        return alike and (self._drawing_bar(rank, self._clock())
+                          or (rank in self._bar and _looks_drawn(text)))
 
     def _read_between(self, rank: str, text: str) -> None:
         """A line read whole, not (yet) a bar's draw: the open ones before it and after
@@ -158,6 +167,8 @@ class BarDraws:
             self._opens[rank] = row, now, 0
             if row >= BAR_OPEN_DRAWS:
                 self._bar[rank] = now
+        if _looks_drawn(text):  # a bar's by its look, however read
+            self._bar[rank] = now
         self._drawing[rank] = shape
         if not self._drawing_bar(rank, now):  # no bar yet (or a print read open): shown
             return [*self._held_draw(rank), self._show(rank, text)]
@@ -191,3 +202,7 @@ class BarDraws:
 
 def _shape(text: str) -> str:
     return text.translate(_MOVING)
+
+
+def _looks_drawn(text: str) -> bool:
+    return _BAR_LOOK.search(text) is not None

@@ -34,9 +34,9 @@ def test_a_bar_shows_its_first_draw_and_the_last_before_each_line() -> None:
     """Rank 0's bar, 100 draws an epoch, a line every 25th; the clock stands still."""
     shown = shown_of("rank0-bar-node1.log", BarDraws(clock=Clock()))
     draws = [text for rank, text in shown if DRAW.fullmatch(text)]
-    # each epoch's draws before its 4 lines and its last; the first epoch's first three
-    # too: a bar is known once the tee read three of its draws open in a row
-    assert len(draws) == 13, shown
+    # each epoch's draws before its 4 lines and its last; the first epoch's first too: a
+    # bar is known by its look ("0%|") once the tee read a draw of it open
+    assert len(draws) == 11, shown
     for at, (_, text) in enumerate(shown):
         if text in ("checkpoint at 25", "checkpoint at 50", "checkpoint at 75"):
             # the bar as it stood, above it (at 100, the epoch's print on stdout came first)
@@ -132,8 +132,7 @@ def test_tqdms_draws_read_whole_are_told_from_its_first() -> None:
         bar = "▉" * (n // 6)
         assert draws.take(Piece("0", f"epoch 1:  {n // 5:2d}%|{bar:<10}| {n}/500 "
                                      f"[00:{n // 10:02d}<00:49, {9.8 + n / 100:.2f}it/s]",
-                                drawn=n % 4 != 0)) == ([] if n > 1 else [  # not yet a bar
-            ("0", "epoch 1:   0%|          | 1/500 [00:00<00:49, 9.81it/s]")])
+                                drawn=n % 4 != 0)) == []
     assert draws.take(Piece("0", "loss 0.25")) == [
         ("0", "epoch 1:  11%|▉▉▉▉▉▉▉▉▉ | 59/500 [00:05<00:49, 10.39it/s]"), ("0", "loss 0.25")]
 
@@ -161,3 +160,45 @@ def test_a_bar_drawn_faster_than_the_tee_reads_is_thinned() -> None:
              for line in draws.take(Piece("0", f"step {n}/30", drawn=n % 2 == 0))]
     assert shown[:3] == [("0", "step 1/30"), ("0", "step 2/30"), ("0", "step 3/30")]
     assert len(shown) < 10 and draws.rest() == [("0", "step 30/30")], shown
+
+
+def test_a_bar_drawn_at_every_batch_shows_a_few_of_its_draws() -> None:
+    """Lightning's bar, a draw a batch (195 a second): the tee read 18-19 draws whole
+    between two open ones, after the empty line of the bar's first \r."""
+    log = (FIXTURES / "lightning-bar-node1.log").read_text()
+    assert log.startswith("[0]:\n[0]:Epoch 0:   0%|") and log.count("it/s") == 2 * 251
+    shown = shown_of("lightning-bar-node1.log", BarDraws(clock=Clock()))
+    draws = [text for _, text in shown if "it/s" in text]
+    assert shown[0] == ("0", draws[0]) and draws[0].startswith("Epoch 0:   0%|")
+    # the tee's first read, all shown before its draw read open made it a bar; then the
+    # bar as it stood at each epoch's line, and its end
+    assert len(draws) == 19 + 2 + 2, shown
+    for epoch in (0, 1):
+        done = shown.index(("0", f"rank 0 epoch {epoch} done"))
+        assert shown[done - 1][1].startswith(f"Epoch {epoch}:  9"), shown
+    assert shown[-1] == ("0", draws[-1]) and " 250/250 " in draws[-1]
+
+
+def _lightning_draw(n: int) -> str:
+    return (f"Epoch 0: {n // 6:3d}%|{'█' * (n // 60):<10}| {n}/600 "
+            f"[00:{n // 200:02d}<00:{(600 - n) // 200:02d}, 200.00it/s, v_num=0]")
+
+
+def test_a_bar_drawn_at_every_batch_is_thinned() -> None:
+    """Lightning's bar draws once a batch (200 a second), the tee reads 10 times a second:
+    20 draws read whole between two open ones. Lines like a print's, the same way, are
+    all shown: they make no bar. A bar's draws go on after a pause (an epoch's
+    validation) as a bar's."""
+    for line, thinned in ((_lightning_draw, True), (lambda n: f"step {n} loss 0.5", False)):
+        clock = Clock()
+        draws = BarDraws(clock=clock)
+        shown = []
+        for n in range(1, 1201):
+            clock.now += 0.005 if n != 601 else 30
+            shown += draws.take(Piece("0", line(n % 600 or 600), drawn=n % 20 == 0))
+        shown += draws.rest()
+        if thinned:  # the tee's first read (19 read whole before one open), then a few
+            assert len(shown) < 30 and shown[-1] == ("0", _lightning_draw(600)), shown
+            assert shown[19] == ("0", _lightning_draw(20)), shown
+        else:
+            assert len(shown) == 1200, len(shown)
