@@ -26,7 +26,8 @@ BAR_GAP_S = 2.0
 # hundreds of lines).
 BAR_WHOLE_BETWEEN = 4
 # What only a bar's draw looks like: tqdm's "45%|" and its rate ("9.8it/s", "2.1s/it"),
-# rich's bar, Keras's. Such a line read open is a draw at once, and once the rank drew
+# rich's bar, Keras's. Such a line read open is a draw at once (so is one read whole
+# right after the rank's empty line: the \r of a bar's first draw), and once the rank drew
 # one, such a line alike to it is a draw however read: Lightning's bar draws once a
 # batch (100-500 a second: 10-50 read whole between two open ones), and a bar's draws
 # wait out an epoch's validation and go on.
@@ -111,8 +112,9 @@ class BarDraws:
         shown = self._held_draw(rank)  # the bar as it stood when this line came
         if rank in self._empty:
             self._empty.discard(rank)
-            if not _looks_drawn(text):  # else the \r of a bar's first draw, read whole
-                shown.append((rank, ""))
+            if _looks_drawn(text):  # a bar's first draw, read whole after its \r
+                return shown + self._draw(rank, text, ends_later=False, open_=False)
+            shown.append((rank, ""))
         return [*shown, (rank, text)]
 
     def due(self) -> Shown:
