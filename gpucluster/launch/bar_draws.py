@@ -39,6 +39,9 @@ _MOVING = str.maketrans("", "", "0123456789.:? #▏▎▍▌▋▊▉█━╸�
 Shown = list[tuple[str | None, str]]  # (rank, text) of lines to show, in order
 # The tee's header of a rank, inside a line: right behind text ("Epoch [1]:" is a rank's).
 _HEADER_INSIDE = re.compile(r"(?<=\S)\[(\d+)\]:")
+# tqdm draws a bar below another (nested loops) a line down, "\n\r" and the draw, then
+# goes back up to the first: each of its draws ends with a cursor move up.
+CURSOR_UP = "\x1b[A"
 
 
 class BarDraws:
@@ -136,7 +139,7 @@ class BarDraws:
         """A draw of the rank's bar the tee read whole? Only while a bar is drawn (a
         print the tee read in two, "[0]:step 5 loss[0]: 0.1", is an open line too: it
         must not make the rank's every "step N loss X" after it a draw)."""
-        alike = not text.strip() or _shape(text) == self._drawing.get(rank)
+        alike = _blank(text) or _shape(text) == self._drawing.get(rank)
         return alike and (self._drawing_bar(rank, self._clock())
                           or (rank in self._bar and _looks_drawn(text)))
 
@@ -159,7 +162,7 @@ class BarDraws:
         if ends_later:
             self._unended.add(rank)
         self._empty.discard(rank)  # the \r that began the bar
-        if not text.strip():  # the bar cleared (tqdm does, to print beside it)
+        if _blank(text):  # the bar cleared (tqdm does, to print beside it, or at its end)
             return []
         shape, now = _shape(text), self._clock()
         if open_:
@@ -184,6 +187,8 @@ class BarDraws:
         if rank in self._unended:  # what ended the draw the rank's last line came after
             self._unended.discard(rank)
             return []
+        if self._live and self._held.get(rank, "").endswith(CURSOR_UP):
+            return []  # the \r of the next draw of a bar below another, a line down
         shown = self._held_draw(rank)  # the bar's last draw
         if not self._live:
             return shown if rank in self._bar else [*shown, (rank, "")]
@@ -204,6 +209,10 @@ class BarDraws:
 
 def _shape(text: str) -> str:
     return text.translate(_MOVING)
+
+
+def _blank(text: str) -> bool:
+    return not text.removesuffix(CURSOR_UP).strip()
 
 
 def _looks_drawn(text: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpucluster.launch.bar_draws import BarDraws, Shown
+from gpucluster.launch.bar_draws import CURSOR_UP, BarDraws, Shown
 from gpucluster.launch.jobs import JobRecord
 from gpucluster.launch.logsearch import timed_lines
 from gpucluster.launch.tee_lines import Piece, ranked
@@ -202,3 +202,17 @@ def test_a_bar_drawn_at_every_batch_is_thinned() -> None:
             assert shown[19] == ("0", _lightning_draw(20)), shown
         else:
             assert len(shown) == 1200, len(shown)
+
+
+def test_a_bar_below_another_is_thinned_as_one() -> None:
+    """tqdm's nested bars: the inner one a line down ("\\n\\r" and the draw), then the
+    cursor back up (ESC [A) to the outer one; the tee reads an empty line between every
+    two of the inner bar's draws."""
+    log = (FIXTURES / "nested-bars-node1.log").read_text()
+    assert log.count("/40 [") == 2 * 41 and log.count("[0]:\n") > 80
+    shown = shown_of("nested-bars-node1.log", BarDraws(clock=Clock()))
+    inner = [text for _, text in shown if "/40 [" in text]
+    assert len(inner) <= 4 and all(text.endswith(CURSOR_UP) for text in inner), shown
+    assert ("0", "rank 0 epoch 0 done") in shown and ("0", "rank 0 epoch 1 done") in shown
+    assert shown[-1] == ("0", "100%|##########| 2/2 [00:02<00:00, 1.00it/s]")
+    assert not [text for _, text in shown if not text.removesuffix(CURSOR_UP).strip()]

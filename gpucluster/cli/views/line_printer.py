@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from gpucluster.cli.views.common import discard_writes
+from gpucluster.cli.views.terminal_text import printable
 from gpucluster.launch.model import OutputClosed
 from gpucluster.launch.tee_lines import TRACEBACK_START
 from gpucluster.wording import counted
@@ -109,7 +110,8 @@ class LinePrinter:
                     fold.frames += 1
                     continue
                 self._say_frames(out, node, rank)
-            out.append(f"[{node}/{rank}] {text}\n" if rank is not None else f"[{node}] {text}\n")
+            shown = printable(text)
+            out.append(f"[{node}/{rank}] {shown}\n" if rank is not None else f"[{node}] {shown}\n")
             if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
                 self.rendezvous_not_closed.add(node)
             if not self._full_logs:
