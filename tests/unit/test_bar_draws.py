@@ -216,3 +216,14 @@ def test_a_bar_below_another_is_thinned_as_one() -> None:
     assert ("0", "rank 0 epoch 0 done") in shown and ("0", "rank 0 epoch 1 done") in shown
     assert shown[-1] == ("0", "100%|##########| 2/2 [00:02<00:00, 1.00it/s]")
     assert not [text for _, text in shown if not text.removesuffix(CURSOR_UP).strip()]
+
+
+def test_a_plain_line_with_an_arrow_makes_no_bar_by_its_look() -> None:
+    """torch's examples print "====> Epoch: 1 Average loss: 164.2" (the VAE's): the tee
+    may read one open, and the lines like it must all show."""
+    draws = BarDraws(clock=Clock())
+    lines = [f"====> Epoch: {n} Average loss: {170 - n}.2" for n in range(1, 4)]
+    shown = [*draws.take(Piece("0", lines[0], drawn=True)),
+             *(line for text in lines[1:] for line in draws.take(Piece("0", text))),
+             *draws.rest()]
+    assert shown == [("0", text) for text in lines]
