@@ -30,9 +30,9 @@ BAR_WHOLE_BETWEEN = 4
 # none into a file; Keras's "==>" would take torch's examples' "====> Epoch: 1" lines).
 # Such a line read open is a draw at once (so is one read whole right after the rank's
 # empty line: the \r of a bar's first draw), and once the rank drew one, such a line
-# alike to it is a draw however read: Lightning's bar draws once a
-# batch (100-500 a second: 10-50 read whole between two open ones), and a bar's draws
-# wait out an epoch's validation and go on.
+# alike to it is a draw however read: Lightning's bar draws once a batch (100-500 a
+# second: 10-50 read whole between two open ones), and a bar's draws wait out an
+# epoch's validation and go on.
 _BAR_LOOK = re.compile(r"\d%\||\d(?:it|s)/(?:s|it)\b")
 # What changes from one draw of a bar to the next: its figures (tqdm's times, "?" while
 # unknown) and the bar itself (tqdm's ascii and unicode bars, rich's), left out to tell

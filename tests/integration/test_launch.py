@@ -159,14 +159,15 @@ def test_a_progress_bar_and_the_error_it_died_in_show_apart(
     """torchrun's tee reads a bar's \\r as an empty line of its rank, glued to the redraw
     before it: each showed as "[node1/0] step 1/4[0]:"; a print while the bar was open
     came glued to it, and so did the traceback's first line to the last. Live, the bar
-    shows a draw every few seconds, and as it stood before the rank's next line."""
+    shows a draw every few seconds, and as it stood before the rank's next line. The
+    print's terminal controls (a title, a bell, a cursor move up) reach no terminal."""
     (project / "bar.py").write_text(
         "import os, sys, time\n"
         "if os.environ.get('RANK') == '0':\n"
         "    for step in range(1, 31):\n"
         "        sys.stderr.write(f'\\rstep {step}/30'); sys.stderr.flush(); time.sleep(0.05)\n"
         "        if step == 15:\n"
-        "            print('halfway', flush=True)\n"
+        "            print('\\x1b]0;retitled\\x07halfway\\x1b[A', flush=True)\n"
         "    raise ValueError('died in the bar')\n"
         "time.sleep(60)\n")
     done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "1",
@@ -192,6 +193,11 @@ def test_a_progress_bar_and_the_error_it_died_in_show_apart(
     assert job, done.stderr
     logs = gpucluster("logs", "-i", str(cluster.inventory), job.group(1))
     assert len(re.findall(r"^\[node\d/0\] step \d+/30$", logs.stdout, re.MULTILINE)) == 30
+    assert re.search(r"^\[node\d/0\] halfway$", logs.stdout, re.MULTILINE), logs.stdout
+    assert not re.search("[\x07\x1b]", done.stdout + logs.stdout)
+    copies = cluster.inventory.parent / ".gpucluster" / "jobs" / job.group(1)
+    assert any("\x1b]0;retitled\x07halfway\x1b[A" in copy.read_text()
+               for copy in copies.glob("node?.log"))  # the copy keeps every byte
 
 
 def test_train_on_three_nodes_by_two_processes(cluster: Sandbox, project: Path) -> None:

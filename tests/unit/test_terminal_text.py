@@ -4,6 +4,9 @@ out, colours kept."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
+
+from rich.console import Console
 
 from gpucluster.cli.views.line_printer import LinePrinter
 from gpucluster.cli.views.terminal_text import printable
@@ -28,3 +31,22 @@ def test_a_ranks_cursor_move_up_does_not_reach_the_terminal() -> None:
     printer("node2", "1", "\x1b[32mloss 0.5\x1b[0m")
     printer.finish()
     assert out.getvalue() == "[node1/0]  5%|          | 2/40\n[node2/1] \x1b[32mloss 0.5\x1b[0m\n"
+
+
+def test_the_first_failures_report_prints_the_ranks_lines_without_controls(
+        tmp_path: Path) -> None:
+    from gpucluster.cli.views.launch import print_outcome
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.model import FirstFailure, JobOutcome, NodeState
+
+    state = NodeState("node2", "exited", exit_code=1)
+    failure = FirstFailure("node2", state, 3, 1, tail=("[3]:\x1b]0;pwned\x07epoch 2",),
+                           rank_tail=("\x1b[2J\x1b[Hloss nan", "ValueError: nan\x1b[A"))
+    record = JobRecord("20261206-040000-abcd", "train.py", [], ["node2"], "/c", "/j", 0.0,
+                       {"node2": 2})
+    out = io.StringIO()
+    print_outcome(Console(file=out, width=200), JobOutcome(record, {"node2": state}, failure),
+                  JobStore(tmp_path))
+    shown = out.getvalue()
+    assert "  loss nan\n  ValueError: nan\n" in shown and "  [3]:epoch 2\n" in shown, shown
+    assert "\x1b" not in shown and "\x07" not in shown

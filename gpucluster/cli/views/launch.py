@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from gpucluster import hostrange
 from gpucluster.cli.views.common import print_json
+from gpucluster.cli.views.terminal_text import printable
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import (
     FirstFailure,
@@ -40,6 +41,12 @@ def failure_cause(failure: FirstFailure) -> str:
     return cause
 
 
+def _said(text: str) -> str:
+    """The job's own words as markup: escaped, and without the terminal controls they
+    may hold."""
+    return escape(printable(text))
+
+
 def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
                   rendezvous_not_closed: Collection[str] = ()) -> None:
     """How the job ended: its first failure, every node's state. `rendezvous_not_closed`:
@@ -49,20 +56,20 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
     if failure is not None:
         where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
             else failure.node
-        err.print(f"[bold red]first failure: {where}, {escape(failure_cause(failure))}[/]")
+        err.print(f"[bold red]first failure: {where}, {_said(failure_cause(failure))}[/]")
         if failure.error_came_before:
             err.print(f"last traceback of rank {failure.rank} (more of its output came "
                       f"after it):")
             for line in failure.rank_error:
-                err.print(f"  {escape(line)}", style="dim")
+                err.print(f"  {_said(line)}", style="dim")
         if failure.rank_tail:
             err.print(f"last lines of rank {failure.rank}:")
             for line in failure.rank_tail:
-                err.print(f"  {escape(line)}", style="dim")
+                err.print(f"  {_said(line)}", style="dim")
         err.print(f"last lines of {failure.node}'s log "
                   f"({store.node_log(record.id, failure.node)}):")
         for line in failure.tail:
-            err.print(f"  {escape(line)}", style="dim")
+            err.print(f"  {_said(line)}", style="dim")
         if failure.cause is not None:
             err.print(f"[bold]likely cause:[/] {escape(failure.cause.what)} "
                       f"(fix: {escape(failure.cause.fix)})")
