@@ -16,6 +16,8 @@ TRACEBACK_START = "Traceback (most recent call last):"
 _GLUED = re.compile(r"(?P<header>\[\d+\]:)?(?=(?P<start>\[rank\d+\]: "
                     r"|Traceback \(most recent call last\):\s*$"
                     r"|(?P<torch_log>[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] )))")
+# Where a line of torch's log glued on ends its header: its file and line.
+_TORCH_LOG_AT = re.compile(r":\d+\] ")
 # Another rank's header ending a line, right behind its text: that rank's empty line (the
 # \r ending its bar's draw), written while this rank's draw was open.
 _HEADER_AT_END = re.compile(r"(?<=\S)\[(\d+)\]:$")
@@ -67,9 +69,14 @@ def ranked(line: str) -> list[Piece]:
 
 
 def _plain(line: str) -> bool:
-    """Nothing is glued to it: a cut begins at a "]" past the rank's header's, or at a
-    traceback. Substrings only: this runs on every line of logs that may be gigabytes."""
-    return line.count("]") < 2 and TRACEBACK_START not in line
+    """Nothing is glued to it: a cut begins at a rank's header past the line's own ("]:":
+    the tee's "[3]:", torch's "[rank3]: "), at a torch log line's file and line
+    ("api.py:753] ") or at a traceback. Substrings first: this runs on every line of
+    logs that may be gigabytes, and each draw of a tqdm bar has a "]" of its own."""
+    if TRACEBACK_START in line:
+        return False
+    return line.count("]") < 2 or (
+        line.count("]:") < 2 and _TORCH_LOG_AT.search(line) is None)
 
 
 def unglued(line: str) -> tuple[str, ...]:

@@ -103,3 +103,21 @@ def test_another_ranks_header_ending_a_line_is_its_empty_line() -> None:
     assert ranked("[2]: 1%| 1/100[3]:")[1] == Piece("3", "")
     for words in ("[2]:Epoch [3]:", "[2]:[3]:"):  # behind a space, or all the text
         assert unglued(words) == (words,)
+
+
+def test_a_line_taken_for_plain_is_one_nothing_would_cut() -> None:
+    """ranked() skips unglued() for a line with nothing to cut: a tqdm draw has a "]" of
+    its own ("[00:05<00:06, 90.00it/s]"), and taking every one for glued cost 9 us a
+    line (Lightning's bar, a draw a batch: 600000 lines of a log in 6 s)."""
+    from gpucluster.launch.tee_lines import _plain, _split
+
+    lines = [line for log in sorted(DIED_IN_A_BAR.parent.glob("*.log"))
+             for line in log.read_text().splitlines()]
+    plain = [line for line in lines if _plain(line)]
+    assert len(lines) > 1000 and len(plain) > len(lines) / 2
+    assert all(unglued(line) == (line,) and not _split(line)[2] for line in plain)
+    assert _plain("[0]:Epoch 0:  93%|█▎| 234/250 [00:01<00:00, 194.75it/s, loss=0.00426]  ")
+    for glued in ("[0]: 4/10[0]:", "[0]:x[3]:", "[0]:x[rank0]: y",
+                  "[0]:bar 2/10W1205 21:22:29.007000 32415 api.py:753] Received 15"):
+        assert not _plain(glued), glued
+        assert unglued(glued) != (glued,) or _split(glued)[2], glued
