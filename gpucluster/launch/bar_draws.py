@@ -77,7 +77,8 @@ class BarDraws:
         self._empty: set[str] = set()  # ranks with an empty line waiting for what follows
         self._unended: set[str] = set()  # ranks with a draw whose end is yet to come
         self._drawing: dict[str, str] = {}  # rank -> its last draw's shape
-        self._bar: dict[str, float] = {}  # rank -> when it last drew a bar's draw open
+        # rank -> when it last drew a bar's draw: open, or one that looks like a bar's
+        self._bar: dict[str, float] = {}
         # rank -> its open draws in a row, when the last came, alike lines read whole since
         self._opens: dict[str, tuple[int, float, int]] = {}
         self._shaped = ("", "")  # the text last shaped, and its shape
@@ -142,11 +143,12 @@ class BarDraws:
     def _read_whole(self, rank: str, text: str) -> bool:
         """A draw of the rank's bar the tee read whole? Only while a bar is drawn (a
         print the tee read in two, "[0]:step 5 loss[0]: 0.1", is an open line too: it
-        must not make the rank's every "step N loss X" after it a draw)."""
+        must not make the rank's every "step N loss X" after it a draw), or, once the
+        rank drew a bar, a line that looks like a bar's."""
         drawing = self._drawing_bar(rank, self._clock())
         if not drawing and rank not in self._bar:  # most lines of a rank that drew none
             return False
-        alike = _blank(text) or self._shape(text) == self._drawing.get(rank)
+        alike = _blank(text) or self._shape_of(text) == self._drawing.get(rank)
         return alike and (drawing or _looks_drawn(text))
 
     def _read_between(self, rank: str, text: str) -> None:
@@ -170,7 +172,7 @@ class BarDraws:
         self._empty.discard(rank)  # the \r that began the bar
         if _blank(text):  # the bar cleared (tqdm does, to print beside it, or at its end)
             return []
-        shape, now = self._shape(text), self._clock()
+        shape, now = self._shape_of(text), self._clock()
         if open_:
             row, last, _ = self._opens.get(rank, (0, float("-inf"), 0))
             alike = self._drawing.get(rank) == shape and now - last <= BAR_GAP_S
@@ -189,8 +191,8 @@ class BarDraws:
         self._held.pop(rank, None)
         return [self._show(rank, text)]
 
-    def _shape(self, text: str) -> str:
-        """_shape's, the last one kept: a draw read whole is asked twice (is it a draw,
+    def _shape_of(self, text: str) -> str:
+        """_shape(text), the last one kept: a draw read whole is asked twice (is it a draw,
         then as one)."""
         if text is not self._shaped[0]:
             self._shaped = text, _shape(text)
