@@ -158,7 +158,7 @@ class BarDraws:
         if opens is None:
             return
         row, last, between = opens
-        if between < BAR_WHOLE_BETWEEN and _shape(text) == self._drawing.get(rank):
+        if between < BAR_WHOLE_BETWEEN and self._shape_of(text) == self._drawing.get(rank):
             self._opens[rank] = row, last, between + 1
         else:
             del self._opens[rank]
