@@ -84,10 +84,11 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
     from gpucluster.launch.recover import recover
 
     lines = LinePrinter(sys.stderr if json_output else sys.stdout,
-                        full_logs="gpucluster logs JOB (each attempt's)")
+                        full_logs="gpucluster logs JOB")
 
     def attempt_started(record: JobRecord) -> None:
         supervisor.record_pid(store, record.id, os.getpid())
+        lines.full_logs = f"gpucluster logs {record.id}"  # the lines now are its
         # The outcome shown is the last attempt's: an earlier one's warnings are not its.
         lines.rendezvous_not_closed.clear()
 

@@ -207,6 +207,31 @@ def test_torchruns_own_tracebacks_are_folded_live_and_a_ranks_is_not() -> None:
     assert len(shown) == 36
 
 
+def test_a_folded_traceback_names_the_job_of_the_attempt_it_came_from() -> None:
+    """Under --recover each attempt is a job of its own; the note on a fold says the job
+    whose log has the frames, though it is written after the next attempt began."""
+    out = io.StringIO()
+    printer = LinePrinter(out, full_logs="gpucluster logs attempt-1")
+    printer("node1", None, "Traceback (most recent call last):")
+    printer("node1", None, '  File "torchrun", line 8, in <module>')
+    printer("node2", None, "Traceback (most recent call last):")
+    printer("node2", None, '  File "torchrun", line 8, in <module>')
+    printer("node1", None, "SignalException: Process 3865 got signal: 15")
+    printer.full_logs = "gpucluster logs attempt-2"
+    printer("node2", None, "rank 2/4 on node2 ready")  # node2's fold ends here
+    printer("node2", None, "Traceback (most recent call last):")
+    printer("node2", None, '  File "torchrun", line 9, in <module>')
+    printer.finish()
+    notes = [line for line in out.getvalue().splitlines() if "left out" in line]
+    assert notes == [
+        "[node1] (1 line of torchrun's own traceback left out: gpucluster logs attempt-1 "
+        "prints them)",
+        "[node2] (1 line of torchrun's own traceback left out: gpucluster logs attempt-1 "
+        "prints them)",
+        "[node2] (1 line of torchrun's own traceback left out: gpucluster logs attempt-2 "
+        "prints them)"]
+
+
 def test_not_live_lines_are_written_a_batch_at_a_time_and_the_rest_at_finish() -> None:
     """`logs JOB` wrote each line apart: 600000 writes, 1.4 s of its 3.6."""
     from gpucluster.cli.views import line_printer

@@ -32,7 +32,8 @@ BATCH_LINES = 1000  # not live: lines written at once
 class LinePrinter:
     """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun).
 
-    Live (`full_logs` names the command that prints a job's lines in full), a C++
+    Live (`full_logs` names the command that prints a job's lines in full; recovery
+    names each attempt's as it starts), a C++
     backtrace becomes one line: torch prints 20-30 frames even for a warning, such as the
     one a multi-node job can end with on the nodes but the head (whose agent, done first,
     took the rendezvous store with it). So do the frames of torchrun's own tracebacks
@@ -50,7 +51,7 @@ class LinePrinter:
 
     def __init__(self, stream: TextIO, notes: TextIO | None = None,
                  full_logs: str | None = None, live: bool = True) -> None:
-        self._stream, self._notes, self._full_logs = stream, notes, full_logs
+        self._stream, self._notes, self.full_logs = stream, notes, full_logs
         # Live, each line reaches the stream as it comes; else a batch at a time and the
         # rest at finish(), as cat's do (a flush per line was most of the time `logs JOB`
         # took to print 600000 lines; then a write per line, 1.4 s of 3.6).
@@ -114,12 +115,14 @@ class LinePrinter:
             out.append(f"[{node}/{rank}] {shown}\n" if rank is not None else f"[{node}] {shown}\n")
             if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
                 self.rendezvous_not_closed.add(node)
-            if not self._full_logs:
+            if not self.full_logs:
                 continue
             if _BACKTRACE_START.search(text):
-                self._folds[(node, rank)] = _Fold(_BACKTRACE_FRAME, "C++ backtrace")
+                self._folds[(node, rank)] = _Fold(_BACKTRACE_FRAME, "C++ backtrace",
+                                                  self.full_logs)
             elif rank is None and text == TRACEBACK_START:
-                self._folds[(node, rank)] = _Fold(_PYTHON_FRAME, "torchrun's own traceback")
+                self._folds[(node, rank)] = _Fold(_PYTHON_FRAME, "torchrun's own traceback",
+                                                  self.full_logs)
         self._write(out)
 
     def _say_frames(self, out: list[str], node: str, rank: str | None) -> None:
@@ -127,7 +130,7 @@ class LinePrinter:
         if fold is not None and fold.frames:
             prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
             out.append(f"{prefix} ({counted(fold.frames, 'line')} of {fold.what} left out: "
-                       f"{self._full_logs} prints them)\n")
+                       f"{fold.full_logs} prints them)\n")
 
     def _write(self, out: list[str]) -> None:
         if out:
@@ -155,8 +158,11 @@ class LinePrinter:
 
 @dataclasses.dataclass
 class _Fold:
-    """A backtrace being folded: what its frames look like, what they are, how many."""
+    """A backtrace being folded: what its frames look like, what they are, the command
+    that prints them (its job's, though the note comes after another attempt began), how
+    many."""
 
     frame: re.Pattern[str]
     what: str
+    full_logs: str
     frames: int = 0
