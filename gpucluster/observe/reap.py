@@ -80,7 +80,8 @@ def end(session: Session, inventory: Inventory, listed: dict[str, NodeProcesses]
     hosts = [h for h in inventory.hosts if h.name in listed and targets(listed[h.name],
                                                                           foreign)]
     result = session.map(hosts, lambda c: _end_on(c, inventory, targets(listed[c.host],
-                                                                         foreign), grace_s))
+                                                                         foreign),
+                                                  grace_s, foreign))
     ended = dict(result.values)
     ended.update({h: _failed(h, listed[h], foreign, f) for h, f in result.failures.items()})
     return ended
@@ -103,7 +104,7 @@ def _others(host: Host, doomed: list[GpuProcess]) -> bool:
 
 
 def _end_on(connection: Connection, inventory: Inventory, doomed: list[GpuProcess],
-            grace_s: float) -> Ended:
+            grace_s: float, foreign: bool) -> Ended:
     host = inventory.host(connection.host)
     # Another user's process (a root job's leftover, a foreign one) needs sudo to end.
     sudo = _others(host, doomed)
@@ -116,8 +117,9 @@ def _end_on(connection: Connection, inventory: Inventory, doomed: list[GpuProces
     except (ValueError, IndexError, KeyError, TypeError):
         said = done.stderr.strip()[-300:] or f"exit {done.exit_code}"
         if sudo and SUDO_N_REFUSAL in said:
+            again = "reap --yes --foreign" if foreign else "reap --yes"
             said = (f"ending another user's process needs sudo, and {_login(host)}'s sudo "
-                    f"asks a password (fix: reap --yes --ask-sudo-pass)")
+                    f"asks a password (fix: {again} --ask-sudo-pass)")
         return Ended.not_run(connection.host, tuple(doomed), said)
     after = _list_on(connection, inventory)
     holding = {p.pid for p in after.processes}

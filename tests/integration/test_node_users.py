@@ -292,7 +292,7 @@ def _reaps_a_root_process(sandbox: Sandbox, typed: Callable[..., CliResult]) -> 
                 "--grace", "1")
         untyped = gpucluster(*reap)
         assert untyped.code == 1 and "LEFT: not ended" in untyped.stderr and \
-            "gcuser's sudo asks a password (fix: reap --yes --ask-sudo-pass)" in \
+            "gcuser's sudo asks a password (fix: reap --yes --foreign --ask-sudo-pass)" in \
             untyped.stderr, untyped.stderr
         wrong = typed(*reap, answer="not-it")
         assert wrong.code == 2 and "reap ended nothing: sudo refused gcuser's password " \
