@@ -19,6 +19,10 @@ SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # GPUCLUSTER_JOB=<id>@<node>, so jobs, stop and doctor find them all the same way.
 JOB_VARIABLE = "GPUCLUSTER_JOB"
 FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
+# torchrun's per-rank logs (its tee's files), inside the node's job dir, as a word of its
+# command line and as the node's shell is to expand it.
+TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"
+TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 
 
 @dataclass(frozen=True)

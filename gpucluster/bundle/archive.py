@@ -18,6 +18,7 @@ from gpucluster.doctor.model import Status
 from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
+from gpucluster.slurm.output_lines import plain_lines
 from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
 from gpucluster.whole_file import check_writable, written_whole
 from gpucluster.wording import counted
@@ -94,12 +95,13 @@ def _slurm_job(job: SlurmJob) -> list[str]:
     lines = [f"## Slurm job {job.id}", "", f"{state}{where}; its output: `{info.stdout}` "
              f"on {info.batch_host or 'no node yet'}.", ""]
     output = job.lines()
-    cause = root_cause(output)
+    searched = plain_lines(output)  # without srun's labels and torchrun's ranks
+    cause = root_cause(searched)
     if cause.get("rank"):
         lines += [f"torchrun's first failure: rank {cause['rank']} on "
                   f"{cause.get('host', '?')}, exit code {cause.get('exitcode', '?')}, at "
                   f"{cause.get('time', '?')}.", ""]
-    error = first_traceback(output)
+    error = first_traceback(searched)
     if error:
         lines += ["Its first error:", "", "```", *error, "```", ""]
     tail = output[-SUMMARY_LINES:]

@@ -80,7 +80,7 @@ def logs(
     if slurm_id is not None:
         if any(x is not None for x in (node, rank, grep, since, until)) or all_jobs \
                 or json_output:
-            raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown as it is: "
+            raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown whole: "
                                   f"only -f and -n apply (fix: gpucluster logs {job} | grep "
                                   f"...)")
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:

@@ -24,23 +24,28 @@ if TYPE_CHECKING:
 
 def output(session: Session, inventory: Inventory, job_id: str, live: bool,
            tail: int | None = None) -> None:
-    """The job's output to stdout (from its last `tail` lines when given): until it ends
-    (`live`, then exit 1 unless it COMPLETED), else what it has written so far; its state
-    on stderr. Ctrl-C stops following, never the job."""
+    """The job's output to stdout (from its last `tail` lines when given), its lines as
+    [node/rank] (output_lines): until it ends (`live`, then exit 1 unless it COMPLETED),
+    else what it has written so far; its state on stderr. Ctrl-C stops following, never
+    the job."""
+    from gpucluster.cli.views.line_printer import LinePrinter
     from gpucluster.slurm.follow import follow, unknown_job
+    from gpucluster.slurm.output_lines import SlurmLines
 
-    def show(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
+    printer = LinePrinter(sys.stdout, full_logs=f"gpucluster logs slurm-{job_id}" if live
+                          else None, live=live)
+    lines = SlurmLines(printer, printer.as_written, live)
     err = stderr_console()
     try:
-        ended = follow(session, inventory, job_id, show,
+        ended = follow(session, inventory, job_id, lines.feed,
                        lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"),
-                       live=live, tail=tail)
+                       live=live, tail=tail, on_info=lambda info: lines.nodes_are(info.nodes))
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (gpucluster stop "
                           f"slurm-{job_id} ends it)") from None
+    finally:
+        lines.finish()
+        printer.finish()
     if not ended.ended:  # not live: it goes on
         err.print(f"Slurm job {job_id}: {escape(ended.status)} (gpucluster logs -f "
                   f"slurm-{job_id} follows it)")

@@ -31,6 +31,8 @@ from gpucluster.reports import Section
 from gpucluster.state import exclusive
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
+    TORCHRUN_LOG_DIR,
+    TORCHRUN_LOG_DIR_SHELL,
     TorchrunSpec,
     command_line,
     interface_exports,
@@ -61,8 +63,6 @@ STARTS_DESPITE_WARNING = ("ssh", "gpu-count")
 # Outside a container torchrun is the node's own: a node without it would end the job
 # on every node with exit code 127; the check refuses first, naming cluster.torchrun.
 HOST_PREFLIGHT_CHECKS = (*PREFLIGHT_CHECKS, "torchrun")
-TORCHRUN_LOG_DIR = "$GPC_JOB_DIR/torchrun"  # per-rank logs, inside the node's job dir
-TORCHRUN_LOG_DIR_SHELL = '"$GPC_JOB_DIR"/torchrun'
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
 LARGE_SYNC_BYTES = 100 << 20  # sent to one node: worth naming what is that big
 LARGE_FILE_BYTES = 10 << 20

@@ -89,10 +89,12 @@ def job_info(connection: Connection, job_id: str) -> JobInfo | str:
 def follow(session: Session, inventory: Inventory, job_id: str,
            on_output: Callable[[str], None],
            on_status: Callable[[str], None] = lambda status: None,
-           live: bool = True, tail: int | None = None) -> JobInfo:
+           live: bool = True, tail: int | None = None,
+           on_info: Callable[[JobInfo], None] = lambda info: None) -> JobInfo:
     """Stream the job's output to `on_output` until it ends (or, not `live`, what it has
     written so far), from its last `tail` lines when given, and each change of its state
-    to `on_status` while it has not ended; its last JobInfo."""
+    to `on_status` while it has not ended; its last JobInfo. `on_info` has what Slurm
+    said of the job at each poll, before the output read then."""
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -114,6 +116,7 @@ def follow(session: Session, inventory: Inventory, job_id: str,
             info = dataclasses.replace(last, state="", reason="", nodes="")
         if live and not info.ended and info.status != last.status:
             on_status(info.status)
+        on_info(info)
         host = by_name.get(info.batch_host)
         if tail is not None and host is not None and info.stdout:
             start = _last_lines_at(session, host, info.stdout, tail)

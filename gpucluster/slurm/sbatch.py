@@ -20,6 +20,8 @@ from gpucluster.remote.connection import shell_path
 from gpucluster.templating import render
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
+    TORCHRUN_LOG_DIR,
+    TORCHRUN_LOG_DIR_SHELL,
     TorchrunSpec,
     command_line,
     node_images_dir,
@@ -27,6 +29,9 @@ from gpucluster.torchrun import (
 )
 
 HEAD_ADDRESS = "$GPC_HEAD_ADDR"  # set by the batch script from Slurm's NodeAddr
+# Set by each node's task for torchrun, passed into a container: output that streams
+# live, each rank's line behind its global rank.
+LINE_ENV_NAMES = ("PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
 NODE_ADDRESS = "$addr"  # set by each node's task from its own NodeAddr
 
 
@@ -57,8 +62,11 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     cluster = inventory.cluster
     # Each torchrun gets its node's cluster address, as launch's does: else the rank-0
     # agent hands the workers its hostname, and ranks where it does not resolve hang.
+    # Its tee puts each rank's line behind its rank, and srun's label behind its task
+    # (slurm/output_lines), so that logs shows the job's lines as launch's.
     spec = TorchrunSpec("slurm-$SLURM_JOB_ID", nproc, request.script, tuple(request.args),
-                        module=request.module, local_addr=NODE_ADDRESS)
+                        module=request.module, local_addr=NODE_ADDRESS,
+                        log_dir=TORCHRUN_LOG_DIR)
     argv = torchrun_argv(inventory, spec)
     if request.image:
         argv[0] = "torchrun"  # the image's own, not the host's
@@ -67,7 +75,8 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
     argv[endpoint] = f"{HEAD_ADDRESS}:{cluster.rendezvous_port}"
     expanded = {"$SLURM_NNODES", argv[endpoint], spec.rendezvous_id, NODE_ADDRESS}
     # Slurm's variables expand on the node; every other word is quoted.
-    command = command_line(argv, {word: f'"{word}"' for word in expanded})
+    command = command_line(argv, {**{word: f'"{word}"' for word in expanded},
+                                  TORCHRUN_LOG_DIR: TORCHRUN_LOG_DIR_SHELL})
     env = {**cluster.env, **(request.env or {})}
     container = None
     if request.image:
@@ -76,7 +85,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
                               head.jobs_use_gpus, sorted({*env, *SOCKET_IFNAME_VARIABLES,
                                                           "GPUCLUSTER_CHECKPOINT_DIR",
                                                           "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS",
-                                                          *debug_env}),
+                                                          *LINE_ENV_NAMES, *debug_env}),
                               name_expands=True)
         command = container_command(container, command, node_images_dir(cluster.work_dir))
     work_dir = shell_path(cluster.work_dir)

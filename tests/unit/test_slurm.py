@@ -193,11 +193,18 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
     assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in text
     module = sbatch_script(inventory.load(path), SbatchRequest(
         "pkg.train", ("--epochs", "3"), "/srv/gpucluster/proj", synced=True, module=True))
-    assert '--max-restarts 0 --local_addr "$addr" -m pkg.train --epochs 3\n' in module
+    assert '--max-restarts 0 --log-dir "$GPC_JOB_DIR"/torchrun --tee 3 --local_addr "$addr" ' \
+           '-m pkg.train --epochs 3\n' in module
+    # Each line says its node and rank, as launch's: srun labels a task's lines, each
+    # task says which node it is, torchrun's tee puts a rank's line behind its rank.
+    assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --label bash -c" in text
+    assert 'echo "gpucluster: $SLURMD_NODENAME is task $SLURM_PROCID"' in text
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='\"'\"'[${rank}]:'\"'\"'" in text
     assert "#SBATCH --job-name=pkg.train\n" in module
     imaged = sbatch_script(inventory.load(path), SbatchRequest(
         "train.py", (), "/srv/gpucluster/proj", synced=True, image="ghcr.io/org/t:1"))
     assert '--name "gpucluster-slurm-$SLURM_JOB_ID" ' in imaged  # one container per job
+    assert "-e PYTHONUNBUFFERED -e TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE " in imaged
     assert " ghcr.io/org/t:1 torchrun " in imaged
 
 

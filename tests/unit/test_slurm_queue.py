@@ -134,7 +134,7 @@ def test_a_slurm_jobs_output_takes_no_search_options(tmp_path: Path) -> None:
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
     done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--grep", "loss")
     assert done.code == 2 and done.stderr.strip() == (
-        "gpucluster: error: slurm-4: a Slurm job's output is one file, shown as it is: "
+        "gpucluster: error: slurm-4: a Slurm job's output is one file, shown whole: "
         "only -f and -n apply (fix: gpucluster logs slurm-4 | grep ...)")
 
 

@@ -27,6 +27,7 @@ _PYTHON_FRAME = re.compile(r"\s")
 # What a node's torchrun agent says when the rendezvous store is gone as it closes it.
 _RENDEZVOUS_NOT_CLOSED = re.compile(r"has failed to shutdown the rendezvous ")
 BATCH_LINES = 1000  # not live: lines written at once
+AS_WRITTEN = ""  # the node of text written as it came, no node's line
 
 
 class LinePrinter:
@@ -70,8 +71,16 @@ class LinePrinter:
         self._summarizing: set[str] = set()
 
     def __call__(self, node: str, rank: str | None, text: str) -> None:
-        self._waiting.append((node, rank, text))
         self.heard.add(node)
+        self._take((node, rank, text))
+
+    def as_written(self, text: str) -> None:
+        """Text that is no node's line (a Slurm batch script's own output), written as it
+        came, in its place among the lines."""
+        self._take((AS_WRITTEN, None, text))
+
+    def _take(self, line: tuple[str, str | None, str]) -> None:
+        self._waiting.append(line)
         if not self._live and len(self._waiting) < BATCH_LINES:
             return
         # A line left while another thread wrote is in `_waiting` when that thread,
@@ -98,6 +107,9 @@ class LinePrinter:
         out: list[str] = []
         while self._waiting:
             node, rank, text = self._waiting.popleft()
+            if node == AS_WRITTEN:
+                out.append(text)
+                continue
             if rank is None:
                 if text == "Failures:":
                     self._summarizing.add(node)

@@ -1,0 +1,103 @@
+"""A Slurm job's output file, shown as `logs` shows a launched job's: `[node/rank] text`.
+
+The script `export sbatch` writes runs srun with `--label`, so each line of a task comes
+behind its task number (`2: `), and torchrun with its tee, so a rank's line comes behind
+its global rank (`[5]:`), as under launch. Each task says first which node it is on
+(`2: gpucluster: node3 is task 2`), again at each start after a requeue; a task not
+heard saying so (a tail of the file) is taken to be on the job's nodes in Slurm's order,
+as srun places one task per node. Lines without a label (the batch script's own, such as
+a requeue's, and a hand-written script's output) are passed on as the file has them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from gpucluster import hostrange
+from gpucluster.launch.bar_draws import BarDraws, Shown
+from gpucluster.launch.tee_lines import ranked, split_rank
+
+LABEL = re.compile(r" *(\d+): ")  # srun --label's, padded where there are 10 tasks or more
+_TASK_IS = re.compile(r"gpucluster: (\S+) is task \d+")
+# A line's start that may still become a label: held until the rest of it comes.
+_LABEL_SO_FAR = re.compile(r" *\d*:?")
+
+NodeLine = Callable[[str, "str | None", str], None]  # node, rank (None: torchrun's), text
+
+
+class SlurmLines:
+    """The file's text as it is read, chunk by chunk, to `on_line` (a labelled line, as
+    [node/rank]) and `as_written` (the rest, as the file has it, and at once: a
+    hand-written job's progress bar is drawn as it comes). Live, a rank's bar draws are
+    thinned as launch thins them."""
+
+    def __init__(self, on_line: NodeLine, as_written: Callable[[str], None],
+                 live: bool) -> None:
+        self._on_line, self._as_written, self._live = on_line, as_written, live
+        self._nodes: dict[str, str] = {}  # task -> node, as the tasks said
+        self._in_order: list[str] = []  # the job's nodes, as Slurm lists them
+        self._draws: dict[str, BarDraws] = {}
+        self._open = ""  # a line's start, its end not read yet
+        self._written_open = False  # a line without a label being written as it comes
+
+    def nodes_are(self, node_list: str) -> None:
+        """Slurm's NodeList for the job (`node[1-3]`), for tasks that did not say."""
+        if node_list not in ("", "(null)"):
+            self._in_order = hostrange.expand_list(node_list)
+
+    def feed(self, text: str) -> None:
+        *lines, self._open = (self._open + text).split("\n")
+        for line in lines:
+            self._line(line)
+        if self._open and (self._written_open or not (LABEL.match(self._open) or
+                                                      _LABEL_SO_FAR.fullmatch(self._open))):
+            self._as_written(self._open)  # no label: written as it comes
+            self._open, self._written_open = "", True
+        if self._live:
+            for node, draws in self._draws.items():
+                self._pass_on(node, draws.due())
+
+    def finish(self) -> None:
+        """The last line, though it has no end, and each rank's last bar draw."""
+        if self._open:
+            self._line(self._open, ended=False)
+            self._open = ""
+        for node, draws in self._draws.items():
+            self._pass_on(node, draws.rest())
+
+    def _line(self, line: str, ended: bool = True) -> None:
+        label = None if self._written_open else LABEL.match(line)
+        if label is None:
+            self._as_written(line + "\n" if ended else line)
+            self._written_open = False
+            return
+        task, text = label[1], line[label.end():]
+        said = _TASK_IS.fullmatch(text)
+        if said:
+            self._nodes[task] = said[1]
+            return
+        node = self._node(task)
+        draws = self._draws.setdefault(node, BarDraws() if self._live else
+                                       BarDraws(every_s=0, live=False))
+        for piece in ranked(text):
+            self._pass_on(node, draws.take(piece))
+
+    def _node(self, task: str) -> str:
+        if task in self._nodes:
+            return self._nodes[task]
+        index = int(task)
+        return self._in_order[index] if index < len(self._in_order) else f"task {task}"
+
+    def _pass_on(self, node: str, shown: Shown) -> None:
+        for rank, text in shown:
+            self._on_line(node, rank, text)
+
+
+def plain_lines(lines: Iterable[str]) -> list[str]:
+    """The lines' texts without srun's label or torchrun's rank: the words a failure's
+    search looks for (torchrun's Root Cause fields, a traceback) where they begin."""
+    plain = []
+    for line in lines:
+        label = LABEL.match(line)
+        plain.append(split_rank(line[label.end():])[1] if label else line)
+    return plain
