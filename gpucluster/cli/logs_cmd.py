@@ -71,27 +71,23 @@ def logs(
     filtered and merged in time order across nodes, each with its time (and --tail keeps
     the last of them).
 
-    JOB slurm-ID is a Slurm job: its output file (slurm-ID.out), read from its batch node."""
+    JOB slurm-ID is a Slurm job: its output file (slurm-ID.out), read from its batch node;
+    -w, --rank and --grep search it."""
     from gpucluster.launch import logsearch
     from gpucluster.slurm.queue import slurm_job
 
     loaded = load_inventory(inventory)
-    slurm_id = slurm_job(job)
-    if slurm_id is not None:
-        if any(x is not None for x in (node, rank, grep, since, until)) or all_jobs \
-                or json_output:
-            raise GpuclusterError(f"{job}: a Slurm job's output is one file, shown whole: "
-                                  f"only -f and -n apply (fix: gpucluster logs {job} | grep "
-                                  f"...)")
-        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            slurm_jobs.output(session, loaded, slurm_id, live=follow_live, tail=tail)
-        return
-    store = job_store(loaded)
     keep = logsearch.LogFilter(
         logsearch.parse_pattern(grep) if grep is not None else None,
         *logsearch.time_window(since, until),
         frozenset(hostrange.hosts_option(node)) if node is not None else None,
         frozenset(_ranks(rank)) if rank is not None else None)
+    slurm_id = slurm_job(job)
+    if slurm_id is not None:
+        _slurm_logs(loaded, slurm_id, keep, follow_live, tail, all_jobs or json_output,
+                    (accept_new_host_keys, ask_pass, connect_timeout))
+        return
+    store = job_store(loaded)
     if all_jobs:
         if job is not None or follow_live:
             raise GpuclusterError("--all-jobs reads every job the controller has: not with "
@@ -129,6 +125,28 @@ def logs(
     _print(found, json_output)
     if not found:
         print(_nothing_matched(store, record, keep), file=sys.stderr)
+
+
+def _slurm_logs(inventory: Inventory, slurm_id: str, keep: LogFilter, live: bool,
+                tail: int | None, timeless: bool,
+                connecting: tuple[bool, bool, float | None]) -> None:
+    """A Slurm job's output (slurm_jobs.output): its lines carry no time of their own;
+    -w, --rank and --grep search the whole file, not live."""
+    from gpucluster.launch import logsearch
+
+    job = f"slurm-{slurm_id}"
+    if keep.since is not None or keep.until is not None or timeless:
+        raise GpuclusterError(f"{job}: a Slurm job's lines carry no time of their own: "
+                              f"--since, --until, --all-jobs and --json do not apply (fix: "
+                              f"-w, --rank or --grep, or gpucluster logs {job} | grep ...)")
+    searching = keep != logsearch.LogFilter()
+    if searching and live:
+        raise GpuclusterError(f"{job}: -f shows the lines as they come, unfiltered: not with "
+                              f"-w, --rank or --grep (fix: drop -f; a search reads the "
+                              f"job's output as it is now)")
+    with open_session(inventory, *connecting) as session:
+        slurm_jobs.output(session, inventory, slurm_id, live=live, tail=tail,
+                          keep=keep if searching else None)
 
 
 def _check_askable(inventory: Inventory, store: JobStore, record: JobRecord,

@@ -4,6 +4,7 @@ slurm-ID` cancels it; `export sbatch --follow` follows the job it submitted."""
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,36 +17,52 @@ from gpucluster.cli.options import stderr_console, stdout_console
 from gpucluster.errors import EXIT_FAILED, Interrupted
 
 if TYPE_CHECKING:
+    from gpucluster.cli.views.line_printer import LinePrinter
     from gpucluster.inventory import Inventory
+    from gpucluster.launch.logsearch import LogFilter
     from gpucluster.remote.session import Session
     from gpucluster.slurm.follow import JobInfo
     from gpucluster.slurm.queue import QueuedJob
 
 
 def output(session: Session, inventory: Inventory, job_id: str, live: bool,
-           tail: int | None = None) -> None:
+           tail: int | None = None, keep: LogFilter | None = None) -> None:
     """The job's output to stdout (from its last `tail` lines when given), its lines as
     [node/rank] (output_lines): until it ends (`live`, then exit 1 unless it COMPLETED),
     else what it has written so far; its state on stderr. Ctrl-C stops following, never
-    the job."""
+    the job. With `keep` (not live), the lines it keeps of the whole file, the last `tail`
+    of them when given."""
     from gpucluster.cli.views.line_printer import LinePrinter
     from gpucluster.slurm.follow import follow, unknown_job
     from gpucluster.slurm.output_lines import SlurmLines
 
-    printer = LinePrinter(sys.stdout, full_logs=f"gpucluster logs slurm-{job_id}" if live
-                          else None, live=live)
-    lines = SlurmLines(printer, printer.as_written, live)
+    last = io.StringIO() if keep is not None and tail is not None else None
+    printer = LinePrinter(last if last is not None else sys.stdout,
+                          full_logs=f"gpucluster logs slurm-{job_id}" if live else None,
+                          live=live)
+    kept = _Kept(printer, keep, job_id) if keep is not None else None
+    lines = SlurmLines(kept.line if kept else printer, kept.as_written if kept else
+                       printer.as_written, live)
     err = stderr_console()
     try:
         ended = follow(session, inventory, job_id, lines.feed,
                        lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"),
-                       live=live, tail=tail, on_info=lambda info: lines.nodes_are(info.nodes))
+                       live=live, tail=None if kept else tail,
+                       on_info=lambda info: lines.nodes_are(info.nodes))
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (gpucluster stop "
                           f"slurm-{job_id} ends it)") from None
     finally:
         lines.finish()
+        if kept:
+            kept.finish()
         printer.finish()
+        if last is not None and tail is not None:
+            kept_lines = last.getvalue().splitlines(keepends=True)
+            sys.stdout.write("".join(kept_lines[max(len(kept_lines) - tail, 0):]))
+            sys.stdout.flush()
+    if kept and not kept.shown:
+        err.print(f"no line of Slurm job {job_id} matches")
     if not ended.ended:  # not live: it goes on
         err.print(f"Slurm job {job_id}: {escape(ended.status)} (gpucluster logs -f "
                   f"slurm-{job_id} follows it)")
@@ -56,6 +73,41 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
     err.print(f"Slurm job {job_id} {ending(ended)}")
     if live and ended.state != "COMPLETED":
         raise typer.Exit(EXIT_FAILED)
+
+
+class _Kept:
+    """The lines of a Slurm job's a search keeps: a node's by its node, rank and text;
+    one without a label (no node's, no rank's) by --grep alone, once whole."""
+
+    def __init__(self, printer: LinePrinter, keep: LogFilter, job_id: str) -> None:
+        self._printer, self._keep, self._job = printer, keep, f"slurm-{job_id}"
+        self._unlabelled = keep.nodes is None and keep.ranks is None
+        self._open = ""
+        self.shown = 0
+
+    def line(self, node: str, rank: str | None, text: str) -> None:
+        from gpucluster.launch.logsearch import LogLine
+
+        if self._keep.keeps(LogLine(0.0, self._job, node, int(rank) if rank else None,
+                                    text)):
+            self._printer(node, rank, text)
+            self.shown += 1
+
+    def as_written(self, text: str) -> None:
+        *whole, self._open = (self._open + text).split("\n")
+        for line in whole:
+            self._written(line)
+
+    def finish(self) -> None:
+        if self._open:
+            self._written(self._open)
+            self._open = ""
+
+    def _written(self, line: str) -> None:
+        pattern = self._keep.pattern
+        if self._unlabelled and pattern is not None and pattern.search(line):
+            self._printer.as_written(line + "\n")
+            self.shown += 1
 
 
 def ending(info: JobInfo) -> str:

@@ -261,6 +261,10 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     last = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}", "-n", "2")
     assert last.code == 0 and \
         last.stdout == "".join(shown.stdout.splitlines(keepends=True)[-2:]), last.stdout
+    searched = gpucluster("logs", "-i", str(cluster.inventory), f"slurm-{job}", "--rank", "1",
+                          "--grep", "ready")
+    assert searched.code == 0 and re.fullmatch(r"\[(node\d)/1\] rank 1/3 on \1 ready\n",
+                                               searched.stdout), searched.stdout
     # Slurm requeues a job (as it does when one of its nodes fails), here onto a node
     # the first start did not have: the output of both starts is kept, the new node
     # fetches the checkpoints from one that has them, and the second start resumes from

@@ -129,13 +129,53 @@ def test_logs_without_follow_shows_the_output_so_far_and_returns(
         assert "".join(shown) == expected, (lines, shown)
 
 
-def test_a_slurm_jobs_output_takes_no_search_options(tmp_path: Path) -> None:
+def test_a_slurm_jobs_lines_have_no_time_and_are_searched_not_followed(tmp_path: Path
+                                                                         ) -> None:
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
-    done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--grep", "loss")
+    done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--since", "10m")
     assert done.code == 2 and done.stderr.strip() == (
-        "gpucluster: error: slurm-4: a Slurm job's output is one file, shown whole: "
-        "only -f and -n apply (fix: gpucluster logs slurm-4 | grep ...)")
+        "gpucluster: error: slurm-4: a Slurm job's lines carry no time of their own: "
+        "--since, --until, --all-jobs and --json do not apply (fix: -w, --rank or --grep, "
+        "or gpucluster logs slurm-4 | grep ...)")
+    followed = gpucluster("logs", "-i", str(inventory), "slurm-4", "-f", "--rank", "0")
+    assert followed.code == 2 and "slurm-4: -f shows the lines as they come, unfiltered: " \
+        "not with -w, --rank or --grep" in followed.stderr, followed.stderr
+
+
+def test_a_slurm_jobs_lines_are_searched_by_node_rank_and_text(
+        session: Session, tmp_path: Path) -> None:
+    """As a launched job's: -w, --rank and --grep keep lines, -n the last of those kept;
+    a line without a label (the batch script's) is no node's or rank's: --grep alone."""
+    out = tmp_path / "slurm-9.out"
+    out.write_text("0: gpucluster: a is task 0\n1: gpucluster: b is task 1\n"
+                   "0: [0]:epoch 1 loss 0.5\n1: [1]:epoch 1 loss 0.6\n"
+                   "gpucluster: Slurm job 9 requeued: start 2, on a,b\n"
+                   "1: W1206 06:29:36.558000 15 api.py:1028] Sending process 7 signal\n"
+                   "0: [0]:epoch 2 loss 0.4\n1: [1]:epoch 2 loss 0.3\n")
+    stand_in(tmp_path, "scontrol", f"echo 'JobId=9 JobState=COMPLETED BatchHost=a "
+                                   f"StdOut={out} ExitCode=0:0 NodeList=a,b Reason=None'\n")
+    inventory = str(tmp_path / "c.yaml")
+    path = {"PATH": os.environ["PATH"]}  # the stand-ins first
+
+    def search(*options: str) -> list[str]:
+        done = gpucluster("logs", "-i", inventory, "slurm-9", *options, env=path)
+        assert done.code == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert search("--rank", "1") == ["[b/1] epoch 1 loss 0.6", "[b/1] epoch 2 loss 0.3"]
+    assert search("-w", "b") == ["[b/1] epoch 1 loss 0.6",
+                                 "[b] W1206 06:29:36.558000 15 api.py:1028] Sending process 7 "
+                                 "signal", "[b/1] epoch 2 loss 0.3"]
+    assert search("--grep", "epoch 2|requeued") == [
+        "gpucluster: Slurm job 9 requeued: start 2, on a,b", "[a/0] epoch 2 loss 0.4",
+        "[b/1] epoch 2 loss 0.3"]
+    assert search("--grep", "loss", "-n", "3") == [
+        "[b/1] epoch 1 loss 0.6", "[a/0] epoch 2 loss 0.4", "[b/1] epoch 2 loss 0.3"]
+    assert search("-w", "b", "--grep", "requeued") == []
+    nothing = gpucluster("logs", "-i", inventory, "slurm-9", "--rank", "5", env=path)
+    assert nothing.code == 0 and nothing.stderr.splitlines() == [
+        "no line of Slurm job 9 matches", "Slurm job 9 completed"], nothing.stderr
 
 
 def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -> None:
