@@ -76,8 +76,8 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
 
 
 class _Kept:
-    """The lines of a Slurm job's a search keeps: a node's by its node, rank and text;
-    one without a label (no node's, no rank's) by --grep alone, once whole."""
+    """The lines of a Slurm job that a search keeps: a node's by its node, rank and
+    text; one without a label (no node's, no rank's) by --grep alone, once whole."""
 
     def __init__(self, printer: LinePrinter, keep: LogFilter, job_id: str) -> None:
         self._printer, self._keep, self._job = printer, keep, f"slurm-{job_id}"

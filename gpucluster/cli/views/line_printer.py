@@ -34,12 +34,12 @@ class LinePrinter:
     """Lines from all nodes, each whole, prefixed [node/rank] (or [node] for torchrun).
 
     Live (`full_logs` names the command that prints a job's lines in full; recovery
-    names each attempt's as it starts), a C++
-    backtrace becomes one line: torch prints 20-30 frames even for a warning, such as the
-    one a multi-node job can end with on the nodes but the head (whose agent, done first,
-    took the rendezvous store with it). So do the frames of torchrun's own tracebacks
-    (no rank's: torch's launcher, never the script): 25 lines on every node a failure
-    stopped, of the SIGTERM it was sent. The node's log keeps them.
+    names each attempt's as it starts), a C++ backtrace becomes one line: torch prints
+    20-30 frames even for a warning, such as the one a multi-node job can end with on the
+    nodes but the head (whose agent, done first, took the rendezvous store with it). So
+    do the frames of torchrun's own tracebacks (no rank's: torch's launcher, never the
+    script): 25 lines on every node a failure stopped, of the SIGTERM it was sent. The
+    node's log keeps them.
 
     A stream that cannot be written (stdout redirected to a full disk) stops taking
     lines, said once on `notes`; the job and its follow go on (the error used to end the
