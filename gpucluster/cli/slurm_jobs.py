@@ -71,6 +71,11 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
         raise unknown_job(job_id, f"its output stays in slurm-{job_id}.out where it was "
                                   f"submitted")
     err.print(f"Slurm job {job_id} {ending(ended)}")
+    failure = lines.first_failure() if ended.state != "COMPLETED" else None
+    if failure is not None:
+        from gpucluster.cli.views.launch import print_failure
+
+        print_failure(err, failure)
     if live and ended.state != "COMPLETED":
         raise typer.Exit(EXIT_FAILED)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Iterable
 from pathlib import Path
 
 from gpucluster.launch.known_causes import KnownCause, killed_by_sigkill, known_cause
@@ -73,9 +74,13 @@ def _traceback_at(lines: list[str], start: int, limit: int) -> list[str]:
 def failure_of(node: str, state: NodeState, log: Path) -> FirstFailure:
     """Rank, exit code and time of a node's failure, from torchrun's own report (its
     "Root Cause" block) and the end of the node's log."""
-    lines = [piece for line in (log.read_text(encoding="utf-8", errors="replace")
-                                .splitlines() if log.exists() else [])
-             for piece in unglued(line)]
+    return failure_in(node, state, log.read_text(encoding="utf-8", errors="replace")
+                      .splitlines() if log.exists() else [])
+
+
+def failure_in(node: str, state: NodeState, node_lines: Iterable[str]) -> FirstFailure:
+    """failure_of's, from the node's lines as its log has them (torchrun's tee's)."""
+    lines = [piece for line in node_lines for piece in unglued(line)]
     fields = root_cause(lines)
     rank = re.match(r"\d+", fields.get("rank", ""))
     worker = re.match(r"-?\d+", fields.get("exitcode", ""))

@@ -11,10 +11,13 @@ a requeue's, and a hand-written script's output) are passed on as the file has t
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from gpucluster import hostrange
 from gpucluster.launch.bar_draws import BarDraws, Shown
+from gpucluster.launch.failure import failure_in, root_cause
+from gpucluster.launch.model import FirstFailure, NodeState
 from gpucluster.launch.tee_lines import ranked, split_rank
 
 LABEL = re.compile(r" *(\d+): ")  # srun --label's, padded where there are 10 tasks or more
@@ -23,6 +26,9 @@ _TASK_IS = re.compile(r"gpucluster: (\S+) is task \d+")
 _LABEL_SO_FAR = re.compile(r" *\d*:?")
 
 NodeLine = Callable[[str, "str | None", str], None]  # node, rank (None: torchrun's), text
+# Each node's last lines kept for its failure: torchrun's report of it, its rank's
+# traceback (a rank that fails prints little after it).
+FAILURE_LINES = 2000
 
 
 class SlurmLines:
@@ -37,6 +43,7 @@ class SlurmLines:
         self._nodes: dict[str, str] = {}  # task -> node, as the tasks said
         self._in_order: list[str] = []  # the job's nodes, as Slurm lists them
         self._draws: dict[str, BarDraws] = {}
+        self._last: dict[str, deque[str]] = {}  # node -> its last lines, as torchrun's tee's
         self._open = ""  # a line's start, its end not read yet
         self._written_open = False  # a line without a label being written as it comes
 
@@ -77,10 +84,22 @@ class SlurmLines:
             self._nodes[task] = said[1]
             return
         node = self._node(task)
+        self._last.setdefault(node, deque(maxlen=FAILURE_LINES)).append(text)
         draws = self._draws.setdefault(node, BarDraws() if self._live else
                                        BarDraws(every_s=0, live=False))
         for piece in ranked(text):
             self._pass_on(node, draws.take(piece))
+
+    def first_failure(self) -> FirstFailure | None:
+        """The failure torchrun reported first (its Root Cause's time), among the lines
+        read: its node, rank, worker's exit code and what its words say of the cause."""
+        reported = {node: root_cause(list(lines)).get("time") for node, lines in
+                    self._last.items()}
+        failed = sorted((when, node) for node, when in reported.items() if when)
+        if not failed:
+            return None
+        node = failed[0][1]
+        return failure_in(node, NodeState(node, "exited"), self._last[node])
 
     def _node(self, task: str) -> str:
         if task in self._nodes:

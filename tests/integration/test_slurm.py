@@ -238,7 +238,8 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                         "--debug", "--follow", "fails.py", cwd=str(project), timeout=120)
     assert failed.code == 1 and "failing INFO INFO" in failed.stdout, \
         failed.stdout + failed.stderr
-    assert re.search(r"Slurm job \d+ failed \(exit 1:0\)", failed.stderr), failed.stderr
+    assert re.search(r"Slurm job \d+ failed \(exit 1:0\)\nfirst failure: rank 0 on node\d, "
+                     r"worker exit code 3\n", failed.stderr), failed.stderr
     # bundle slurm-ID: Slurm's record, the output's end, torchrun's root cause, its node.
     failed_id = re.search(r"submitted batch job (\d+)", failed.stderr)[1]  # type: ignore[index]
     archive = tmp_path / "failed.tar.gz"

@@ -103,6 +103,23 @@ def test_a_hand_written_jobs_output_is_written_as_it_comes() -> None:
     assert out.getvalue().endswith("12 monkeys\n[task 0/0] no end\n")
 
 
+def test_the_first_failure_is_named_from_torchruns_report_and_the_ranks_words() -> None:
+    """The real thing: rank 1 on node1 raised CUDA's out-of-memory error; node2's
+    torchrun was ended after it (its own traceback of the signal, no Root Cause)."""
+    lines = SlurmLines(lambda node, rank, text: None, lambda text: None, live=True)
+    lines.feed((FIXTURES / "died-in-a-bar-2-nodes.out").read_text())
+    lines.finish()
+    failure = lines.first_failure()
+    assert failure is not None
+    assert (failure.node, failure.rank, failure.worker_exit) == ("node1", 1, 1)
+    assert failure.cause is not None and failure.cause.name == "gpu-out-of-memory"
+    assert failure.rank_error[-1] == "RuntimeError: CUDA out of memory. Tried to allocate " \
+                                     "2.00 GiB"
+    done = SlurmLines(lambda node, rank, text: None, lambda text: None, live=False)
+    done.feed((FIXTURES / "train-3-nodes.out").read_text())
+    assert done.first_failure() is None
+
+
 def test_a_failures_words_are_found_under_the_labels() -> None:
     """bundle's summary of a Slurm job: torchrun's Root Cause and the first traceback."""
     lines = plain_lines((FIXTURES / "died-in-a-bar-2-nodes.out").read_text().splitlines())

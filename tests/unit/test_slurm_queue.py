@@ -194,6 +194,18 @@ def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -
     assert shown.stderr.strip() == "Slurm job 9 failed (exit 1:0)"
     followed = gpucluster("logs", "-i", inventory, "-f", "slurm-9", env=path)
     assert followed.code == 1 and followed.stdout == shown.stdout  # -f: the job's verdict
+    # A job of export sbatch's: the first failure and its likely cause, as launch names them.
+    out.write_bytes((Path(__file__).parents[1] / "fixtures/slurm/died-in-a-bar-2-nodes.out"
+                     ).read_bytes())
+    failed = gpucluster("logs", "-i", inventory, "slurm-9", env=path)
+    assert failed.code == 0 and failed.stderr.splitlines()[:3] == [
+        "Slurm job 9 failed (exit 1:0)",
+        "first failure: rank 1 on node1, worker exit code 1",
+        "likely cause: the GPU ran out of memory (fix: lower the batch size per GPU, or use "
+        "gradient accumulation or activation checkpointing; with much memory reserved but "
+        "unallocated, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; `gpucluster top` "
+        "shows any other process holding memory on that GPU, `gpucluster reap` ends "
+        "leftovers)"], failed.stderr
     unknown = gpucluster("logs", "-i", inventory, "slurm-10", env=path)
     assert unknown.code == 2 and unknown.stderr.strip() == (
         "gpucluster: error: Slurm does not know job 10: it forgets an ended job after "

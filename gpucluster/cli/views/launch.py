@@ -15,6 +15,7 @@ from gpucluster import hostrange
 from gpucluster.cli.views.common import print_json
 from gpucluster.cli.views.terminal_text import printable
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.known_causes import KnownCause
 from gpucluster.launch.model import (
     FirstFailure,
     JobOutcome,
@@ -47,6 +48,24 @@ def _said(text: str) -> str:
     return escape(printable(text))
 
 
+def print_failure(err: Console, failure: FirstFailure) -> None:
+    """The first failure in a line, and its likely cause where its words name one: where
+    its lines were shown just before (a Slurm job's)."""
+    err.print(_first_failure(failure))
+    if failure.cause is not None:
+        err.print(_likely_cause(failure.cause))
+
+
+def _first_failure(failure: FirstFailure) -> str:
+    where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
+        else failure.node
+    return f"[bold red]first failure: {where}, {_said(failure_cause(failure))}[/]"
+
+
+def _likely_cause(cause: KnownCause) -> str:
+    return f"[bold]likely cause:[/] {escape(cause.what)} (fix: {escape(cause.fix)})"
+
+
 def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
                   rendezvous_not_closed: Collection[str] = ()) -> None:
     """How the job ended: its first failure, every node's state. `rendezvous_not_closed`:
@@ -54,9 +73,7 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
     record = outcome.record
     failure = outcome.first_failure
     if failure is not None:
-        where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
-            else failure.node
-        err.print(f"[bold red]first failure: {where}, {_said(failure_cause(failure))}[/]")
+        err.print(_first_failure(failure))
         if failure.error_came_before:
             err.print(f"last traceback of rank {failure.rank} (more of its output came "
                       f"after it):")
@@ -71,8 +88,7 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
         for line in failure.tail:
             err.print(f"  {_said(line)}", style="dim")
         if failure.cause is not None:
-            err.print(f"[bold]likely cause:[/] {escape(failure.cause.what)} "
-                      f"(fix: {escape(failure.cause.fix)})")
+            err.print(_likely_cause(failure.cause))
     by_state = hostrange.hosts_by((state.label, node)
                                   for node, state in outcome.states.items())
     states = ", ".join(f"{label} on {hostrange.fold(nodes)}"
