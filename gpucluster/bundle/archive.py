@@ -18,7 +18,7 @@ from gpucluster.doctor.model import Status
 from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.model import FirstFailure, JobOutcome
-from gpucluster.slurm.output_lines import plain_lines
+from gpucluster.slurm.output_lines import SlurmLines
 from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
 from gpucluster.whole_file import check_writable, written_whole
 from gpucluster.wording import counted
@@ -95,16 +95,26 @@ def _slurm_job(job: SlurmJob) -> list[str]:
     lines = [f"## Slurm job {job.id}", "", f"{state}{where}; its output: `{info.stdout}` "
              f"on {info.batch_host or 'no node yet'}.", ""]
     output = job.lines()
-    searched = plain_lines(output)  # without srun's labels and torchrun's ranks
-    cause = root_cause(searched)
-    if cause.get("rank"):
-        lines += [f"torchrun's first failure: rank {cause['rank']} on "
-                  f"{cause.get('host', '?')}, exit code {cause.get('exitcode', '?')}, at "
-                  f"{cause.get('time', '?')}.", ""]
-    error = first_traceback(searched)
-    if error:
-        lines += ["Its first error:", "", "```", *error, "```", ""]
-    tail = output[-SUMMARY_LINES:]
+    shown: list[str] = []  # as logs shows them: [node/rank] where labelled (output_lines)
+    read = SlurmLines(lambda node, rank, text: shown.append(
+        f"[{node}/{rank}] {text}" if rank is not None else f"[{node}] {text}"),
+        lambda text: shown.append(text.removesuffix("\n")), live=False)
+    read.nodes_are(info.nodes)
+    read.feed("".join(f"{line}\n" for line in output))
+    read.finish()
+    failure = read.first_failure()
+    if failure is not None:
+        lines += _first_failure(failure)
+    else:  # a script of the user's own: torchrun's words searched where they stand
+        cause = root_cause(output)
+        if cause.get("rank"):
+            lines += [f"torchrun's first failure: rank {cause['rank']} on "
+                      f"{cause.get('host', '?')}, exit code {cause.get('exitcode', '?')}, "
+                      f"at {cause.get('time', '?')}.", ""]
+        error = first_traceback(output)
+        if error:
+            lines += ["Its first error:", "", "```", *error, "```", ""]
+    tail = shown[-SUMMARY_LINES:]
     if tail:
         lines += [f"The last {len(tail)} lines of its output:", "", "```", *tail, "```", ""]
     else:
@@ -140,6 +150,11 @@ def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list
                        for state, hosts in by_state.items())
     if failure is None:
         return [f"No node failed. States: {states}."]
+    return [*_first_failure(failure), f"States: {states}."]
+
+
+def _first_failure(failure: FirstFailure) -> list[str]:
+    """Where the job failed first, how, its last traceback or lines, the likely cause."""
     rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
     last = [line for line in (failure.rank_tail or failure.tail) if line.strip()][-3:]
     shown = ["Its last lines:", "", "```", *last, "```", ""]
@@ -153,8 +168,7 @@ def _job_state(outcome: JobOutcome | None, failure: FirstFailure | None) -> list
             + (f", worker exit {failure.worker_exit}" if failure.worker_exit is not None
                else "") + ").", "", *shown,
             *([f"Likely cause: {failure.cause.what} (fix: {failure.cause.fix}).", ""]
-              if failure.cause else []),
-            f"States: {states}."]
+              if failure.cause else [])]
 
 
 def _gpu_errors(collected: Collected) -> list[str]:

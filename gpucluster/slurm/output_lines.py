@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from gpucluster import hostrange
 from gpucluster.launch.bar_draws import BarDraws, Shown
 from gpucluster.launch.failure import failure_in, root_cause
 from gpucluster.launch.model import FirstFailure, NodeState
-from gpucluster.launch.tee_lines import ranked, split_rank
+from gpucluster.launch.tee_lines import ranked
 
 LABEL = re.compile(r" *(\d+): ")  # srun --label's, padded where there are 10 tasks or more
 _TASK_IS = re.compile(r"gpucluster: (\S+) is task \d+")
@@ -111,12 +111,3 @@ class SlurmLines:
         for rank, text in shown:
             self._on_line(node, rank, text)
 
-
-def plain_lines(lines: Iterable[str]) -> list[str]:
-    """The lines' texts without srun's label or torchrun's rank: the words a failure's
-    search looks for (torchrun's Root Cause fields, a traceback) where they begin."""
-    plain = []
-    for line in lines:
-        label = LABEL.match(line)
-        plain.append(split_rank(line[label.end():])[1] if label else line)
-    return plain

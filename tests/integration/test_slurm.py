@@ -251,7 +251,8 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         summary_md = tar.extractfile(files["SUMMARY.md"]).read().decode()  # type: ignore[union-attr]
         ran = tar.extractfile(files["slurm-job/output.log"]).read()  # type: ignore[union-attr]
     assert f"## Slurm job {failed_id}\n\nfailed (exit 1:0) on node" in summary_md, summary_md
-    assert "torchrun's first failure: rank 0 (local_rank: 0) on node" in summary_md
+    assert re.search(r"\*\*First failure: node\d, rank 0\*\* \(exited, worker exit 3\)\.\n\n"
+                     r"Its last lines:\n\n```\nfailing INFO INFO\n```", summary_md), summary_md
     assert b"failing INFO INFO\n" in ran and "slurm-job/scontrol.txt" in files
     assert len({name.split("/")[1] for name in files if name.startswith("nodes/")}) == 1
     # logs slurm-ID shows an ended job's output again, and how it ended.

@@ -223,6 +223,32 @@ def test_a_slurm_jobs_bundle_says_how_it_ended_with_the_end_of_its_output() -> N
     assert "No output collected: it has not started." in text
 
 
+def test_an_exported_slurm_jobs_bundle_names_its_failure_as_launch_does() -> None:
+    """The real output of a job export sbatch wrote (srun's labels, torchrun's ranks): the
+    first failure with its node, rank, last traceback and likely cause; its last lines as
+    logs shows them."""
+    from gpucluster.bundle import slurm_job
+    from gpucluster.slurm.follow import parse_job
+
+    shown = ("JobId=5 JobState=FAILED ExitCode=1:0 NodeList=node[1-2] BatchHost=node1 "
+             "StdOut=/srv/w/slurm-5.out")
+    output = (Path(__file__).parents[1] / "fixtures/slurm/died-in-a-bar-2-nodes.out"
+              ).read_bytes()
+    job = slurm_job.SlurmJob("5", parse_job(shown), shown, output, "", ["node1", "node2"],
+                             None)
+    doctor = DoctorReport(("node1", "node2"), (), ())
+    text = summary(Collected({}, doctor, None, None, 1.0, slurm_job=job), Path("inv.yaml"))
+    part = text.split("## Slurm job 5")[1].split("\n## ")[0]
+    assert "**First failure: node1, rank 1** (exited, worker exit 1).\n\nIts last " \
+           "traceback:\n\n```\nTraceback (most recent call last):\n" in part, part
+    assert "Likely cause: the GPU ran out of memory (fix: " in part
+    tail = part.split("The last 20 lines of its output:\n\n```\n")[1].split("```")[0]
+    assert tail.splitlines()[-3:] == [
+        "[node2] torch.distributed.elastic.multiprocessing.api.SignalException: Process 15155 "
+        "got signal: 15", "[node2/3] bar 2/10[2]:bar 2/10",
+        "srun: error: node2: task 1: Exited with exit code 1"]
+
+
 def test_the_archives_path_is_checked_before_collecting_and_never_left_half_written(
         tmp_path: Path) -> None:
     import tarfile

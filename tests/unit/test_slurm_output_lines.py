@@ -7,8 +7,7 @@ import io
 from pathlib import Path
 
 from gpucluster.cli.views.line_printer import LinePrinter
-from gpucluster.launch.failure import first_traceback, root_cause
-from gpucluster.slurm.output_lines import SlurmLines, plain_lines
+from gpucluster.slurm.output_lines import SlurmLines
 
 FIXTURES = Path(__file__).parents[1] / "fixtures/slurm"
 
@@ -119,11 +118,3 @@ def test_the_first_failure_is_named_from_torchruns_report_and_the_ranks_words() 
     done.feed((FIXTURES / "train-3-nodes.out").read_text())
     assert done.first_failure() is None
 
-
-def test_a_failures_words_are_found_under_the_labels() -> None:
-    """bundle's summary of a Slurm job: torchrun's Root Cause and the first traceback."""
-    lines = plain_lines((FIXTURES / "died-in-a-bar-2-nodes.out").read_text().splitlines())
-    assert root_cause(lines) == {"time": "2026-12-06_06:29:36", "host": "node1",
-                                 "rank": "1 (local_rank: 1)", "exitcode": "1 (pid: 15189)"}
-    assert first_traceback(lines)[-1] == "RuntimeError: CUDA out of memory. Tried to " \
-                                         "allocate 2.00 GiB"
