@@ -1152,6 +1152,27 @@ def test_jobs_names_a_node_the_inventory_no_longer_lists() -> None:
     assert "stopped: n[1-2], not in this inventory: n3" in console.export_text()
 
 
+def test_jobs_in_80_columns_shows_a_recovery_runs_whole_id() -> None:
+    """It was cut to `20261206-061848…`: the id `jobs` names the run by."""
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import print_jobs
+    from gpucluster.launch.model import NodeState
+
+    record = JobRecord("20261206-061927-3054", "train.py", ["--epochs", "10", "--step-delay",
+                                                            "0.05"], ["node1", "node2"],
+                       "/c", "/j", 0.0, {"node1": 2, "node2": 2}, attempt=2,
+                       run="20261206-061848-cd8a")
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_jobs(console, [record], {record.id: {n: NodeState(n, "exited", 0)
+                                               for n in record.hosts}}, {})
+    shown = console.export_text()
+    assert "…" not in shown and "20261206-061848" in shown, shown
+    assert "cd8a" in shown.replace("│", " ").split("20261206-061848")[1], shown
+
+
 def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(
         tmp_path: Path) -> None:
     import subprocess

@@ -110,7 +110,9 @@ def print_table(console: Console, title: str, columns: Sequence[str],
                 rows: Sequence[Sequence[str]]) -> None:
     table = Table(title=title)
     for index, column in enumerate(columns):
-        table.add_column(column, no_wrap=index == 0)  # the key column stays whole
+        # The key column stays whole; in the others a word too long for the column (a
+        # run's job id) folds rather than losing its end to an ellipsis.
+        table.add_column(column, no_wrap=index == 0, overflow="fold")
     for row in rows:
         table.add_row(*row)
     console.print(table)
