@@ -99,7 +99,6 @@ def _slurm_job(job: SlurmJob) -> list[str]:
     read = SlurmLines(lambda node, rank, text: shown.append(
         f"[{node}/{rank}] {text}" if rank is not None else f"[{node}] {text}"),
         lambda text: shown.append(text.removesuffix("\n")), live=False)
-    read.nodes_are(info.nodes)
     read.feed("".join(f"{line}\n" for line in output))
     read.finish()
     failure = read.first_failure()

@@ -47,8 +47,7 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
     try:
         ended = follow(session, inventory, job_id, lines.feed,
                        lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"),
-                       live=live, tail=None if kept else tail,
-                       on_info=lambda info: lines.nodes_are(info.nodes))
+                       live=live, tail=None if kept else tail)
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (gpucluster stop "
                           f"slurm-{job_id} ends it)") from None

@@ -18,6 +18,7 @@ from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
+from gpucluster.slurm.output_lines import TASK_LINE_ERE
 from gpucluster.slurm.submit import submit_host
 from gpucluster.slurm_states import ENDED_JOB_STATES
 
@@ -26,6 +27,7 @@ POLL_TIMEOUT_S = 30.0
 UNANSWERED_LIMIT_S = 120.0  # scontrol failing this long (not: no such job) ends following
 FORGOTTEN = "Invalid job id"  # scontrol, of a job Slurm no longer keeps
 CHUNK_BYTES = 4 << 20  # read per poll at most: a job that floods its output is caught up
+TASK_LINES = 4096  # the tasks' words of their node read before a tail: nodes x starts
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,12 @@ def job_info(connection: Connection, job_id: str) -> JobInfo | str:
 def follow(session: Session, inventory: Inventory, job_id: str,
            on_output: Callable[[str], None],
            on_status: Callable[[str], None] = lambda status: None,
-           live: bool = True, tail: int | None = None,
-           on_info: Callable[[JobInfo], None] = lambda info: None) -> JobInfo:
+           live: bool = True, tail: int | None = None) -> JobInfo:
     """Stream the job's output to `on_output` until it ends (or, not `live`, what it has
-    written so far), from its last `tail` lines when given, and each change of its state
-    to `on_status` while it has not ended; its last JobInfo. `on_info` has what Slurm
-    said of the job at each poll, before the output read then."""
+    written so far), from its last `tail` lines when given (after the lines before them
+    where the job's tasks said their node, which output_lines takes and does not show),
+    and each change of its state to `on_status` while it has not ended; its last
+    JobInfo."""
     controller = session.connection(submit_host(inventory))
     by_name = {host.name: host for host in inventory.hosts}
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -116,12 +118,12 @@ def follow(session: Session, inventory: Inventory, job_id: str,
             info = dataclasses.replace(last, state="", reason="", nodes="")
         if live and not info.ended and info.status != last.status:
             on_status(info.status)
-        on_info(info)
         host = by_name.get(info.batch_host)
         if tail is not None and host is not None and info.stdout:
             start = _last_lines_at(session, host, info.stdout, tail)
             if start is not None:  # else not written yet: the next poll asks again
-                offset, tail = start, None
+                (offset, tasks), tail = start, None
+                on_output(tasks)
         while host is not None and info.stdout and tail is None:  # what the node has written since
             chunk = _read_from(session, host, info.stdout, offset)
             offset += len(chunk)
@@ -135,18 +137,23 @@ def follow(session: Session, inventory: Inventory, job_id: str,
         time.sleep(POLL_S)
 
 
-def _last_lines_at(session: Session, host: Host, path: str, lines: int) -> int | None:
+def _last_lines_at(session: Session, host: Host, path: str, lines: int
+                   ) -> tuple[int, str] | None:
     """Where the file's last `lines` lines begin (measured in one shell, so that a line
-    written meanwhile cannot shift it); None while it cannot be read."""
+    written meanwhile cannot shift it), and the lines before there where the job's
+    tasks said their node (the last TASK_LINES of them); None while it cannot be read."""
     quoted = shlex.quote(path)
     try:
         done = session.connection(host).run(
             f"[ -r {quoted} ] || exit 3; size=$(wc -c < {quoted}); "
-            f"echo $(( size - $(head -c \"$size\" {quoted} | tail -n {lines} | wc -c) ))",
+            f"start=$(( size - $(head -c \"$size\" {quoted} | tail -n {lines} | wc -c) )); "
+            f"echo \"$start\"; head -c \"$start\" {quoted} | "
+            f"grep -a -E {shlex.quote(TASK_LINE_ERE)} | tail -n {TASK_LINES}",
             POLL_TIMEOUT_S)
     except RemoteError:
         return None
-    return int(done.stdout) if done.ok and done.stdout.strip().isdigit() else None
+    start, _, tasks = done.stdout.partition("\n")
+    return (int(start), tasks) if done.ok and start.strip().isdigit() else None
 
 
 def _read_from(session: Session, host: Host, path: str, offset: int) -> bytes:

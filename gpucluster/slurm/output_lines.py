@@ -3,10 +3,10 @@
 The script `export sbatch` writes runs srun with `--label`, so each line of a task comes
 behind its task number (`2: `), and torchrun with its tee, so a rank's line comes behind
 its global rank (`[5]:`), as under launch. Each task says first which node it is on
-(`2: gpucluster: node3 is task 2`), again at each start after a requeue; a task not
-heard saying so (a tail of the file) is taken to be on the job's nodes in Slurm's order,
-as srun places one task per node. Lines without a label (the batch script's own, such as
-a requeue's, and a hand-written script's output) are passed on as the file has them."""
+(`2: gpucluster: node3 is task 2`), again at each start after a requeue (a read of the
+file's end gets those lines too: slurm/follow); a task not heard saying so is `task 2`.
+Lines without a label (the batch script's own, such as a requeue's, and a hand-written
+script's output) are passed on as the file has them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import re
 from collections import deque
 from collections.abc import Callable
 
-from gpucluster import hostrange
 from gpucluster.launch.bar_draws import BarDraws, Shown
 from gpucluster.launch.failure import failure_in, root_cause
 from gpucluster.launch.model import FirstFailure, NodeState
@@ -22,6 +21,8 @@ from gpucluster.launch.tee_lines import ranked
 
 LABEL = re.compile(r" *(\d+): ")  # srun --label's, padded where there are 10 tasks or more
 _TASK_IS = re.compile(r"gpucluster: (\S+) is task \d+")
+# A task's word of its node as a whole line of the file (grep -E), label and all.
+TASK_LINE_ERE = "^ *[0-9]+: gpucluster: [^ ]+ is task [0-9]+$"
 # A line's start that may still become a label: held until the rest of it comes.
 _LABEL_SO_FAR = re.compile(r" *\d*:?")
 
@@ -41,16 +42,10 @@ class SlurmLines:
                  live: bool) -> None:
         self._on_line, self._as_written, self._live = on_line, as_written, live
         self._nodes: dict[str, str] = {}  # task -> node, as the tasks said
-        self._in_order: list[str] = []  # the job's nodes, as Slurm lists them
         self._draws: dict[str, BarDraws] = {}
         self._last: dict[str, deque[str]] = {}  # node -> its last lines, as torchrun's tee's
         self._open = ""  # a line's start, its end not read yet
         self._written_open = False  # a line without a label being written as it comes
-
-    def nodes_are(self, node_list: str) -> None:
-        """Slurm's NodeList for the job (`node[1-3]`), for tasks that did not say."""
-        if node_list not in ("", "(null)"):
-            self._in_order = hostrange.expand_list(node_list)
 
     def feed(self, text: str) -> None:
         *lines, self._open = (self._open + text).split("\n")
@@ -83,7 +78,7 @@ class SlurmLines:
         if said:
             self._nodes[task] = said[1]
             return
-        node = self._node(task)
+        node = self._nodes.get(task) or f"task {task}"
         self._last.setdefault(node, deque(maxlen=FAILURE_LINES)).append(text)
         draws = self._draws.setdefault(node, BarDraws() if self._live else
                                        BarDraws(every_s=0, live=False))
@@ -100,12 +95,6 @@ class SlurmLines:
             return None
         node = failed[0][1]
         return failure_in(node, NodeState(node, "exited"), self._last[node])
-
-    def _node(self, task: str) -> str:
-        if task in self._nodes:
-            return self._nodes[task]
-        index = int(task)
-        return self._in_order[index] if index < len(self._in_order) else f"task {task}"
 
     def _pass_on(self, node: str, shown: Shown) -> None:
         for rank, text in shown:

@@ -173,6 +173,8 @@ def test_a_slurm_jobs_lines_are_searched_by_node_rank_and_text(
     assert search("--grep", "loss", "-n", "3") == [
         "[b/1] epoch 1 loss 0.6", "[a/0] epoch 2 loss 0.4", "[b/1] epoch 2 loss 0.3"]
     assert search("-w", "b", "--grep", "requeued") == []
+    # -n: the file's end, its tasks named by their word before it
+    assert search("-n", "2") == ["[a/0] epoch 2 loss 0.4", "[b/1] epoch 2 loss 0.3"]
     nothing = gpucluster("logs", "-i", inventory, "slurm-9", "--rank", "5", env=path)
     assert nothing.code == 0 and nothing.stderr.splitlines() == [
         "no line of Slurm job 9 matches", "Slurm job 9 completed"], nothing.stderr
