@@ -25,6 +25,8 @@ _TASK_IS = re.compile(r"gpucluster: (\S+) is task \d+")
 TASK_LINE_ERE = "^ *[0-9]+: gpucluster: [^ ]+ is task [0-9]+$"
 # A line's start that may still become a label: held until the rest of it comes.
 _LABEL_SO_FAR = re.compile(r" *\d*:?")
+# The batch script's word that Slurm started the job again (templates/slurm/sbatch.sh.j2).
+_REQUEUED = re.compile(r"gpucluster: Slurm job \d+ requeued: start \d+")
 
 NodeLine = Callable[[str, "str | None", str], None]  # node, rank (None: torchrun's), text
 # Each node's last lines kept for its failure: torchrun's report of it, its rank's
@@ -70,6 +72,8 @@ class SlurmLines:
     def _line(self, line: str, ended: bool = True) -> None:
         label = None if self._written_open else LABEL.match(line)
         if label is None:
+            if not self._written_open and _REQUEUED.match(line):
+                self._last.clear()  # a failure of an earlier start is not this start's
             self._as_written(line + "\n" if ended else line)
             self._written_open = False
             return
@@ -86,8 +90,9 @@ class SlurmLines:
             self._pass_on(node, draws.take(piece))
 
     def first_failure(self) -> FirstFailure | None:
-        """The failure torchrun reported first (its Root Cause's time), among the lines
-        read: its node, rank, worker's exit code and what its words say of the cause."""
+        """The failure torchrun reported first (its Root Cause's time) in the job's last
+        start, among the lines read: its node, rank, worker's exit code and what its words
+        say of the cause."""
         reported = {node: root_cause(list(lines)).get("time") for node, lines in
                     self._last.items()}
         failed = sorted((when, node) for node, when in reported.items() if when)

@@ -115,4 +115,16 @@ def test_the_first_failure_is_named_from_torchruns_report_and_the_ranks_words() 
     done = SlurmLines(lambda node, rank, text: None, lambda text: None, live=False)
     done.feed((FIXTURES / "train-3-nodes.out").read_text())
     assert done.first_failure() is None
+    # Requeued (its node lost), the job failed again: the last start's failure is named.
+    again = SlurmLines(lambda node, rank, text: None, lambda text: None, live=False)
+    again.feed((FIXTURES / "died-in-a-bar-2-nodes.out").read_text())
+    again.feed("gpucluster: Slurm job 5 requeued: start 2, on node[2-3], 2026-12-06 07:44:02 UTC\n"
+               "0: gpucluster: node2 is task 0\n1: gpucluster: node3 is task 1\n"
+               "1: [3]:ValueError: bad shard\n"
+               "1: Root Cause (first observed failure):\n1: [0]:\n"
+               "1:   time      : 2026-12-06_07:50:00\n1:   host      : node3\n"
+               "1:   rank      : 3 (local_rank: 1)\n1:   exitcode  : 2 (pid: 77)\n")
+    failure = again.first_failure()
+    assert failure is not None and (failure.node, failure.rank, failure.worker_exit) == \
+        ("node3", 3, 2), failure
 
