@@ -12,6 +12,7 @@ from gpucluster.inventory import Inventory
 from gpucluster.launch.node_scripts import (
     CHECKPOINT_COPY_S,
     DEBUG_ENV_NAMES,
+    RANK_LINE_ENV_NAMES,
     Container,
     container_command,
 )
@@ -29,9 +30,6 @@ from gpucluster.torchrun import (
 )
 
 HEAD_ADDRESS = "$GPC_HEAD_ADDR"  # set by the batch script from Slurm's NodeAddr
-# Set by each node's task for torchrun, passed into a container: output that streams
-# live, each rank's line behind its global rank.
-LINE_ENV_NAMES = ("PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
 NODE_ADDRESS = "$addr"  # set by each node's task from its own NodeAddr
 
 
@@ -85,7 +83,7 @@ def sbatch_script(inventory: Inventory, request: SbatchRequest) -> str:
                               head.jobs_use_gpus, sorted({*env, *SOCKET_IFNAME_VARIABLES,
                                                           "GPUCLUSTER_CHECKPOINT_DIR",
                                                           "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS",
-                                                          *LINE_ENV_NAMES, *debug_env}),
+                                                          *RANK_LINE_ENV_NAMES, *debug_env}),
                               name_expands=True)
         command = container_command(container, command, node_images_dir(cluster.work_dir))
     work_dir = shell_path(cluster.work_dir)
