@@ -17,6 +17,7 @@ from gpucluster.bundle.slurm_job import SUMMARY_LINES, SlurmJob
 from gpucluster.doctor.model import Status
 from gpucluster.launch.failure import first_traceback, root_cause
 from gpucluster.launch.jobs import JobStore
+from gpucluster.launch.logsearch import where
 from gpucluster.launch.model import FirstFailure, JobOutcome
 from gpucluster.slurm.output_lines import SlurmLines
 from gpucluster.slurm_states import is_healthy, parse_sinfo, problem_of
@@ -91,15 +92,14 @@ def _slurm_job(job: SlurmJob) -> list[str]:
     """How Slurm says the job went, where, and the end of its output."""
     info = job.info
     state = info.state.lower() + (f" (exit {info.exit_code})" if info.exit_code else "")
-    where = f" on {info.nodes}" if info.nodes not in ("", "(null)") else ""
-    lines = [f"## Slurm job {job.id}", "", f"{state}{where}; its output: `{info.stdout}` "
+    ran_on = f" on {info.nodes}" if info.nodes not in ("", "(null)") else ""
+    lines = [f"## Slurm job {job.id}", "", f"{state}{ran_on}; its output: `{info.stdout}` "
              f"on {info.batch_host or 'no node yet'}.", ""]
     output = job.lines()
     shown: list[str] = []  # as logs shows them: [node/rank] where labelled (output_lines)
-    read = SlurmLines(lambda node, rank, text: shown.append(
-        f"[{node}/{rank}] {text}" if rank is not None else f"[{node}] {text}"),
-        lambda text: shown.append(text.removesuffix("\n")), live=False)
-    read.feed("".join(f"{line}\n" for line in output))
+    read = SlurmLines(lambda node, rank, text: shown.append(f"{where(node, rank)} {text}"),
+                      lambda text: shown.append(text.removesuffix("\n")), live=False)
+    read.feed(job.output.decode(errors="replace"))
     read.finish()
     failure = read.first_failure()
     if failure is not None:

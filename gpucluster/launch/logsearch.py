@@ -189,5 +189,9 @@ def text(line: LogLine, across_jobs: bool = False) -> str:
     clock = time.strftime("%Y-%m-%d %H:%M:%S" if across_jobs else "%H:%M:%S",
                           time.localtime(line.time)) + f".{int(line.time * 1000) % 1000:03d}"
     job = f" {line.job}" if across_jobs else ""
-    rank = "" if line.rank is None else f"/{line.rank}"
-    return f"{clock}{job} [{line.node}{rank}] {line.text}"
+    return f"{clock}{job} {where(line.node, line.rank)} {line.text}"
+
+
+def where(node: str, rank: int | str | None) -> str:
+    """`[node2/3]`, or `[node2]` for a line of torchrun's own: how a job's line is shown."""
+    return f"[{node}]" if rank is None else f"[{node}/{rank}]"

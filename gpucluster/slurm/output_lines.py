@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 
 from gpucluster.launch.bar_draws import BarDraws, Shown
-from gpucluster.launch.failure import failure_in, root_cause
+from gpucluster.launch.failure import failure_in
 from gpucluster.launch.model import FirstFailure, NodeState
 from gpucluster.launch.tee_lines import ranked
 
@@ -93,13 +93,10 @@ class SlurmLines:
         """The failure torchrun reported first (its Root Cause's time) in the job's last
         start, among the lines read: its node, rank, worker's exit code and what its words
         say of the cause."""
-        reported = {node: root_cause(list(lines)).get("time") for node, lines in
-                    self._last.items()}
-        failed = sorted((when, node) for node, when in reported.items() if when)
-        if not failed:
-            return None
-        node = failed[0][1]
-        return failure_in(node, NodeState(node, "exited"), self._last[node])
+        failures = [failure_in(node, NodeState(node, "exited"), lines)
+                    for node, lines in self._last.items()]
+        reported = [failure for failure in failures if failure.failed_at]
+        return min(reported, key=FirstFailure.order, default=None)
 
     def _pass_on(self, node: str, shown: Shown) -> None:
         for rank, text in shown:

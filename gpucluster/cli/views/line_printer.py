@@ -14,6 +14,7 @@ from typing import TextIO
 
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.cli.views.terminal_text import printable
+from gpucluster.launch.logsearch import where
 from gpucluster.launch.model import OutputClosed
 from gpucluster.launch.tee_lines import TRACEBACK_START
 from gpucluster.wording import counted
@@ -124,6 +125,7 @@ class LinePrinter:
                     continue
                 self._say_frames(out, node, rank)
             shown = printable(text)
+            # logsearch.where's prefix, written out: this runs for each of a job's lines
             out.append(f"[{node}/{rank}] {shown}\n" if rank is not None else f"[{node}] {shown}\n")
             if rank is None and _RENDEZVOUS_NOT_CLOSED.search(text):
                 self.rendezvous_not_closed.add(node)
@@ -140,9 +142,8 @@ class LinePrinter:
     def _say_frames(self, out: list[str], node: str, rank: str | None) -> None:
         fold = self._folds.pop((node, rank), None)
         if fold is not None and fold.frames:
-            prefix = f"[{node}/{rank}]" if rank is not None else f"[{node}]"
-            out.append(f"{prefix} ({counted(fold.frames, 'line')} of {fold.what} left out: "
-                       f"{fold.full_logs} prints them)\n")
+            out.append(f"{where(node, rank)} ({counted(fold.frames, 'line')} of {fold.what} "
+                       f"left out: {fold.full_logs} prints them)\n")
 
     def _write(self, out: list[str]) -> None:
         if out:
