@@ -4,6 +4,7 @@ test and export sbatch."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
@@ -11,15 +12,25 @@ from gpucluster.inventory import Host, Inventory
 from gpucluster.numerals import is_number
 from gpucluster.wording import counted
 
-# A node's GPUs, counted in the round trip that already goes there (a wedged driver hangs
-# nvidia-smi, hence the limit; no driver: 0). MIG devices are indented lines: not counted.
-COUNT_GPUS = "{ timeout 20 nvidia-smi -L 2>/dev/null || :; } | grep -c '^GPU ' || :"
+# A node's GPUs and those of them in MIG mode, counted in the round trip that already goes
+# there: "8 0" (a wedged driver hangs nvidia-smi, hence the limit; no driver: "0 0").
+COUNT_GPUS = ("{ timeout 20 nvidia-smi --query-gpu=index,mig.mode.current --format=csv,"
+              "noheader 2>/dev/null || :; } | awk -F', *' '/^[0-9]+,/ { gpus++; "
+              "if ($2 ~ /^Enabled/) mig++ } END { print gpus + 0, mig + 0 }'")
 
 
-def counted_gpus(output: str) -> int | None:
-    """The count COUNT_GPUS printed as the last line of `output`, if it did."""
-    last = output.strip().rpartition("\n")[2]
-    return int(last) if is_number(last) else None
+@dataclass(frozen=True)
+class GpuCount:
+    gpus: int
+    mig: int  # of them in MIG mode
+
+
+def counted_gpus(output: str) -> GpuCount | None:
+    """The counts COUNT_GPUS printed as the last line of `output`, if it did."""
+    words = output.strip().rpartition("\n")[2].split()
+    if len(words) != 2 or not all(is_number(word) for word in words):
+        return None
+    return GpuCount(int(words[0]), int(words[1]))
 
 
 def known_gpus(host: Host, found: int | None = None) -> int:
@@ -51,3 +62,33 @@ def check_nproc(inventory: Inventory, nproc: int | None,
             f"{'has' if len(over) == 1 else 'have'} {counted(fewest, 'GPU')} ({whose}) "
             f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU"
             + (", or correct gpus: in the inventory)" if whose.startswith("the") else ")"))
+
+
+def check_mig(inventory: Inventory, nproc: int | None, found: Mapping[str, int],
+              mig: Mapping[str, int]) -> None:
+    """CUDA gives a process one MIG device, whatever the node has: where a node's GPUs
+    are in MIG mode (`mig`: their count per node), a second process of a job on the GPUs
+    would find none of its own (CUDA's invalid device ordinal, or NCCL's duplicate GPU),
+    so that is refused before anything starts. One process per node runs on one."""
+    over = [h for h in inventory.hosts if mig.get(h.name) and h.torch_device == "cuda"
+            and nproc_for(h, nproc, found.get(h.name)) > 1]
+    if not over:
+        return
+    most = max(nproc_for(h, nproc, found.get(h.name)) for h in over)
+    raise GpuclusterError(
+        f"{hostrange.fold([h.name for h in over])}: "
+        f"{counted(max(mig[h.name] for h in over), 'GPU')} in MIG mode, where CUDA gives a "
+        f"process one MIG device: of {most} processes a node, {most - 1} would find no GPU "
+        f"(fix: to train on whole GPUs, turn MIG off there: sudo nvidia-smi -mig 0, then "
+        f"reset the GPUs, as `gpucluster doctor --only mig` says; or --nproc-per-node 1, "
+        f"one process a node on one MIG device)")
+
+
+def check_fit(inventory: Inventory, nproc: int | None,
+              counts: Mapping[str, GpuCount]) -> dict[str, int]:
+    """check_nproc and check_mig on the GPUs a node's nvidia-smi `counts` (where the
+    inventory gives no `gpus`); the GPUs found per node."""
+    found = {node: count.gpus for node, count in counts.items()}
+    check_nproc(inventory, nproc, found)
+    check_mig(inventory, nproc, found, {node: count.mig for node, count in counts.items()})
+    return found

@@ -73,6 +73,29 @@ SIGNATURES = (
         "a failing GPU, where `gpucluster doctor -w <node> --only xid` shows Xid 13, 31 "
         "or 43"),
     _signature(
+        r"Duplicate GPU detected : rank (?P<rank>\d+) and rank (?P<other>\d+) both on CUDA "
+        r"device|Multiple Ranks are using the same GPU/Partition", "gpu-shared-by-ranks",
+        "two ranks of a node used the same GPU, which NCCL refuses",
+        "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before "
+        "init_process_group (or pass it device_id=torch.device('cuda', local_rank)): "
+        "without it every rank of a node takes GPU 0; or --nproc-per-node is more than "
+        "the GPUs CUDA_VISIBLE_DEVICES leaves (`gpucluster doctor -w <node> --only "
+        "gpu-count,mig`)"),
+    _signature(
+        r"CUDA error: invalid device ordinal", "gpu-index-missing",
+        "a rank asked for a GPU its node does not have",
+        "choose the GPU by LOCAL_RANK, not RANK, which counts across every node: "
+        "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); or CUDA_VISIBLE_DEVICES "
+        "(cluster.env, --env) hides GPUs, or they are in MIG mode, where a process sees "
+        "one MIG device: `gpucluster doctor -w <node> --only gpu-count,mig`"),
+    _signature(
+        r"Attempting to deserialize object on CUDA device (?P<device>\d+) but "
+        r"torch\.cuda\.device_count\(\) is (?P<count>\d+)", "checkpoint-device-missing",
+        "a checkpoint saved from cuda:{device} was loaded where a process sees "
+        "{count} GPU(s)",
+        "torch.load(path, map_location=f'cuda:{local_rank}') (or 'cpu'): without it, "
+        "each tensor goes back to the GPU it was saved from"),
+    _signature(
         r"Error while creating shared memory segment|unable to (allocate|write to) shared "
         r"memory|No space left on device.*/dev/shm", "shared-memory-full",
         "shared memory (/dev/shm) ran out",

@@ -5,13 +5,15 @@ per node than its GPUs."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpucluster.doctor.nvidia_smi import Gpu
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
+from gpucluster.nproc import GpuCount
 from gpucluster.reports import Section
 
 
@@ -86,7 +88,12 @@ def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile])
                                   f"move it or change the rule)")
 
 
-def gpus_found(sections: Mapping[str, Mapping[str, Section]]) -> dict[str, int]:
-    """Each node's GPU count from launch's checks (their nvidia-smi answer, in the probe's
-    sections): one process per GPU where the inventory gives no `gpus`."""
-    return {node: len(NodeFacts(dict(found)).gpus) for node, found in sections.items()}
+def gpus_found(sections: Mapping[str, Mapping[str, Section]]) -> dict[str, GpuCount]:
+    """Each node's GPUs, and those in MIG mode, from launch's checks (their nvidia-smi
+    answer, in the probe's sections): one process per GPU where the inventory gives no
+    `gpus`."""
+    return {node: _counted(NodeFacts(dict(found)).gpus) for node, found in sections.items()}
+
+
+def _counted(gpus: Sequence[Gpu]) -> GpuCount:
+    return GpuCount(len(gpus), sum(bool(gpu.mig_enabled) for gpu in gpus))

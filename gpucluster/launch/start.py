@@ -22,7 +22,7 @@ from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
 from gpucluster.launch.request import check_request, gpus_found
-from gpucluster.nproc import check_nproc, nproc_for
+from gpucluster.nproc import check_fit, check_nproc, nproc_for
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
@@ -173,8 +173,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         raise LaunchRefused(f"{hostrange.fold(sorted(named))} not ready for a new job" + (
             f" (fix what the findings say, or start on the others only: -w "
             f"{hostrange.fold(others)})" if others else ""), findings)
-    found = gpus_found(listed)  # the processes per node where the inventory has no gpus
-    check_nproc(inventory, request.nproc_per_node, found)
+    # the processes per node where the inventory has no gpus
+    found = check_fit(inventory, request.nproc_per_node, gpus_found(listed))
     beside_slurm = outside_slurm.warning(listed, [h.name for h in inventory.hosts],
                                          request.script, request.args)
     if beside_slurm is not None:

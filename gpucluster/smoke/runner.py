@@ -15,7 +15,7 @@ from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.known_causes import error_lines, known_cause
-from gpucluster.nproc import COUNT_GPUS, check_nproc, counted_gpus, nproc_for
+from gpucluster.nproc import COUNT_GPUS, check_fit, counted_gpus, nproc_for
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
 from gpucluster.remote.session import Session
@@ -120,9 +120,8 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
         return SmokeReport(None, 0, [], {}, {}, [
             f"not run: {hostrange.fold(errors)} could not take part",
             *_folded(errors)], errors)
-    gpus = {node: count for node, done in written.values.items()
-            if (count := counted_gpus(done.stdout)) is not None}
-    check_nproc(inventory, nproc, gpus)
+    gpus = check_fit(inventory, nproc, {node: count for node, done in written.values.items()
+                                        if (count := counted_gpus(done.stdout)) is not None})
     result = session.map(inventory.hosts, start)
     errors = _errors(result, "torchrun exited")
     head = result.values.get(inventory.head.name)

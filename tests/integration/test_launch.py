@@ -154,6 +154,38 @@ def test_a_process_the_script_left_behind_is_ended_and_the_job_succeeds(
     assert job_processes(cluster) == {}
 
 
+def test_gpus_in_mig_mode_take_one_process_a_node_not_one_per_gpu(
+        cluster: Sandbox, project: Path) -> None:
+    """The nodes' GPUs replaying the real H100 MIG capture, under an inventory whose jobs
+    run on the GPUs: CUDA would give each process one MIG device, so launch and smoke
+    refuse a process per GPU before anything starts, and say how to go on."""
+    states = [Path(f"/var/lib/gpucluster/sandbox/{NAME}/{node}/gpu.json")
+              for node in cluster.nodes]
+    kept = [state.read_text() for state in states]
+    defaults = {**cluster.data["defaults"], "torch_device": "cuda"}
+    inventory = cluster.write_inventory(project.parent / "on-gpus.yaml", defaults=defaults)
+    try:
+        for state in states:
+            state.write_text(json.dumps({**json.loads(state.read_text()),
+                                         "model": "h100-mig"}))
+        for argv in (["launch", "train.py"], ["launch", "--nproc-per-node", "2", "train.py"],
+                     ["smoke"]):
+            refused = gpucluster(argv[0], "-i", str(inventory), *argv[1:],
+                                 cwd=str(project), timeout=120)
+            assert refused.code == 2, refused.stdout + refused.stderr
+            message = " ".join(refused.stderr.split())
+            processes = 2 if "2" in argv else 8
+            assert (f"node[1-3]: 8 GPUs in MIG mode, where CUDA gives a process one MIG "
+                    f"device: of {processes} processes a node, {processes - 1} would find "
+                    f"no GPU (fix: to train on whole GPUs, turn MIG off there: sudo "
+                    f"nvidia-smi -mig 0") in message, message
+            assert "or --nproc-per-node 1, one process a node on one MIG device)" in message
+            assert job_processes(cluster) == {}
+    finally:
+        for state, text in zip(states, kept, strict=True):
+            state.write_text(text)
+
+
 def test_a_progress_bar_and_the_error_it_died_in_show_apart(
         cluster: Sandbox, project: Path) -> None:
     """torchrun's tee reads a bar's \\r as an empty line of its rank, glued to the redraw

@@ -44,6 +44,19 @@ MESSAGES = {
         "gpu-ecc-error", "the GPU hit an uncorrectable ECC error (hardware)"),
     "RuntimeError: CUDA error: an illegal memory access was encountered": (
         "illegal-memory-access", "a CUDA kernel accessed memory out of bounds"),
+    # NCCL's words (init.cc) for two ranks on one GPU: before 2.28, and since.
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 18000": (
+        "gpu-shared-by-ranks", "two ranks of a node used the same GPU, which NCCL refuses"),
+    "node1:81:96 [1] init.cc:1141 NCCL WARN Multiple Ranks are using the same "
+    "GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.": (
+        "gpu-shared-by-ranks", "two ranks of a node used the same GPU, which NCCL refuses"),
+    "[rank9]: torch.AcceleratorError: CUDA error: invalid device ordinal": (
+        "gpu-index-missing", "a rank asked for a GPU its node does not have"),
+    "RuntimeError: Attempting to deserialize object on CUDA device 3 but "
+    "torch.cuda.device_count() is 1. Please use torch.load with map_location to map your "
+    "storages to an existing device.": (
+        "checkpoint-device-missing",
+        "a checkpoint saved from cuda:3 was loaded where a process sees 1 GPU(s)"),
     "node2:1234:1234 [1] NCCL WARN Error while creating shared memory segment "
     "/dev/shm/nccl-x (size 9637888)": ("shared-memory-full", "shared memory (/dev/shm) ran out"),
     "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running "
@@ -107,6 +120,21 @@ def test_the_root_is_named_before_its_echoes_and_only_near_the_end() -> None:
         assert found is not None and found.name == "gpu-out-of-memory", lines
     # An error the script caught and lived on after, far above the end, is not the cause.
     assert known_cause([CUDA_OOM, *(f"step {i}" for i in range(100)), "ValueError: x"]) is None
+
+
+def test_ranks_sharing_a_gpu_are_named_from_nccls_last_error_not_its_header() -> None:
+    # torch's DistBackendError heads NCCL's error; the why is its "Last error:" line.
+    lines = [
+        "[rank1]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/"
+        "distributed/c10d/ProcessGroupNCCL.cpp:3356, invalid usage (run with "
+        "NCCL_DEBUG=WARN for details), NCCL version 2.21.5",
+        "[rank1]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
+        "[rank1]: Last error:",
+        "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 18000"]
+    found = known_cause(lines, "node2")
+    assert found is not None and found.name == "gpu-shared-by-ranks"
+    assert "set_device(int(os.environ['LOCAL_RANK']))" in found.fix
+    assert "gpucluster doctor -w node2 --only gpu-count,mig" in found.fix
 
 
 def test_the_first_failure_reads_the_failing_ranks_words_not_another_ranks(

@@ -32,7 +32,7 @@ from gpucluster.launch.model import (
 )
 from gpucluster.launch.request import check_request
 from gpucluster.launch.start import large_files_note, sync_summary
-from gpucluster.nproc import check_nproc
+from gpucluster.nproc import GpuCount, check_fit, check_nproc
 from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
 from tests.cli import gpucluster
 
@@ -443,8 +443,10 @@ def test_without_gpus_in_the_inventory_a_process_per_gpu_the_checks_found(
     from gpucluster.nproc import nproc_for
 
     probe = (Path(__file__).parents[1] / "fixtures" / "h200" / "probe-idle.txt").read_text()
-    found = gpus_found({"one": reports.sections(probe), "bare": {}})
-    assert found == {"one": 1, "bare": 0}  # the real H200's answer; no nvidia-smi: none
+    counts = gpus_found({"one": reports.sections(probe), "bare": {}})
+    # the real H200's answer; no nvidia-smi: none
+    assert counts == {"one": GpuCount(1, mig=0), "bare": GpuCount(0, mig=0)}
+    found = {node: count.gpus for node, count in counts.items()}
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  - one\n  - bare\n  - {name: set, gpus: 4}\n"
                     "  - {name: cpu, torch_device: cpu}\n")
@@ -460,6 +462,35 @@ def test_without_gpus_in_the_inventory_a_process_per_gpu_the_checks_found(
     assert str(refused.value) == ("--nproc-per-node 2: one has 1 GPU (found there) (fix: "
                                   "--nproc-per-node 1 or fewer, one process per GPU)")
     check_nproc(only_one, 2)  # nothing found yet: the checks have not run
+
+
+def test_more_than_one_process_a_node_is_refused_where_its_gpus_are_in_mig_mode(
+        tmp_path: Path) -> None:
+    """The real H100 MIG capture's GPU says `Enabled`: CUDA gives a process one of its MIG
+    devices, so a node's second rank would find no GPU of its own."""
+    from gpucluster import reports
+    from gpucluster.launch.request import gpus_found
+    from gpucluster.sandbox import captures
+
+    rows = captures.load("h100-mig").section("idle", "query-gpu")
+    counts = gpus_found({"mig": reports.sections(f"@@gpc section gpus\n{rows}@@gpc end 0\n")})
+    assert counts == {"mig": GpuCount(1, mig=1)}
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - mig\n  - {name: whole, gpus: 8}\n"
+                    "  - {name: cpu, torch_device: cpu}\n")
+    loaded = inventory_module.load(path)
+    eight = {"mig": GpuCount(8, mig=8), "whole": GpuCount(8, mig=0), "cpu": GpuCount(8, mig=8)}
+    with pytest.raises(GpuclusterError) as refused:
+        check_fit(loaded, None, eight)
+    assert str(refused.value) == (
+        "mig: 8 GPUs in MIG mode, where CUDA gives a process one MIG device: of 8 processes "
+        "a node, 7 would find no GPU (fix: to train on whole GPUs, turn MIG off there: sudo "
+        "nvidia-smi -mig 0, then reset the GPUs, as `gpucluster doctor --only mig` says; or "
+        "--nproc-per-node 1, one process a node on one MIG device)")
+    # One process a node, or jobs on the CPU: nothing to refuse.
+    assert check_fit(loaded, 1, eight) == {"mig": 8, "whole": 8, "cpu": 8}
+    cpu_only = loaded.restricted_to([loaded.host("cpu")])
+    check_fit(cpu_only, None, eight)
 
 
 def test_sync_summary_folds_identical_nodes() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
 from gpucluster import inventory as inventory_module
@@ -82,30 +83,34 @@ def test_sizes_take_units_and_a_bad_one_is_refused_before_any_node_runs() -> Non
 
 def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
         tmp_path: Path) -> None:
-    """A node of two GPUs (the real H200's `nvidia-smi -L` line, and a second like it):
-    two ranks without `gpus:` (they were one), and three refused before torchrun starts.
-    The ranks run on this machine's CPU torch (gloo), as the stand-in has no driver."""
+    """A node of two GPUs (the real H200's index and MIG mode, and a second like it): two
+    ranks without `gpus:` (they were one), and three refused before torchrun starts; with
+    the GPUs in MIG mode, two refused. The ranks run on this machine's CPU torch (gloo),
+    as the stand-in has no driver."""
     import os
     import sys
 
-    from gpucluster.nproc import counted_gpus
+    from gpucluster.nproc import COUNT_GPUS, GpuCount, counted_gpus
     from tests.cli import gpucluster
 
-    real = (Path(__file__).parents[1] / "fixtures" / "h200" / "nvidia-smi-idle.txt"
-            ).read_text().split("# $ nvidia-smi -L\n")[1].splitlines()[1]
-    assert real.startswith("GPU 0: NVIDIA H200 (UUID: ")
-    listing = f"{real}\n{real.replace('GPU 0', 'GPU 1')}\n"
-    assert (counted_gpus(f"x\n{len(listing.splitlines())}\n"), counted_gpus("")) == (2, None)
+    header, row = (Path(__file__).parents[1] / "fixtures" / "h200" / "nvidia-smi-idle.txt"
+                   ).read_text().split("--query-gpu=index,name,")[1].splitlines()[2:4]
+    real = dict(zip(header.split(", "), row.split(", "), strict=True))
+    assert (real["index"], real["mig.mode.current"]) == ("0", "Disabled")
+    answer = f"0, {real['mig.mode.current']}\n1, {real['mig.mode.current']}\n"
     tools = tmp_path / "bin"
     tools.mkdir()
-    (tools / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(listing)}\n")
+    (tools / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(answer)}\n")
     (tools / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    counted = subprocess.run(["/bin/sh", "-c", COUNT_GPUS], env=env, capture_output=True,
+                             text=True, check=True).stdout
+    assert (counted_gpus(f"x\n{counted}"), counted_gpus("")) == (GpuCount(2, mig=0), None)
     bin_dir = Path(sys.executable).parent
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(f"cluster: {{python: {sys.executable}, torchrun: {bin_dir}/torchrun,"
                          f" work_dir: {tmp_path}/work, rendezvous_port: 29531}}\n"
                          f"hosts: [localhost]\n")
-    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
     done = gpucluster("smoke", "-i", str(inventory), "--sizes", "64K", "--json", env=env,
                       timeout=120)
     assert done.code == 0, done.stdout + done.stderr
@@ -114,6 +119,12 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
     assert refused.code == 2
     assert ("--nproc-per-node 3: localhost has 2 GPUs (found there) (fix: "
             "--nproc-per-node 2 or fewer, one process per GPU)") in refused.stderr
+    (tools / "nvidia-smi").write_text(
+        f"#!/bin/sh\nprintf '%s' {shlex.quote(answer.replace('Disabled', 'Enabled'))}\n")
+    in_mig = gpucluster("smoke", "-i", str(inventory), env=env)
+    assert in_mig.code == 2
+    assert "localhost: 2 GPUs in MIG mode, where CUDA gives a process one MIG device" in \
+        in_mig.stderr
 
 
 def test_a_failed_node_is_told_by_its_ranks_error_and_its_likely_cause() -> None:
