@@ -496,6 +496,16 @@ def test_top_shows_a_line_per_node_when_a_line_per_gpu_would_not_fit() -> None:
     assert f"{JOB.rsplit('-', 1)[1]} ranks 2-3" in node1 and JOB not in node1, node1
     assert "eth0" in node1  # the link keeps a third
     assert max(len(line) for line in table) <= 80
+    # GPUs that keep no ECC count (a GeForce's [N/A]) show none, not 0 errors.
+    no_ecc = json.loads(frame((5, 6)))
+    for gpu in no_ecc["gpus"]:
+        gpu["ecc"] = None
+    geforce = Snapshot(0.0, 1.0, (view("node5", parse_frame(json.dumps(no_ecc))),))
+    for compact in (False, True):
+        console = Console(width=160, height=25, record=True, file=io.StringIO())
+        console.print(render(geforce, console, compact=compact))
+        text = console.export_text()
+        assert re.search(r" -/0 ", text) and not re.search(r" 0/0 ", text), text
     # A node without GPU figures says why in the jobs' place: as its util figure, the
     # long reason took the other columns' room (every other node's memory was 'm…')
     driverless = json.loads(frame(()))

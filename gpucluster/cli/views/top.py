@@ -145,9 +145,14 @@ def _gpu_table(node: NodeView, screen_width: int | None) -> Table:
             f"  {gpu.index}", f"{gpu.util}%" if gpu.util is not None else "-", memory,
             Text(f"{gpu.temp}C" if gpu.temp is not None else "-", style=hot),
             f"{gpu.power:.0f}W" if gpu.power is not None else "-",
-            f"{node.new_ecc(gpu) or 0}/{xid}", escape(_who(sample.processes_on(gpu))),
+            f"{_count(node.new_ecc(gpu))}/{xid}", escape(_who(sample.processes_on(gpu))),
             style="dim" if node.stale else "")
     return table
+
+
+def _count(errors: int | None) -> str:
+    """An ECC count, "-" where the GPU keeps none (a GeForce, ECC off): not "0"."""
+    return "-" if errors is None else str(errors)
 
 
 def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
@@ -184,7 +189,7 @@ def _compact_row(node: NodeView) -> list[str | Text]:
     total = sum(g.mem_total or 0 for g in gpus) / 1024
     temps = [g.temp for g in gpus if g.temp is not None]
     power = sum(g.power or 0 for g in gpus)
-    ecc = sum(node.new_ecc(g) or 0 for g in gpus)
+    counted = [ecc for g in gpus if (ecc := node.new_ecc(g)) is not None]
     xid = str(len(sample.xid)) if sample.xid is not None else "?"
     return [
         Text(node.host, style="bold"),
@@ -192,7 +197,7 @@ def _compact_row(node: NodeView) -> list[str | Text]:
         f"{used:.1f}/{total:.0f}G" if gpus else "-",
         Text(f"{max(temps)}C", style="red" if max(temps) >= _HOT_C else "") if temps else "-",
         f"{power:.0f}W" if gpus else "-",
-        f"{ecc}/{xid}" if gpus else "-",
+        f"{_count(sum(counted) if counted else None)}/{xid}" if gpus else "-",
         _jobs_cell(sample),
         _traffic(sample),
     ]
