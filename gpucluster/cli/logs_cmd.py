@@ -131,7 +131,7 @@ def _slurm_logs(inventory: Inventory, slurm_id: str, keep: LogFilter, live: bool
                 tail: int | None, timeless: bool,
                 connecting: tuple[bool, bool, float | None]) -> None:
     """A Slurm job's output (slurm_jobs.output): its lines carry no time of their own;
-    -w, --rank and --grep search the whole file, not live."""
+    -w, --rank and --grep search it, live too."""
     from gpucluster.launch import logsearch
 
     job = f"slurm-{slurm_id}"
@@ -140,10 +140,6 @@ def _slurm_logs(inventory: Inventory, slurm_id: str, keep: LogFilter, live: bool
                               f"--since, --until, --all-jobs and --json do not apply (fix: "
                               f"-w, --rank or --grep, or gpucluster logs {job} | grep ...)")
     searching = keep != logsearch.LogFilter()
-    if searching and live:
-        raise GpuclusterError(f"{job}: -f shows the lines as they come, unfiltered: not with "
-                              f"-w, --rank or --grep (fix: drop -f; a search reads the "
-                              f"job's output as it is now)")
     with open_session(inventory, *connecting) as session:
         slurm_jobs.output(session, inventory, slurm_id, live=live, tail=tail,
                           keep=keep if searching else None)

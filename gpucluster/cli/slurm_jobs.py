@@ -30,13 +30,13 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
     """The job's output to stdout (from its last `tail` lines when given), its lines as
     [node/rank] (output_lines): until it ends (`live`, then exit 1 unless it COMPLETED),
     else what it has written so far; its state on stderr. Ctrl-C stops following, never
-    the job. With `keep` (not live), the lines it keeps of the whole file, the last `tail`
-    of them when given."""
+    the job. With `keep`, the lines it keeps: of the whole file, the last `tail` of them
+    when given; live, of the file from its last `tail` lines on."""
     from gpucluster.cli.views.line_printer import LinePrinter
     from gpucluster.slurm.follow import follow, unknown_job
     from gpucluster.slurm.output_lines import SlurmLines
 
-    last = io.StringIO() if keep is not None and tail is not None else None
+    last = io.StringIO() if keep is not None and tail is not None and not live else None
     printer = LinePrinter(last if last is not None else sys.stdout,
                           full_logs=f"gpucluster logs slurm-{job_id}" if live else None,
                           live=live)
@@ -47,7 +47,7 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
     try:
         ended = follow(session, inventory, job_id, lines.feed,
                        lambda status: err.print(f"Slurm job {job_id}: {escape(status)}"),
-                       live=live, tail=None if kept else tail)
+                       live=live, tail=None if last is not None else tail)
     except KeyboardInterrupt:
         raise Interrupted(f"stopped following; Slurm job {job_id} goes on (gpucluster stop "
                           f"slurm-{job_id} ends it)") from None

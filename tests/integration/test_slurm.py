@@ -305,6 +305,12 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
         in second, second
     assert re.search(r"resumed from epoch \d+ \(attempt 2\)", second), second
     assert "epoch 0 " not in second and "done" in second, second
+    # Followed with -w: the node's own lines only, labelled by the word its task said.
+    joined_only = gpucluster("logs", "-f", "-w", joined, "-i", str(cluster.inventory),
+                             f"slurm-{requeued}", timeout=180)
+    assert joined_only.code == 0 and joined_only.stdout, joined_only.stderr
+    assert all(line.startswith((f"[{joined}/", f"[{joined}] "))
+               for line in joined_only.stdout.splitlines()), joined_only.stdout
 
     # The epilog ends the job's leftover GPU process (escaped from the job's process
     # tree), never one of another's.

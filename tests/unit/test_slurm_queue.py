@@ -129,8 +129,7 @@ def test_logs_without_follow_shows_the_output_so_far_and_returns(
         assert "".join(shown) == expected, (lines, shown)
 
 
-def test_a_slurm_jobs_lines_have_no_time_and_are_searched_not_followed(tmp_path: Path
-                                                                         ) -> None:
+def test_a_slurm_jobs_lines_have_no_time_to_search_by(tmp_path: Path) -> None:
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
     done = gpucluster("logs", "-i", str(inventory), "slurm-4", "--since", "10m")
@@ -138,15 +137,13 @@ def test_a_slurm_jobs_lines_have_no_time_and_are_searched_not_followed(tmp_path:
         "gpucluster: error: slurm-4: a Slurm job's lines carry no time of their own: "
         "--since, --until, --all-jobs and --json do not apply (fix: -w, --rank or --grep, "
         "or gpucluster logs slurm-4 | grep ...)")
-    followed = gpucluster("logs", "-i", str(inventory), "slurm-4", "-f", "--rank", "0")
-    assert followed.code == 2 and "slurm-4: -f shows the lines as they come, unfiltered: " \
-        "not with -w, --rank or --grep" in followed.stderr, followed.stderr
 
 
 def test_a_slurm_jobs_lines_are_searched_by_node_rank_and_text(
         session: Session, tmp_path: Path) -> None:
     """As a launched job's: -w, --rank and --grep keep lines, -n the last of those kept;
-    a line without a label (the batch script's) is no node's or rank's: --grep alone."""
+    a line without a label (the batch script's) is no node's or rank's: --grep alone.
+    Followed (-f), the same lines are kept as they come, -n then the file's last lines."""
     out = tmp_path / "slurm-9.out"
     out.write_text("0: gpucluster: a is task 0\n1: gpucluster: b is task 1\n"
                    "0: [0]:epoch 1 loss 0.5\n1: [1]:epoch 1 loss 0.6\n"
@@ -173,6 +170,10 @@ def test_a_slurm_jobs_lines_are_searched_by_node_rank_and_text(
     assert search("--grep", "loss", "-n", "3") == [
         "[b/1] epoch 1 loss 0.6", "[a/0] epoch 2 loss 0.4", "[b/1] epoch 2 loss 0.3"]
     assert search("-w", "b", "--grep", "requeued") == []
+    for kept in (["--rank", "1"], ["-w", "b"], ["--grep", "epoch 2|requeued"]):
+        assert search("-f", *kept) == search(*kept), kept
+    assert search("-f", "--grep", "loss", "-n", "3") == [
+        "[a/0] epoch 2 loss 0.4", "[b/1] epoch 2 loss 0.3"]
     # -n: the file's end, its tasks named by their word before it
     assert search("-n", "2") == ["[a/0] epoch 2 loss 0.4", "[b/1] epoch 2 loss 0.3"]
     nothing = gpucluster("logs", "-i", inventory, "slurm-9", "--rank", "5", env=path)
