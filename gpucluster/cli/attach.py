@@ -20,7 +20,7 @@ from gpucluster.errors import EXIT_FAILED, Interrupted
 if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
     from gpucluster.launch.jobs import JobRecord, JobStore
-    from gpucluster.launch.logsearch import LogLine
+    from gpucluster.launch.logsearch import LogFilter, LogLine
     from gpucluster.launch.model import JobOutcome, NodeState, OutputCallback
     from gpucluster.remote.session import Session
 
@@ -28,17 +28,17 @@ if TYPE_CHECKING:
 def attach(session: Session, inventory: Inventory, store: JobStore, record: JobRecord,
            err: Console, live: bool, fail_fast: bool, grace: float,
            nodes: list[str] | None = None, json_output: bool = False,
-           tail: int | None = None) -> None:
+           tail: int | None = None, keep: LogFilter | None = None) -> None:
     """Every node's log (live: until the job ends), then how the job ended. With `tail`,
     only the last `tail` lines so far across the nodes, in time order; live, then the
-    lines that come after them."""
+    lines that come after them. With `keep`, only the lines it keeps as they come."""
     from gpucluster.launch import ended_copies
     from gpucluster.launch.follow import follow
 
     outcome: JobOutcome
     lines = LinePrinter(sys.stderr if json_output else sys.stdout,
                         full_logs=f"gpucluster logs {record.id}" if live else None, live=live)
-    printer: OutputCallback = lines
+    printer: OutputCallback = lines if keep is None else keep.passing(lines)
     shown: list[LogLine] = []
     resume: dict[str, int] = {}  # with `tail`: where each node's follow starts
     try:

@@ -69,7 +69,7 @@ def logs(
 
     With --grep, --rank, --since, --until, --all-jobs or --json, the lines are fetched,
     filtered and merged in time order across nodes, each with its time (and --tail keeps
-    the last of them).
+    the last of them); with -f, --grep and --rank keep the lines as they come.
 
     JOB slurm-ID is a Slurm job: its output file (slurm-ID.out), read from its batch node;
     -w, --rank and --grep search it."""
@@ -106,15 +106,16 @@ def logs(
                               f"(fix: --hosts with one of {hostrange.fold(record.hosts)})")
     nodes = sorted(keep.nodes, key=record.hosts.index) if keep.nodes else None
     _check_askable(loaded, store, record, nodes or record.hosts)
-    searching = any(x is not None for x in (grep, since, until, rank)) or json_output
-    if searching and follow_live:
-        raise GpuclusterError("-f shows the lines as they come, unfiltered: not with --grep, "
-                              "--rank, --since, --until or --json (fix: drop -f; a search "
+    if follow_live and (since is not None or until is not None or json_output):
+        raise GpuclusterError("-f shows the lines as they come, which have no time yet: not "
+                              "with --since, --until or --json (fix: drop -f; a search "
                               "fetches the job's logs as they are now)")
+    searching = any(x is not None for x in (grep, since, until, rank)) or json_output
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        if not searching:
+        if follow_live or not searching:
             attach(session, loaded, store, record, stderr_console(), live=follow_live,
-                   fail_fast=False, grace=0, nodes=nodes, tail=tail)
+                   fail_fast=False, grace=0, nodes=nodes, tail=tail,
+                   keep=keep if searching else None)
             return
         from gpucluster.launch.follow import follow
 

@@ -40,7 +40,7 @@ def output(session: Session, inventory: Inventory, job_id: str, live: bool,
     printer = LinePrinter(last if last is not None else sys.stdout,
                           full_logs=f"gpucluster logs slurm-{job_id}" if live else None,
                           live=live)
-    kept = _Kept(printer, keep, job_id) if keep is not None else None
+    kept = _Kept(printer, keep) if keep is not None else None
     lines = SlurmLines(kept.line if kept else printer, kept.as_written if kept else
                        printer.as_written, live)
     err = stderr_console()
@@ -83,17 +83,14 @@ class _Kept:
     """The lines of a Slurm job that a search keeps: a node's by its node, rank and
     text; one without a label (no node's, no rank's) by --grep alone, once whole."""
 
-    def __init__(self, printer: LinePrinter, keep: LogFilter, job_id: str) -> None:
-        self._printer, self._keep, self._job = printer, keep, f"slurm-{job_id}"
+    def __init__(self, printer: LinePrinter, keep: LogFilter) -> None:
+        self._printer, self._keep = printer, keep
         self._unlabelled = keep.nodes is None and keep.ranks is None
         self._open = ""
         self.shown = 0
 
     def line(self, node: str, rank: str | None, text: str) -> None:
-        from gpucluster.launch.logsearch import LogLine
-
-        if self._keep.keeps(LogLine(0.0, self._job, node, int(rank) if rank else None,
-                                    text)):
+        if self._keep.keeps_as_it_comes(node, rank, text):
             self._printer(node, rank, text)
             self.shown += 1
 

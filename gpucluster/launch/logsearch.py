@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch.bar_draws import BarDraws
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.model import OutputCallback
 from gpucluster.launch.tee_lines import ranked
 
 TIMES_SUFFIX = ".times"  # beside each node's log: one stamp per line, from the node
@@ -45,6 +46,19 @@ class LogFilter:
                 and (self.nodes is None or line.node in self.nodes)
                 and (self.ranks is None or line.rank in self.ranks)
                 and (self.pattern is None or self.pattern.search(line.text) is not None))
+
+    def keeps_as_it_comes(self, node: str, rank: str | None, text: str) -> bool:
+        """A line followed live, which has no time yet: by its node, rank and text."""
+        return ((self.nodes is None or node in self.nodes)
+                and (self.ranks is None or (rank is not None and int(rank) in self.ranks))
+                and (self.pattern is None or self.pattern.search(text) is not None))
+
+    def passing(self, on_line: OutputCallback) -> OutputCallback:
+        """`on_line`, given only the lines this filter keeps as they come."""
+        def kept(node: str, rank: str | None, text: str) -> None:
+            if self.keeps_as_it_comes(node, rank, text):
+                on_line(node, rank, text)
+        return kept
 
 
 def duration_s(text: str) -> float | None:

@@ -629,6 +629,9 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         tailing = subprocess.Popen(  # the last 3 lines so far, then what comes
             [sys.executable, "-m", "gpucluster", "logs", "-i", inventory, "-f", "-n", "3",
              job], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        ranked = subprocess.Popen(  # two ranks' lines only, as they come
+            [sys.executable, "-m", "gpucluster", "logs", "-i", inventory, "-f", "--rank",
+             "1,4", job], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert tailing.stdout is not None
         first = tailing.stdout.readline()
         assert first, tailing.stderr.read() if tailing.stderr else ""  # the tail came
@@ -639,6 +642,11 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         code, _, stderr, _ = finish(follower, 30)
         assert f"job {job}: stopped on node[1-3]" in stderr
         assert code == 1  # a stopped job did not succeed
+        code, kept, stderr, _ = finish(ranked, 30)
+        assert code == 1 and f"job {job}: stopped on node[1-3]" in stderr, stderr
+        assert re.search(r"^\[node\d/1\] rank 1/6 on node\d ready$", kept, re.MULTILINE) and \
+            re.search(r"^\[node\d/4\] rank 4/6 on node\d ready$", kept, re.MULTILINE), kept
+        assert all(re.match(r"\[node\d/[14]\] ", line) for line in kept.splitlines()), kept
         # Read on through the buffer readline() filled: communicate() reads the pipe
         # under it, and the lines buffered after `first` would be lost.
         code = tailing.wait(timeout=30)

@@ -342,6 +342,9 @@ def test_an_ended_job_is_read_from_its_final_copies_without_a_connection(
         for options, code, shown in (
                 ([], 0, ["loss 0.5 on n1", "loss 0.5 on n2", "done on n1", "done on n2"]),
                 (["-f"], 1, ["loss 0.5 on n1", "loss 0.5 on n2", "done on n1", "done on n2"]),
+                # followed, a search keeps the lines as they come (they have no time yet)
+                (["-f", "--rank", "1"], 1, ["loss 0.5 on n2", "done on n2"]),
+                (["-f", "--grep", "done"], 1, ["done on n1", "done on n2"]),
                 (["-n", "1"], 0, ["done on n2"])):
             plain = subprocess.run([*logs, *options], capture_output=True, text=True,
                                    check=False)
@@ -349,6 +352,10 @@ def test_an_ended_job_is_read_from_its_final_copies_without_a_connection(
             assert [line.split("] ", 1)[1] for line in plain.stdout.splitlines()] == shown
             words = " ".join(plain.stderr.split())
             assert "first failure: n2" in words and "exited 0 on n1, exited 1 on n2" in words
+        timed = subprocess.run([*logs, "-f", "--since", "1h"], capture_output=True,
+                               text=True, check=False)
+        assert timed.returncode == 2 and "-f shows the lines as they come, which have no " \
+            "time yet: not with --since, --until or --json" in timed.stderr, timed.stderr
         listed = subprocess.run([sys.executable, "-m", "gpucluster", "jobs", "-i",
                                  str(inventory), "--json", "--connect-timeout", "2"],
                                 capture_output=True, text=True, check=False)
