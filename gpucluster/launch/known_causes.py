@@ -44,7 +44,8 @@ def _signature(pattern: str, name: str, what: str, fix: str) -> _Signature:
 # report a lost connection, never the other way round.
 SIGNATURES = (
     _signature(
-        r"\b(CUDA|HIP) out of memory\b|OutOfMemoryError", "gpu-out-of-memory",
+        r"\b(CUDA|HIP) out of memory\b|OutOfMemoryError|Cuda failure (\d+ )?'out of memory'",
+        "gpu-out-of-memory",
         "the GPU ran out of memory",
         "lower the batch size per GPU, or use gradient accumulation or activation "
         "checkpointing; with much memory reserved but unallocated, "
@@ -137,6 +138,15 @@ SIGNATURES = (
         "a node could not reach the rendezvous at {host}:{port}",
         "`gpucluster doctor --only rendezvous-port,name-resolution`; `gpucluster "
         "provision --only firewall,hosts` opens the port to the cluster's nodes"),
+    _signature(
+        r"NET/IB ?: Got completion from peer .*?with (error |status=)(IBV_WC_\w+\()?"
+        r"(?P<status>\d+)", "infiniband-transfer-failed",
+        "an InfiniBand/RoCE transfer between the nodes failed (status {status})",
+        "status 12, retries exhausted: the peer's rank died first (its node's log says "
+        "why), or the link between them is down or flapping; 4 or 10, a protection or "
+        "access error: GPU memory could not be registered for GPUDirect RDMA (load the "
+        "nvidia-peermem module; NCCL_NET_GDR_LEVEL=LOC tries without it). `gpucluster "
+        "doctor -w <node> --only infiniband` shows the ports' state"),
     _signature(
         r"(Read|Write) error \[[^\]]+\]:\d+: Connection timed out", "connection-timed-out",
         "a connection between ranks stopped carrying data",

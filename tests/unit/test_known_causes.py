@@ -50,6 +50,22 @@ MESSAGES = {
     "node1:81:96 [1] init.cc:1141 NCCL WARN Multiple Ranks are using the same "
     "GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.": (
         "gpu-shared-by-ranks", "two ranks of a node used the same GPU, which NCCL refuses"),
+    # NCCL's own allocation, and its InfiniBand completions as three versions word them.
+    "node1:81:96 [1] include/alloc.h:228 NCCL WARN Cuda failure 2 'out of memory'": (
+        "gpu-out-of-memory", "the GPU ran out of memory"),
+    "node2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from "
+    "peer 10.2.0.5<33092> with error 12, opcode 0, len 0, vendor err 129 (Recv)": (
+        "infiniband-transfer-failed",
+        "an InfiniBand/RoCE transfer between the nodes failed (status 12)"),
+    "node1:185303:186751 [1] transport/net_ib.cc:2453 NCCL WARN NET/IB: Got completion from "
+    "peer 10.99.91.63<51161> with status=4 opcode=32614 len=32614 vendor err 81 (Send)": (
+        "infiniband-transfer-failed",
+        "an InfiniBand/RoCE transfer between the nodes failed (status 4)"),
+    "node2:319733:319761 [1] transport/net_ib/p2p.cc:648 NCCL WARN NET/IB: Got completion "
+    "from peer 10.153.235.13<40554> with status=IBV_WC_RETRY_EXC_ERR(12) "
+    "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129 hca mlx5_1": (
+        "infiniband-transfer-failed",
+        "an InfiniBand/RoCE transfer between the nodes failed (status 12)"),
     "[rank9]: torch.AcceleratorError: CUDA error: invalid device ordinal": (
         "gpu-index-missing", "a rank asked for a GPU its node does not have"),
     "RuntimeError: Attempting to deserialize object on CUDA device 3 but "
