@@ -103,6 +103,13 @@ SIGNATURES = (
         "a larger /dev/shm: `gpucluster doctor --only shm`, a container's --ipc=host or "
         "--shm-size; or fewer DataLoader workers"),
     _signature(
+        r"No space left on device|\[enforce fail at inline_container\.cc:\d+\] \. "
+        r"(unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing file)", "disk-full",
+        "a disk the job wrote to was full (torch.save says 'unexpected pos')",
+        "free space where the job writes (checkpoints, data, /tmp): `gpucluster doctor -w "
+        "<node> --only disk` shows the work dir's; `gpucluster prune --checkpoints` removes "
+        "the checkpoints of jobs that ended"),
+    _signature(
         r"Detected mismatch between collectives on ranks", "collective-mismatch",
         "the ranks called different collectives",
         "a code path only some ranks take, such as a condition on the rank or unequal "

@@ -66,6 +66,11 @@ MESSAGES = {
     "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129 hca mlx5_1": (
         "infiniband-transfer-failed",
         "an InfiniBand/RoCE transfer between the nodes failed (status 12)"),
+    "OSError: [Errno 28] No space left on device: '/srv/checkpoints/step-1000.pt'": (
+        "disk-full", "a disk the job wrote to was full (torch.save says 'unexpected pos')"),
+    "RuntimeError: [enforce fail at inline_container.cc:764] . PytorchStreamWriter failed "
+    "writing file data/0: file write failed": (
+        "disk-full", "a disk the job wrote to was full (torch.save says 'unexpected pos')"),
     "[rank9]: torch.AcceleratorError: CUDA error: invalid device ordinal": (
         "gpu-index-missing", "a rank asked for a GPU its node does not have"),
     "RuntimeError: Attempting to deserialize object on CUDA device 3 but "
@@ -151,6 +156,26 @@ def test_ranks_sharing_a_gpu_are_named_from_nccls_last_error_not_its_header() ->
     assert found is not None and found.name == "gpu-shared-by-ranks"
     assert "set_device(int(os.environ['LOCAL_RANK']))" in found.fix
     assert "gpucluster doctor -w node2 --only gpu-count,mig" in found.fix
+
+
+def test_a_checkpoint_saved_to_a_full_disk_is_named_from_torchs_own_words() -> None:
+    """torch.save onto a full disk (/dev/full answers every write with ENOSPC) says only
+    `unexpected pos N vs M`: torch's real words, from this machine's torch."""
+    import subprocess
+    import sys
+
+    saved = subprocess.run(
+        [sys.executable, "-c", "import torch; torch.save({'w': torch.zeros(100000)}, "
+                               "'/dev/full')"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert saved.returncode == 1, saved.stderr
+    cause = known_cause(saved.stderr.splitlines(), "node2")
+    assert cause is not None and cause.name == "disk-full", saved.stderr
+    assert "unexpected pos" in cause.evidence or "file write failed" in cause.evidence
+    assert "gpucluster doctor -w node2 --only disk" in cause.fix
+    # /dev/shm full is shared memory's, not a disk's
+    shm = "OSError: [Errno 28] No space left on device: '/dev/shm/torch_123_456'"
+    assert getattr(known_cause([shm]), "name", None) == "shared-memory-full"
 
 
 def test_the_first_failure_reads_the_failing_ranks_words_not_another_ranks(
