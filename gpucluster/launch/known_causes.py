@@ -44,7 +44,8 @@ def _signature(pattern: str, name: str, what: str, fix: str) -> _Signature:
 # report a lost connection, never the other way round.
 SIGNATURES = (
     _signature(
-        r"\b(CUDA|HIP) out of memory\b|OutOfMemoryError|Cuda failure (\d+ )?'out of memory'",
+        r"\b(CUDA|HIP) out of memory\b|OutOfMemoryError|CUDA error: out of memory|"
+        r"Cuda failure (\d+ )?'out of memory'",
         "gpu-out-of-memory",
         "the GPU ran out of memory",
         "lower the batch size per GPU, or use gradient accumulation or activation "
@@ -62,6 +63,28 @@ SIGNATURES = (
         "this torch build has no kernels for the GPU's architecture",
         "install a torch build for that GPU, a wheel of a newer CUDA; `gpucluster doctor "
         "--only torch-cuda,gpu-model` shows the build and the GPUs"),
+    _signature(
+        r"Found no NVIDIA driver on your system|ProcessGroupNCCL is only supported with "
+        r"GPUs, no GPUs found|Torch not compiled with CUDA enabled|module 'torch\._C' has no "
+        r"attribute '_cuda_\w+'", "no-gpu-for-torch",
+        "torch found no GPU it could use on the node",
+        "`gpucluster doctor -w <node> --only nvidia-smi,torch,container-toolkit` says "
+        "which: no driver, a CPU build of torch (its version ends in +cpu), or a container "
+        "the GPUs were not passed into; a node meant to run jobs on its CPU says "
+        "`torch_device: cpu` in the inventory"),
+    _signature(
+        r"NVIDIA driver on your system is too old|CUDA driver version is insufficient for "
+        r"CUDA runtime version", "driver-too-old",
+        "this torch build needs a newer NVIDIA driver than the node has",
+        "install the torch wheel built for the CUDA the driver supports, or update the "
+        "driver: `gpucluster doctor -w <node> --only torch-cuda` shows both; one torch "
+        "build on every node"),
+    _signature(
+        r"CUDA error: system not yet initialized|cudaErrorSystemNotReady", "fabric-not-ready",
+        "CUDA could not start on the node's GPUs (system not yet initialized)",
+        "on an NVSwitch system (HGX A100, H100, H200) the fabric manager must run, of the "
+        "driver's version: sudo systemctl enable --now nvidia-fabricmanager; `gpucluster "
+        "doctor -w <node> --only fabric` shows its state"),
     _signature(
         r"uncorrectable ECC error encountered", "gpu-ecc-error",
         "the GPU hit an uncorrectable ECC error (hardware)",

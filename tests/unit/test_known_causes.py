@@ -66,6 +66,23 @@ MESSAGES = {
     "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129 hca mlx5_1": (
         "infiniband-transfer-failed",
         "an InfiniBand/RoCE transfer between the nodes failed (status 12)"),
+    "torch.AcceleratorError: CUDA error: out of memory": (
+        "gpu-out-of-memory", "the GPU ran out of memory"),
+    # torch's own words (CUDAHooks, ProcessGroupNCCL, torch/cuda) for a GPU it cannot use
+    "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+    "NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx": (
+        "no-gpu-for-torch", "torch found no GPU it could use on the node"),
+    "[rank0]: ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!": (
+        "no-gpu-for-torch", "torch found no GPU it could use on the node"),
+    "UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (found "
+    "version 12080). Please update your GPU driver by downloading and installing a new "
+    "version from the URL: http://www.nvidia.com/Download/index.aspx": (
+        "driver-too-old", "this torch build needs a newer NVIDIA driver than the node has"),
+    "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version": (
+        "driver-too-old", "this torch build needs a newer NVIDIA driver than the node has"),
+    "RuntimeError: CUDA error: system not yet initialized": (
+        "fabric-not-ready",
+        "CUDA could not start on the node's GPUs (system not yet initialized)"),
     "OSError: [Errno 28] No space left on device: '/srv/checkpoints/step-1000.pt'": (
         "disk-full", "a disk the job wrote to was full (torch.save says 'unexpected pos')"),
     "RuntimeError: [enforce fail at inline_container.cc:764] . PytorchStreamWriter failed "
@@ -176,6 +193,23 @@ def test_a_checkpoint_saved_to_a_full_disk_is_named_from_torchs_own_words() -> N
     # /dev/shm full is shared memory's, not a disk's
     shm = "OSError: [Errno 28] No space left on device: '/dev/shm/torch_123_456'"
     assert getattr(known_cause([shm]), "name", None) == "shared-memory-full"
+
+
+def test_a_cpu_build_of_torch_asked_for_a_gpu_says_so_in_torchs_own_words() -> None:
+    """This machine's torch is a CPU build, as the sandbox nodes' is: asked for a GPU, it
+    raises what a GPU node with the wrong wheel would (set_device: an AttributeError that
+    names no GPU at all)."""
+    import subprocess
+    import sys
+
+    for asking in ("torch.cuda.set_device(0)", "torch.zeros(1).cuda()"):
+        asked = subprocess.run([sys.executable, "-c", f"import torch; {asking}"],
+                               capture_output=True, text=True, timeout=120, check=False)
+        assert asked.returncode == 1, asked.stderr
+        cause = known_cause(asked.stderr.splitlines(), "node3")
+        assert cause is not None and cause.name == "no-gpu-for-torch", asked.stderr
+        assert "gpucluster doctor -w node3 --only nvidia-smi,torch,container-toolkit" in \
+            cause.fix
 
 
 def test_the_first_failure_reads_the_failing_ranks_words_not_another_ranks(
