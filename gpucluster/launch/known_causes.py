@@ -195,6 +195,14 @@ SIGNATURES = (
         "--debug logs the interface NCCL picks"),
 )
 
+# Causes that a start on the same nodes meets again: the script's own code, or what every
+# node's python lacks or cannot do (the health checks between attempts look at GPUs and
+# ports, not these). `launch --recover` gives up on the first of them.
+NOT_MENDED_BY_RESTART = frozenset({
+    "module-missing", "no-kernel-image", "no-gpu-for-torch", "driver-too-old",
+    "gpu-shared-by-ranks", "gpu-index-missing", "checkpoint-device-missing",
+    "collective-mismatch", "ddp-static-graph", "ddp-unused-parameters"})
+
 # A worker killed by a signal prints nothing of its own: the signal is the evidence.
 def killed_by_sigkill(node: str) -> KnownCause:
     return _named(
@@ -202,6 +210,10 @@ def killed_by_sigkill(node: str) -> KnownCause:
         "killer, for host memory",
         "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
         "process\"'`; fewer DataLoader workers or less data held in host memory", node)
+
+
+def mended_by_restart(cause: KnownCause) -> bool:
+    return cause.name not in NOT_MENDED_BY_RESTART
 
 
 def _named(name: str, what: str, fix: str, node: str, fields: dict[str, str] | None = None,

@@ -19,7 +19,7 @@ from gpucluster import hostrange
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.attempt import Attempt
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.known_causes import error_lines
+from gpucluster.launch.known_causes import error_lines, mended_by_restart
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     JobOutcome,
@@ -202,13 +202,9 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             return result
         say(f"attempt {number} ended: {ended}: {detail}")
         error = signature(outcome) if ended == "worker error" else None
-        # The same error line is the same failure: when every rank raises at once, which
-        # of them torchrun reports first changes from one attempt to the next.
-        if error is not None and previous_error is not None and error[1] and \
-                error[1] == previous_error[1]:
+        result.gave_up = _the_scripts_fault(outcome, error, previous_error)
+        if result.gave_up:
             result.attempts.append(report)
-            result.gave_up = (f"the script fails the same way on two attempts in a row "
-                              f"(rank {error[0]}: {error[1]}): that is its bug, not a node's")
             return result
         previous_error = error
         try:
@@ -271,6 +267,23 @@ def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Ho
                             f"{hostrange.fold(list(sick))} set aside, fewer than "
                             f"--min-nodes {policy.min_nodes}", refused.findings)
     return left
+
+
+def _the_scripts_fault(outcome: JobOutcome, error: tuple[int | None, str] | None,
+                       previous: tuple[int | None, str] | None) -> str:
+    """Why no attempt on these nodes can end otherwise, or nothing: a worker error of a
+    known cause no restart mends, or the same error line as the attempt before (the
+    same failure: when every rank raises at once, which of them torchrun reports first
+    changes from one attempt to the next)."""
+    if error is None:
+        return ""
+    cause = outcome.first_failure.cause if outcome.first_failure else None
+    if cause is not None and not mended_by_restart(cause):
+        return f"{cause.what}, which no restart mends (rank {error[0]}: {error[1]})"
+    if error[1] and previous is not None and error[1] == previous[1]:
+        return (f"the script fails the same way on two attempts in a row (rank {error[0]}: "
+                f"{error[1]}): that is its bug, not a node's")
+    return ""
 
 
 def _no_recovery(number: int, healthy: int, policy: RecoveryPolicy) -> str:

@@ -129,6 +129,22 @@ def test_a_script_that_fails_the_same_way_twice_is_not_retried(cluster: Sandbox,
     assert leftovers(cluster) == []
 
 
+def test_a_cause_no_restart_mends_ends_the_run_after_one_attempt(cluster: Sandbox,
+                                                                 project: Path) -> None:
+    """A module the nodes' python lacks is missing on the next attempt too: the run gave
+    it a second attempt (model loading and all) before giving up; now one."""
+    (project / "needs.py").write_text("import gpucluster_absent_module  # noqa\n")
+    code, payload, stderr = finish(start(cluster, project, "needs.py"), 300)
+    assert code != 0
+    assert [a["ended"] for a in payload["attempts"]] == ["worker error"], stderr
+    assert re.search(r"recovery gave up: the nodes' python has no module "
+                     r"'gpucluster_absent_module', which no restart mends \(rank \d: "
+                     r"ModuleNotFoundError: No module named 'gpucluster_absent_module'\)",
+                     stderr), stderr
+    assert payload["quarantined"] == {}
+    assert leftovers(cluster) == []
+
+
 def test_a_node_whose_gpus_the_hardware_slows_does_not_rejoin(cluster: Sandbox,
                                                                project: Path) -> None:
     """After a failure, node4's GPUs held down by heat keep it out: its ranks would set
