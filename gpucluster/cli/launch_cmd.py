@@ -38,6 +38,7 @@ from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
     from gpucluster.launch.jobs import JobStore
+    from gpucluster.launch.logsearch import LogFilter
     from gpucluster.launch.model import NodeState
 
 GraceOption = Annotated[float, typer.Option(
@@ -104,6 +105,11 @@ def launch(
         "--node-timeout", min=1, metavar="SECONDS", callback=finite,
         help="With --recover: a node silent this long (not even its heartbeat, sent every "
              "2 s) is lost (default 10).")] = None,
+    show_ranks: Annotated[str | None, typer.Option(
+        "--show-ranks", metavar="RANKS",
+        help="Stream only these global ranks' lines, e.g. 0 or 0,8-15 (every rank's are "
+             "kept: gpucluster logs JOB); a failure is reported whatever its rank.")
+    ] = None,
     json_output: Annotated[bool, typer.Option(
         "--json", help="The outcome as JSON on stdout (schema 1); the job's lines go to "
                        "stderr.")] = False,
@@ -127,6 +133,7 @@ def launch(
                             module=module)
     err = stderr_console()
     store = job_store(loaded)
+    shown = _shown_ranks(show_ranks, detach)
     from gpucluster.cli import recovery_flow
 
     policy = recovery_flow.policy(loaded, recover, grace, min_nodes=min_nodes,
@@ -137,7 +144,8 @@ def launch(
             recovery_flow.supervise(store, err, json_output)
             return
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            recovery_flow.run(session, loaded, store, request, policy, err, json_output)
+            recovery_flow.run(session, loaded, store, request, policy, err, json_output,
+                              shown)
         return
     # Spares wait for launch --recover to need them.
     loaded = loaded.restricted_to([h for h in loaded.hosts if not h.spare])
@@ -163,8 +171,25 @@ def launch(
             return
         err.print(f"[dim]gpucluster: job {record.id}: streaming logs (Ctrl-C stops the job "
                   f"on every node)[/]")
+        world = sum(record.nproc_per_node.values())
+        if shown is not None and shown.ranks is not None and min(shown.ranks) >= world:
+            err.print(f"gpucluster: --show-ranks {show_ranks}: job {record.id} has ranks "
+                      f"0-{world - 1}: none of its lines will show (gpucluster logs "
+                      f"{record.id} has them)")
         attach(session, loaded, store, record, err, live=True, fail_fast=True, grace=grace,
-                json_output=json_output)
+               json_output=json_output, keep=shown)
+
+
+def _shown_ranks(text: str | None, detach: bool) -> LogFilter | None:
+    """--show-ranks as the filter of the streamed lines."""
+    from gpucluster.launch.logsearch import LogFilter, parse_ranks
+
+    if text is None:
+        return None
+    if detach:
+        raise GpuclusterError(f"--show-ranks {text}: a detached launch streams no lines "
+                              f"(fix: gpucluster logs -f --rank {text} JOB)")
+    return LogFilter(ranks=parse_ranks(text, "--show-ranks"))
 
 
 def jobs(

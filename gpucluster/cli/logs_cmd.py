@@ -23,7 +23,6 @@ from gpucluster.cli.options import (
     stderr_console,
 )
 from gpucluster.errors import GpuclusterError
-from gpucluster.numerals import is_number
 
 if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
@@ -81,7 +80,7 @@ def logs(
         logsearch.parse_pattern(grep) if grep is not None else None,
         *logsearch.time_window(since, until),
         frozenset(hostrange.hosts_option(node)) if node is not None else None,
-        frozenset(_ranks(rank)) if rank is not None else None)
+        logsearch.parse_ranks(rank) if rank is not None else None)
     slurm_id = slurm_job(job)
     if slurm_id is not None:
         _slurm_logs(loaded, slurm_id, keep, follow_live, tail, all_jobs or json_output,
@@ -182,24 +181,6 @@ def _nothing_matched(store: JobStore, record: JobRecord, keep: LogFilter) -> str
     where = hostrange.fold(homes)
     return (f"{note}: rank{'s' if len(keep.ranks) > 1 else ''} {ranks} ran on {where} "
             f"(fix: -w {where}, or no -w)")
-
-
-MAX_RANK = (1 << 20) - 1  # far beyond any world torchrun starts; bounds the set built
-
-
-def _ranks(text: str) -> list[int]:
-    ranks: list[int] = []
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not is_number(low) or (dash and not (is_number(high) and int(high) >= int(low))):
-            raise GpuclusterError(f"--rank {text!r}: expected global ranks from 0, single or "
-                                  f"as ranges (fix: e.g. --rank 3 or --rank 0,4-7)")
-        last = int(high if dash else low)
-        if last > MAX_RANK:
-            raise GpuclusterError(f"--rank {text!r}: ranks go up to {MAX_RANK} (fix: give "
-                                  f"the job's ranks, e.g. 0-15)")
-        ranks.extend(range(int(low), last + 1))
-    return ranks
 
 
 def _print(lines: list[LogLine], json_output: bool, across_jobs: bool = False) -> None:

@@ -18,6 +18,7 @@ from gpucluster.cli.views.line_printer import LinePrinter
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch.jobs import JobRecord, JobStore
+from gpucluster.launch.logsearch import LogFilter
 from gpucluster.launch.model import LaunchRequest
 from gpucluster.launch.recover import RecoveryPolicy
 from gpucluster.remote.session import Session
@@ -72,10 +73,12 @@ def supervise(store: JobStore, err: Console, json_output: bool) -> None:
 
 
 def run(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
-        policy: RecoveryPolicy, err: Console, json_output: bool) -> None:
-    """The attempts, streamed; the run's summary at the end; the exit code is the last
-    attempt's (non-zero when recovery gave up). Each attempt's job dir names this
-    process, so `stop` from another shell ends the run, not just the attempt."""
+        policy: RecoveryPolicy, err: Console, json_output: bool,
+        shown: LogFilter | None = None) -> None:
+    """The attempts, streamed (those lines `shown` keeps, when given); the run's summary
+    at the end; the exit code is the last attempt's (non-zero when recovery gave up).
+    Each attempt's job dir names this process, so `stop` from another shell ends the
+    run, not just the attempt."""
     import os
 
     from gpucluster.cli.views.recovery import print_recovery, recovery_payload
@@ -97,7 +100,7 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
                          on_attempt=attempt_started,
                          say=lambda text: err.print(f"[bold yellow]gpucluster: "
                                                     f"{escape(text)}[/]"),
-                         on_output=lines,
+                         on_output=lines if shown is None else shown.passing(lines),
                          on_phase=common.phase_printer(err))
     except LaunchRefused as refused:
         view.print_refusal(err, refused, stdout_console() if json_output else None)

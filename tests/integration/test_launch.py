@@ -186,6 +186,29 @@ def test_gpus_in_mig_mode_take_one_process_a_node_not_one_per_gpu(
             state.write_text(text)
 
 
+def test_show_ranks_streams_those_ranks_and_the_log_keeps_every_rank(
+        cluster: Sandbox, project: Path) -> None:
+    """6 ranks, 2 of them shown live: the others' lines (rank 0's epochs) are in the
+    job's log, not on the screen."""
+    done = gpucluster("launch", "-i", str(cluster.inventory), "--nproc-per-node", "2",
+                      "--show-ranks", "1,4", "train.py", "--", "--epochs", "2",
+                      cwd=str(project), timeout=120)
+    assert done.code == 0, done.stdout + done.stderr
+    shown = done.stdout.splitlines()
+    assert all(re.match(r"\[node\d/[14]\] ", line) for line in shown), shown
+    for rank in (1, 4):
+        assert re.search(rf"^\[node\d/{rank}\] rank {rank}/6 on node\d ready$", done.stdout,
+                         re.MULTILINE), shown
+    job = re.search(r"job (\S+): exited 0 on node\[1-3\]", done.stderr)
+    assert job, done.stderr
+    logs = gpucluster("logs", "-i", str(cluster.inventory), job[1])
+    assert re.search(r"^\[node\d/0\] epoch 1 loss ", logs.stdout, re.MULTILINE), logs.stdout
+    detached = gpucluster("launch", "-i", str(cluster.inventory), "-d", "--show-ranks", "0",
+                          "train.py", cwd=str(project))
+    assert detached.code == 2 and "--show-ranks 0: a detached launch streams no lines (fix: " \
+        "gpucluster logs -f --rank 0 JOB)" in " ".join(detached.stderr.split())
+
+
 def test_a_progress_bar_and_the_error_it_died_in_show_apart(
         cluster: Sandbox, project: Path) -> None:
     """torchrun's tee reads a bar's \\r as an empty line of its rank, glued to the redraw

@@ -613,6 +613,11 @@ def test_logs_refuses_ranks_the_job_never_had(tmp_path: Path) -> None:
     assert no_rank.code == 2 and "--rank '': expected global ranks" in no_rank.stderr
     no_node = gpucluster("logs", "-i", str(path), "-w", "")
     assert no_node.code == 2 and "--hosts '' names no host" in no_node.stderr
+    # launch --show-ranks reads ranks the same way, naming its own option; refused before
+    # anything is asked of a node (these addresses answer nothing).
+    shown = gpucluster("launch", "-i", str(path), "--show-ranks", "2-1", "t.py")
+    assert shown.code == 2 and "--show-ranks '2-1': expected global ranks from 0" in \
+        shown.stderr and "(fix: e.g. --show-ranks 3 or --show-ranks 0,4-7)" in shown.stderr
 
 
 def test_the_script_is_found_inside_the_work_dir_wherever_launch_runs(tmp_path: Path) -> None:
