@@ -121,7 +121,8 @@ SIGNATURES = (
         "each tensor goes back to the GPU it was saved from"),
     _signature(
         r"Error while creating shared memory segment|unable to (allocate|write to) shared "
-        r"memory|No space left on device.*/dev/shm", "shared-memory-full",
+        r"memory|No space left on device.*/dev/shm|Unexpected bus error encountered in "
+        r"worker|killed by signal: Bus error", "shared-memory-full",
         "shared memory (/dev/shm) ran out",
         "a larger /dev/shm: `gpucluster doctor --only shm`, a container's --ipc=host or "
         "--shm-size; or fewer DataLoader workers"),
