@@ -40,6 +40,10 @@ def _signature(pattern: str, name: str, what: str, fix: str) -> _Signature:
     return _Signature(re.compile(pattern), name, what, fix)
 
 
+_HOST_OUT_OF_MEMORY_FIX = (
+    "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
+    "process\"'`; fewer DataLoader workers or less data held in host memory")
+
 # Most specific and most often the root first: an out-of-memory rank makes its peers
 # report a lost connection, never the other way round.
 SIGNATURES = (
@@ -127,6 +131,10 @@ SIGNATURES = (
         "a larger /dev/shm: `gpucluster doctor --only shm`, a container's --ipc=host or "
         "--shm-size; or fewer DataLoader workers"),
     _signature(
+        r"DataLoader worker \(pid \d+\) is killed by signal: Killed", "dataloader-killed",
+        "a DataLoader worker was killed by SIGKILL: most often the kernel's out-of-memory "
+        "killer, for host memory", _HOST_OUT_OF_MEMORY_FIX),
+    _signature(
         r"No space left on device|\[enforce fail at inline_container\.cc:\d+\] \. "
         r"(unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing file)", "disk-full",
         "a disk the job wrote to was full (torch.save says 'unexpected pos')",
@@ -206,11 +214,8 @@ NOT_MENDED_BY_RESTART = frozenset({
 
 # A worker killed by a signal prints nothing of its own: the signal is the evidence.
 def killed_by_sigkill(node: str) -> KnownCause:
-    return _named(
-        "killed", "the worker was killed by SIGKILL: most often the kernel's out-of-memory "
-        "killer, for host memory",
-        "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
-        "process\"'`; fewer DataLoader workers or less data held in host memory", node)
+    return _named("killed", "the worker was killed by SIGKILL: most often the kernel's "
+                  "out-of-memory killer, for host memory", _HOST_OUT_OF_MEMORY_FIX, node)
 
 
 def mended_by_restart(cause: KnownCause) -> bool:

@@ -212,26 +212,29 @@ def test_a_cpu_build_of_torch_asked_for_a_gpu_says_so_in_torchs_own_words() -> N
             cause.fix
 
 
-def test_a_dataloader_worker_out_of_shared_memory_is_named_from_torchs_own_words() -> None:
-    """A DataLoader worker short of /dev/shm dies of SIGBUS; torch's last exception says
-    only that a worker `exited unexpectedly`, the lines above it why. The signal is sent
-    here by the worker itself, through the real DataLoader."""
+def test_a_dataloader_worker_killed_is_named_from_torchs_own_words() -> None:
+    """A DataLoader worker short of /dev/shm dies of SIGBUS, one the kernel's OOM killer
+    chose of SIGKILL; torch's last exception says only that a worker `exited
+    unexpectedly`, the lines above it why. The signal is sent here by the worker itself,
+    through the real DataLoader."""
     import subprocess
     import sys
 
-    script = ("import os, signal\n"
-              "from torch.utils.data import DataLoader, Dataset\n"
-              "class Bus(Dataset):\n"
-              "    def __len__(self): return 4\n"
-              "    def __getitem__(self, i): os.kill(os.getpid(), signal.SIGBUS)\n"
-              "for batch in DataLoader(Bus(), num_workers=1): pass\n")
-    died = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
-                          check=False)
-    lines = died.stderr.decode(errors="replace").splitlines()
-    assert died.returncode == 1 and "exited unexpectedly" in lines[-1], lines
-    cause = known_cause(lines)
-    assert cause is not None and cause.name == "shared-memory-full", lines
-    assert "fewer DataLoader workers" in cause.fix
+    for signal_name, expected in (("SIGBUS", "shared-memory-full"),
+                                  ("SIGKILL", "dataloader-killed")):
+        script = ("import os, signal\n"
+                  "from torch.utils.data import DataLoader, Dataset\n"
+                  "class Dies(Dataset):\n"
+                  "    def __len__(self): return 4\n"
+                  f"    def __getitem__(self, i): os.kill(os.getpid(), signal.{signal_name})\n"
+                  "for batch in DataLoader(Dies(), num_workers=1): pass\n")
+        died = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                              timeout=120, check=False)
+        lines = died.stderr.decode(errors="replace").splitlines()
+        assert died.returncode == 1 and "exited unexpectedly" in lines[-1], lines
+        cause = known_cause(lines, "node2")
+        assert cause is not None and cause.name == expected, lines
+        assert "fewer DataLoader workers" in cause.fix and "<node>" not in cause.fix
 
 
 def test_the_first_failure_reads_the_failing_ranks_words_not_another_ranks(
