@@ -101,8 +101,8 @@ SIGNATURES = (
         "a failing GPU, where `gpucluster doctor -w <node> --only xid` shows Xid 13, 31 "
         "or 43"),
     _signature(
-        r"Duplicate GPU detected : rank (?P<rank>\d+) and rank (?P<other>\d+) both on CUDA "
-        r"device|Multiple Ranks are using the same GPU/Partition", "gpu-shared-by-ranks",
+        r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device|Multiple "
+        r"Ranks are using the same GPU/Partition", "gpu-shared-by-ranks",
         "two ranks of a node used the same GPU, which NCCL refuses",
         "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before "
         "init_process_group (or pass it device_id=torch.device('cuda', local_rank)): "
