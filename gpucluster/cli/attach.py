@@ -76,6 +76,10 @@ def attach(session: Session, inventory: Inventory, store: JobStore, record: JobR
             err.print(f"{hostrange.fold(from_copy)}: {words}; its lines above are the "
                       f"controller's copy")
     view.print_outcome(err, outcome, store, lines.rendezvous_not_closed)
+    if outcome.first_failure is not None:
+        from gpucluster.launch.failure import in_a_line
+
+        store.note_failure(record.id, in_a_line(outcome.first_failure))
     if json_output:
         common.print_json(stdout_console(), view.outcome_payload(outcome, store))
     if live:

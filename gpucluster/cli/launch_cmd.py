@@ -229,12 +229,13 @@ def jobs(
             except GpuclusterError as error:
                 slurm_failed = str(error)
     supervisors = {r.id: supervisor_of(store, r.id) for r in records}
+    failures = {r.id: noted for r in records if (noted := store.noted_failure(r.id))}
     if json_output:
         common.print_json(stdout_console(), {
-            **view.jobs_payload(records, table, supervisors),
+            **view.jobs_payload(records, table, supervisors, failures),
             "slurm": slurm_jobs.queue_payload(queued)})
     elif records:
-        view.print_jobs(stdout_console(), records, table, supervisors)
+        view.print_jobs(stdout_console(), records, table, supervisors, failures)
     if not records:
         stderr_console().print(f"no jobs recorded in {store.root}")
     if queued is not None and not json_output:

@@ -20,7 +20,7 @@ from gpucluster.inventory import Inventory
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.logsearch import LogFilter
 from gpucluster.launch.model import LaunchRequest
-from gpucluster.launch.recover import RecoveryPolicy
+from gpucluster.launch.recover import RecoveryPolicy, RecoveryResult
 from gpucluster.remote.session import Session
 from gpucluster.state import new_log
 from gpucluster.wording import counted
@@ -107,9 +107,27 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         lines.finish()
+    _note_failures(store, result)
     if result.outcome is not None:
         view.print_outcome(err, result.outcome, store, lines.rendezvous_not_closed)
     print_recovery(err, result)
     if json_output:
         common.print_json(stdout_console(), recovery_payload(result, store))
     raise typer.Exit(result.exit_code)
+
+
+def _note_failures(store: JobStore, result: RecoveryResult) -> None:
+    """Each failed attempt's job gets its failure in a line, for `jobs`: the last one's
+    worker error as a plain launch's (with its likely cause), the others as the run
+    reported them."""
+    from gpucluster.launch.failure import in_a_line
+
+    last = result.outcome.first_failure if result.outcome is not None else None
+    for attempt in result.attempts:
+        if attempt.ended in ("succeeded", "interrupted"):
+            continue
+        summary = attempt.detail if attempt.ended == "worker error" else \
+            f"{attempt.ended}: {attempt.detail}"
+        if attempt is result.attempts[-1] and attempt.ended == "worker error" and last:
+            summary = in_a_line(last)
+        store.note_failure(attempt.job, summary)

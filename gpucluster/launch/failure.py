@@ -8,11 +8,17 @@ import signal
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpucluster.launch.known_causes import KnownCause, killed_by_sigkill, known_cause
+from gpucluster.launch.known_causes import (
+    KnownCause,
+    error_lines,
+    killed_by_sigkill,
+    known_cause,
+)
 from gpucluster.launch.model import FirstFailure, NodeState
 from gpucluster.launch.tee_lines import RANK_PREFIX, TRACEBACK_START, split_rank, unglued
 
 FAILURE_TAIL_LINES = 12
+SUMMARY_CHARS = 160  # of the error line in_a_line quotes: a line of the jobs table
 # torch's prefix on a rank's uncaught error, searched, not anchored: torchrun copies a
 # rank's stdout and stderr apart, so a line of its stdout not yet ended may come first.
 _TORCH_PREFIX = re.compile(r"\[rank\d+\]: ?")
@@ -106,3 +112,14 @@ def cause_of(node: str, worker_exit: int | None, rank_lines: list[str],
         return killed_by_sigkill(node)
     return known_cause(rank_lines, node) or known_cause(
         [line for line in lines if not RANK_PREFIX.match(line)], node)
+
+
+def in_a_line(failure: FirstFailure) -> str:
+    """`rank 1 on node2: the GPU ran out of memory`: where, and its likely cause, else
+    its last error line, else how its node ended."""
+    where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
+        else failure.node
+    errors = error_lines(failure.rank_error or failure.rank_tail)
+    why = failure.cause.what if failure.cause is not None else (
+        errors[-1] if errors else failure.state.label)
+    return f"{where}: {why[:SUMMARY_CHARS]}"

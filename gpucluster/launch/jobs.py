@@ -70,6 +70,9 @@ def new_job_id(now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(2)}"
 
 
+FAILURE_NOTE = "first-failure.txt"
+
+
 class JobStore:
     """Job directories under the state directory, newest id last (ids sort by time)."""
 
@@ -86,6 +89,23 @@ class JobStore:
         temporary.write_text(json.dumps(asdict(record), indent=2) + "\n", encoding="utf-8")
         temporary.replace(directory / "job.json")
         return directory
+
+    def note_failure(self, job_id: str, summary: str) -> None:
+        """The job's first failure in a line, once a follow of it named one: `jobs`
+        shows it without fetching a log."""
+        path = self.directory(job_id) / FAILURE_NOTE
+        if not path.parent.is_dir():  # pruned meanwhile: nothing to note it in
+            return
+        temporary = path.with_name(f"{FAILURE_NOTE}.tmp")
+        temporary.write_text(summary + "\n", encoding="utf-8")
+        temporary.replace(path)
+
+    def noted_failure(self, job_id: str) -> str | None:
+        try:
+            return (self.directory(job_id) / FAILURE_NOTE).read_text(
+                encoding="utf-8").strip() or None
+        except OSError:
+            return None
 
     def ids(self) -> list[str]:
         if not self.root.is_dir():

@@ -763,7 +763,9 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         assert set(listed) == {"schema", "jobs", "slurm"} and listed["slurm"] is None
         entry = next(j for j in listed["jobs"] if j["id"] == job)
         assert set(entry) == {"id", "script", "module", "args", "hosts", "started_at",
-                              "image", "run", "attempt", "supervisor", "nodes"}
+                              "image", "run", "attempt", "supervisor", "nodes",
+                              "first_failure"}
+        assert entry["first_failure"] is None
         assert (entry["script"], entry["module"]) == ("train.py", False)
         assert (entry["run"], entry["attempt"]) == (job, 1)
         assert {n["state"] for n in entry["nodes"].values()} == {"running"}
@@ -798,6 +800,11 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
     assert failure["rank_error"][0] == "Traceback (most recent call last):"
     assert failure["rank_error"][-1] == \
         "ModuleNotFoundError: No module named 'gpc_no_such_module'"
+    # `jobs` names it from then on, no log fetched.
+    listed = gpucluster("jobs", "-i", inventory, "--json").json()["jobs"]
+    noted = next(j for j in listed if j["id"] == outcome["job"])["first_failure"]
+    assert noted == f"rank {failure['rank']} on {failure['node']}: the nodes' python has no " \
+                    f"module 'gpc_no_such_module'", noted
 
 
 LISTING = """import os

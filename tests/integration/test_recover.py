@@ -143,6 +143,10 @@ def test_a_cause_no_restart_mends_ends_the_run_after_one_attempt(cluster: Sandbo
                      stderr), stderr
     assert payload["quarantined"] == {}
     assert leftovers(cluster) == []
+    listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json").json()["jobs"]
+    noted = next(j for j in listed if j["id"] == payload["attempts"][0]["job"])
+    assert re.fullmatch(r"rank \d on node\d: the nodes' python has no module "
+                        r"'gpucluster_absent_module'", noted["first_failure"]), noted
 
 
 def test_a_node_whose_gpus_the_hardware_slows_does_not_rejoin(cluster: Sandbox,

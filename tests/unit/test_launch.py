@@ -1184,7 +1184,7 @@ def test_jobs_names_a_node_the_inventory_no_longer_lists() -> None:
                        0.0, {"n1": 1, "n2": 1, "n3": 1})
     console = Console(width=200, record=True, file=io.StringIO())
     print_jobs(console, [record], {record.id: {n: NodeState(n, "stopped", None)
-                                               for n in ("n1", "n2")}}, {})
+                                               for n in ("n1", "n2")}}, {}, {})
     assert "stopped: n[1-2], not in this inventory: n3" in console.export_text()
 
 
@@ -1203,10 +1203,50 @@ def test_jobs_in_80_columns_shows_a_recovery_runs_whole_id() -> None:
                        run="20261206-061848-cd8a")
     console = Console(width=80, record=True, file=io.StringIO())
     print_jobs(console, [record], {record.id: {n: NodeState(n, "exited", 0)
-                                               for n in record.hosts}}, {})
+                                               for n in record.hosts}}, {}, {})
     shown = console.export_text()
     assert "…" not in shown and "20261206-061848" in shown, shown
     assert "cd8a" in shown.replace("│", " ").split("20261206-061848")[1], shown
+
+
+def test_jobs_shows_the_first_failure_a_follow_named(tmp_path: Path) -> None:
+    """`jobs` said `exited 1: node2` and no more: why took a `logs JOB`. The line a
+    follow of the ended job noted is shown (and in --json), no log fetched; one that
+    never ended in a follow has none."""
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import jobs_payload, print_jobs
+    from gpucluster.launch.failure import in_a_line
+    from gpucluster.launch.known_causes import known_cause
+    from gpucluster.launch.model import FirstFailure, NodeState
+
+    store = JobStore(tmp_path)
+    failed, other = (JobRecord(job, "t.py", [], ["n1", "n2"], "/c", "/j", 0.0,
+                               {"n1": 1, "n2": 1}) for job in
+                     ("20261206-100000-aaaa", "20261206-100100-bbbb"))
+    for record in (failed, other):
+        store.save(record)
+    words = "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+    state = NodeState("n2", "exited", 1)
+    failure = FirstFailure("n2", state, 1, 1, (), rank_tail=(f"[rank1]: {words}",),
+                           cause=known_cause([words], "n2"))
+    store.note_failure(failed.id, in_a_line(failure))
+    noted = {r.id: n for r in (failed, other) if (n := store.noted_failure(r.id))}
+    assert noted == {failed.id: "rank 1 on n2: a disk the job wrote to was full (torch.save "
+                                "says 'unexpected pos')"}
+    # Without a known cause, the rank's last error line says it.
+    plain = dataclasses.replace(failure, cause=None)
+    assert in_a_line(plain) == f"rank 1 on n2: {words}"
+    console = Console(width=200, record=True, file=io.StringIO())
+    table = {r.id: {n: state for n in r.hosts} for r in (failed, other)}
+    print_jobs(console, [failed, other], table, {}, noted)
+    shown = console.export_text()
+    assert shown.count("first failure: ") == 1 and "first failure: rank 1 on n2: a disk" in \
+        shown, shown
+    payload = jobs_payload([failed, other], table, {}, noted)["jobs"]
+    assert [j["first_failure"] for j in payload] == [noted[failed.id], None]
 
 
 def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(

@@ -167,7 +167,7 @@ def print_stopped(console: Console, record: JobRecord,
 
 def print_jobs(console: Console, records: Sequence[JobRecord],
                table: Mapping[str, Mapping[str, NodeState]],
-               supervisors: Mapping[str, int | None]) -> None:
+               supervisors: Mapping[str, int | None], failures: Mapping[str, str]) -> None:
     from gpucluster.cli.views.common import print_table
 
     rows = []
@@ -184,6 +184,8 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
             summary += f"; attempt {record.attempt} of run {record.run}"
         if supervisors.get(record.id):
             summary += f"; recovery supervisor pid {supervisors[record.id]}"
+        if record.id in failures:
+            summary += f"\nfirst failure: {printable(failures[record.id])}"
         rows.append((record.id, record.command(),
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at)),
                      summary))
@@ -208,7 +210,8 @@ def stop_payload(record: JobRecord, results: Mapping[str, StopResult]) -> dict[s
 
 def jobs_payload(records: Sequence[JobRecord],
                  table: Mapping[str, Mapping[str, NodeState]],
-                 supervisors: Mapping[str, int | None]) -> dict[str, Any]:
+                 supervisors: Mapping[str, int | None],
+                 failures: Mapping[str, str]) -> dict[str, Any]:
     return {"jobs": [{
         "id": r.id, "script": r.script, "module": r.module, "args": list(r.args),
         "hosts": list(r.hosts),
@@ -216,6 +219,7 @@ def jobs_payload(records: Sequence[JobRecord],
         "run": r.run or r.id, "attempt": r.attempt,  # launch --recover's attempts
         "supervisor": supervisors.get(r.id),
         "nodes": {n: state_payload(s) for n, s in table[r.id].items()},
+        "first_failure": failures.get(r.id),
     } for r in records]}
 
 
