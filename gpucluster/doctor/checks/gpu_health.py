@@ -100,7 +100,8 @@ def mig(context: Context) -> list[CheckResult]:
 
     return _per_gpu(context, "mig", judge, "MIG off",
                     "for training on whole GPUs: sudo nvidia-smi -i N -mig 0, then reset the "
-                    "GPU; with MIG, each rank must be pinned to one MIG device")
+                    "GPU; with MIG on, CUDA gives a process one MIG device, so launch and "
+                    "smoke refuse more than one process a node there")
 
 
 @check("fabric", "gpu-health", "NVLink fabric manager state (where GPUs report one)")
