@@ -178,6 +178,14 @@ SIGNATURES = (
         "`gpucluster doctor --only rendezvous-port,name-resolution`; `gpucluster "
         "provision --only firewall,hosts` opens the port to the cluster's nodes"),
     _signature(
+        r"Call to ibv_(reg_mr|create_qp|create_cq)\w* failed", "memlock-too-low",
+        "NCCL could not register pinned memory for InfiniBand/RoCE",
+        "raise the locked-memory limit to unlimited (`gpucluster doctor -w <node> --only "
+        "memlock` shows it): `* soft memlock unlimited` and `* hard memlock unlimited` in "
+        "/etc/security/limits.conf, a container's --ulimit memlock=-1, a service's "
+        "LimitMEMLOCK=infinity; where it is unlimited already, GPUDirect RDMA "
+        "(nvidia-peermem) or the NIC refused the registration"),
+    _signature(
         r"NET/IB ?: Got completion from peer .*?with (error |status=)(IBV_WC_\w+\()?"
         r"(?P<status>\d+)", "infiniband-transfer-failed",
         "an InfiniBand/RoCE transfer between the nodes failed (status {status})",
@@ -210,7 +218,7 @@ SIGNATURES = (
 NOT_MENDED_BY_RESTART = frozenset({
     "module-missing", "no-kernel-image", "no-gpu-for-torch", "driver-too-old",
     "gpu-shared-by-ranks", "gpu-index-missing", "checkpoint-device-missing",
-    "collective-mismatch", "ddp-static-graph", "ddp-unused-parameters"})
+    "collective-mismatch", "ddp-static-graph", "ddp-unused-parameters", "memlock-too-low"})
 
 # A worker killed by a signal prints nothing of its own: the signal is the evidence.
 def killed_by_sigkill(node: str) -> KnownCause:

@@ -61,6 +61,12 @@ MESSAGES = {
     "peer 10.99.91.63<51161> with status=4 opcode=32614 len=32614 vendor err 81 (Send)": (
         "infiniband-transfer-failed",
         "an InfiniBand/RoCE transfer between the nodes failed (status 4)"),
+    # NCCL's user guide names both for the locked-memory limit.
+    "node1:1:2 [0] misc/ibvwrap.cc:252 NCCL WARN Call to ibv_reg_mr failed with error Cannot "
+    "allocate memory": ("memlock-too-low",
+                        "NCCL could not register pinned memory for InfiniBand/RoCE"),
+    "NCCL WARN Call to ibv_create_qp failed": (
+        "memlock-too-low", "NCCL could not register pinned memory for InfiniBand/RoCE"),
     "node2:319733:319761 [1] transport/net_ib/p2p.cc:648 NCCL WARN NET/IB: Got completion "
     "from peer 10.153.235.13<40554> with status=IBV_WC_RETRY_EXC_ERR(12) "
     "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129 hca mlx5_1": (
