@@ -70,14 +70,15 @@ def check_mig(inventory: Inventory, nproc: int | None, found: Mapping[str, int],
     are in MIG mode (`mig`: their count per node), a second process of a job on the GPUs
     would find none of its own (CUDA's invalid device ordinal, or NCCL's duplicate GPU),
     so that is refused before anything starts. One process per node runs on one."""
-    over = [h for h in inventory.hosts if mig.get(h.name) and h.torch_device == "cuda"
-            and nproc_for(h, nproc, found.get(h.name)) > 1]
+    processes = {h.name: nproc_for(h, nproc, found.get(h.name)) for h in inventory.hosts
+                 if mig.get(h.name) and h.torch_device == "cuda"}
+    over = [node for node, count in processes.items() if count > 1]
     if not over:
         return
-    most = max(nproc_for(h, nproc, found.get(h.name)) for h in over)
+    most = max(processes[node] for node in over)
     raise GpuclusterError(
-        f"{hostrange.fold([h.name for h in over])}: "
-        f"{counted(max(mig[h.name] for h in over), 'GPU')} in MIG mode, where CUDA gives a "
+        f"{hostrange.fold(over)}: "
+        f"{counted(max(mig[node] for node in over), 'GPU')} in MIG mode, where CUDA gives a "
         f"process one MIG device: of {most} processes a node, {most - 1} would find no GPU "
         f"(fix: to train on whole GPUs, turn MIG off there: sudo nvidia-smi -mig 0, then "
         f"reset the GPUs, as `gpucluster doctor --only mig` says; or --nproc-per-node 1, "

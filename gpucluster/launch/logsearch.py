@@ -44,14 +44,15 @@ class LogFilter:
     def keeps(self, line: LogLine) -> bool:
         return ((self.since is None or line.time >= self.since)
                 and (self.until is None or line.time <= self.until)
-                and (self.nodes is None or line.node in self.nodes)
-                and (self.ranks is None or line.rank in self.ranks)
-                and (self.pattern is None or self.pattern.search(line.text) is not None))
+                and self._keeps(line.node, line.rank, line.text))
 
     def keeps_as_it_comes(self, node: str, rank: str | None, text: str) -> bool:
         """A line followed live, which has no time yet: by its node, rank and text."""
+        return self._keeps(node, int(rank) if rank is not None else None, text)
+
+    def _keeps(self, node: str, rank: int | None, text: str) -> bool:
         return ((self.nodes is None or node in self.nodes)
-                and (self.ranks is None or (rank is not None and int(rank) in self.ranks))
+                and (self.ranks is None or rank in self.ranks)
                 and (self.pattern is None or self.pattern.search(text) is not None))
 
     def passing(self, on_line: OutputCallback) -> OutputCallback:
