@@ -126,8 +126,10 @@ def _note_failures(store: JobStore, result: RecoveryResult) -> None:
     for attempt in result.attempts:
         if attempt.ended in ("succeeded", "interrupted"):
             continue
-        summary = attempt.detail if attempt.ended == "worker error" else \
-            f"{attempt.ended}: {attempt.detail}"
-        if attempt is result.attempts[-1] and attempt.ended == "worker error" and last:
+        if attempt.ended != "worker error":
+            summary = f"{attempt.ended}: {attempt.detail}"
+        elif attempt is result.attempts[-1] and last is not None:
             summary = in_a_line(last)
+        else:
+            summary = attempt.detail
         store.note_failure(attempt.job, summary)
