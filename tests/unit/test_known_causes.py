@@ -346,3 +346,11 @@ def test_the_last_of_several_tracebacks_is_taken_without_its_prefix_or_its_lengt
     assert found[0] == chained[0] and found[1] == "  ..." and found[-1] == chained[-1]
     assert len(found) == 12
     assert last_traceback(["step 1", "no traceback here"]) == []
+
+
+def test_every_cause_no_restart_mends_is_a_signatures_name() -> None:
+    """NOT_MENDED_BY_RESTART names signatures by their names: a misspelt one would never
+    match, and launch --recover would retry that cause again."""
+    from gpucluster.launch.known_causes import NOT_MENDED_BY_RESTART, SIGNATURES
+
+    assert {signature.name for signature in SIGNATURES} >= NOT_MENDED_BY_RESTART
