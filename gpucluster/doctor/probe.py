@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpucluster import reports
-from gpucluster.doctor import node_tools, nvidia_smi
+from gpucluster.doctor import node_tools, nvidia_smi, torch_facts
+from gpucluster.doctor.torch_facts import TORCH_SCRIPT, TorchBuild, TorchFacts
 from gpucluster.inventory import Inventory
 from gpucluster.remote.connection import shell_path, typed_sudo_context
 from gpucluster.reports import Section
@@ -26,34 +25,6 @@ NO_IP = "@no-ip"  # the addresses section: the node has no `ip` command
 # two cores took 19 s each: cut at 15 s, none was cached, and every later doctor run
 # imported again.) Below the probe's own default limit of 60 s.
 TORCH_IMPORT_TIMEOUT_S = 45
-
-# Run by the job's python on the node: torch's versions as JSON; exit 3 when torch
-# cannot be imported (so the probe does not cache a failure).
-TORCH_SCRIPT = """\
-import json, sys
-try:
-    import torch
-except Exception as error:
-    print(json.dumps({"torch": None, "error": f"{type(error).__name__}: {error}"}))
-    sys.exit(3)
-nccl = None
-try:
-    version = torch.cuda.nccl.version()
-    nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-except Exception:
-    pass
-print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}))
-"""
-
-
-@dataclass(frozen=True)
-class TorchFacts:
-    version: str | None
-    cuda: str | None
-    nccl: str | None
-    error: str | None
-    timed_out_s: int | None = None  # the import was stopped after this long
-
 
 @dataclass
 class PortMesh:
@@ -120,20 +91,14 @@ class NodeFacts:
         return nvidia_smi.parse_versions(self.text("nvidia_version") or "")
 
     @property
+    def torch_build(self) -> TorchBuild | None:
+        """None where no torch was found, or its version.py names no `cuda`."""
+        return torch_facts.parse_build(self.text("torch_build"))
+
+    @property
     def torch(self) -> TorchFacts | None:
         """None when the probe could not run python at all."""
-        text = self.text("torch")
-        if text is None:
-            return None
-        for line in reversed(text.strip().splitlines()):
-            try:
-                data: dict[str, Any] = json.loads(line)
-            except ValueError:
-                continue
-            limit = data.get("timed_out")
-            return TorchFacts(data.get("torch"), data.get("cuda"), data.get("nccl"),
-                              data.get("error"), limit if isinstance(limit, int) else None)
-        return TorchFacts(None, None, None, text.strip()[-300:] or "no output")
+        return torch_facts.parse_versions(self.text("torch"))
 
     @property
     def resolved(self) -> dict[str, str | None]:

@@ -62,7 +62,9 @@ PREFLIGHT_CHECKS = ("ssh", "jobs", "nvidia-smi", "gpu-count", "gpu-processes",
 STARTS_DESPITE_WARNING = ("ssh", "gpu-count")
 # Outside a container torchrun is the node's own: a node without it would end the job
 # on every node with exit code 127; the check refuses first, naming cluster.torchrun.
-HOST_PREFLIGHT_CHECKS = (*PREFLIGHT_CHECKS, "torchrun")
+# torch-build: a CPU build of torch on GPU nodes failed every rank at its first CUDA
+# call; read from torch's version.py, it costs no import (the sandbox: 0.02 s a node).
+HOST_PREFLIGHT_CHECKS = (*PREFLIGHT_CHECKS, "torchrun", "torch-build")
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
 LARGE_SYNC_BYTES = 100 << 20  # sent to one node: worth naming what is that big
 LARGE_FILE_BYTES = 10 << 20
@@ -163,7 +165,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      env: dict[str, str], shells: WaitingShells,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
     phase("checking nodes (running jobs, GPUs and their processes, rendezvous port, "
-          "ports and MTU between nodes, tools" + ("" if request.image else ", torchrun") + ")")
+          "ports and MTU between nodes, tools"
+          + ("" if request.image else ", torchrun and torch's build") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
     findings, listed = preflight(session, inventory, shells, code_dir,
                                  PREFLIGHT_CHECKS if request.image else HOST_PREFLIGHT_CHECKS)

@@ -154,6 +154,36 @@ def test_a_process_the_script_left_behind_is_ended_and_the_job_succeeds(
     assert job_processes(cluster) == {}
 
 
+def test_a_cpu_build_of_torch_where_jobs_use_the_gpus_is_refused_before_any_start(
+        cluster: Sandbox, project: Path) -> None:
+    """The nodes' torch is a CPU build; an inventory whose jobs run on the GPUs started
+    every rank, each dying at its first CUDA call. The check reads torch's version.py."""
+    defaults = {**cluster.data["defaults"], "torch_device": "cuda"}
+    inventory = cluster.write_inventory(project.parent / "cpu-torch.yaml", defaults=defaults)
+    refused = gpucluster("launch", "-i", str(inventory), "--nproc-per-node", "1", "train.py",
+                         cwd=str(project), timeout=120)
+    assert refused.code == 1, refused.stdout + refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert re.search(r"FAIL torch-build node\[1-3\]: torch \S+\+cpu is a CPU-only build on "
+                     r"a GPU node: a job's ranks would find no GPU", message), message
+    assert "-m pip install torch --index-url https://download.pytorch.org/whl/cu" in message
+    assert "launch refused: node[1-3] not ready for a new job; nothing was started" in message
+    assert job_processes(cluster) == {}
+
+
+def cuda_torch_python(where: Path, nodes_python: str) -> Path:
+    """A python in whose path torch reads as a CUDA build to launch's checks (a version.py
+    saying so, before the nodes' CPU build): for launches refused later, never started."""
+    (where / "site" / "torch").mkdir(parents=True, exist_ok=True)
+    (where / "site" / "torch" / "__init__.py").write_text("")
+    (where / "site" / "torch" / "version.py").write_text(
+        "__version__ = '2.5.1+cu124'\ncuda: Optional[str] = '12.4'\n")
+    python = where / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={where / 'site'} exec {nodes_python} \"$@\"\n")
+    python.chmod(0o755)
+    return python
+
+
 def test_gpus_in_mig_mode_take_one_process_a_node_not_one_per_gpu(
         cluster: Sandbox, project: Path) -> None:
     """The nodes' GPUs replaying the real H100 MIG capture, under an inventory whose jobs
@@ -163,7 +193,10 @@ def test_gpus_in_mig_mode_take_one_process_a_node_not_one_per_gpu(
               for node in cluster.nodes]
     kept = [state.read_text() for state in states]
     defaults = {**cluster.data["defaults"], "torch_device": "cuda"}
-    inventory = cluster.write_inventory(project.parent / "on-gpus.yaml", defaults=defaults)
+    python = cuda_torch_python(project.parent / "cuda-torch", cluster.data["cluster"]["python"])
+    inventory = cluster.write_inventory(project.parent / "on-gpus.yaml", defaults=defaults,
+                                        cluster={**cluster.data["cluster"],
+                                                 "python": str(python)})
     try:
         for state in states:
             state.write_text(json.dumps({**json.loads(state.read_text()),

@@ -4,6 +4,8 @@ handling, and the real probe script run on this machine."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,12 +98,46 @@ def test_a_missing_torchrun_gets_the_fix_for_how_the_inventory_names_it(
     assert "PATH" not in by_path.remedy and "set cluster.torchrun to where" in by_path.remedy
 
 
+# torch's version.py as its CPU and CUDA wheels write it (grep'd by the probe).
+CPU_BUILD = "__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None"
+CUDA_BUILD = "__version__ = '2.5.1+cu124'\ncuda: Optional[str] = '12.4'"
+
+
 def test_cpu_torch_on_a_gpu_node_fails_except_in_the_sandbox(tmp_path: Path) -> None:
-    cpu = '{"torch": "2.5.1", "cuda": null, "nccl": null}'
-    ctx = context(tmp_path, {"a": facts(torch=cpu)})
-    assert statuses("torch-cuda", ctx) == {"a": Status.FAIL}
-    sandbox = context(tmp_path, {"a": facts(torch=cpu)}, "  torch_device: cpu\n")
-    assert statuses("torch-cuda", sandbox) == {"a": Status.SKIP}
+    cpu = facts(torch='{"torch": "2.13.0+cpu", "cuda": null, "nccl": null}',
+                torch_build=CPU_BUILD)
+    [failed] = REGISTRY["torch-build"].run(context(tmp_path, {"a": cpu}))
+    assert failed.status is Status.FAIL
+    assert failed.message == ("torch 2.13.0+cpu is a CPU-only build on a GPU node: a job's "
+                              "ranks would find no GPU")
+    assert "python3 -m pip install torch --index-url https://download.pytorch.org/whl/cu124" \
+        in failed.remedy and "torch_device: cpu" in failed.remedy
+    # torch-cuda leaves the build to torch-build: one finding, not two
+    assert statuses("torch-cuda", context(tmp_path, {"a": cpu})) == {"a": Status.SKIP}
+    sandbox = context(tmp_path, {"a": cpu}, "  torch_device: cpu\n")
+    assert statuses("torch-build", sandbox) == {"a": Status.SKIP}
+    [built] = REGISTRY["torch-build"].run(context(tmp_path, {"a": facts(
+        torch_build=CUDA_BUILD)}))
+    assert (built.status, built.message) == (Status.OK, "torch 2.5.1+cu124, built for CUDA 12.4")
+    # No torch found (an empty section), or a version.py naming no `cuda`: no evidence
+    for unread in ("", "__version__ = '2.5.1'"):
+        ctx = context(tmp_path, {"a": facts(torch_build=unread)})
+        assert statuses("torch-build", ctx) == {"a": Status.SKIP}
+
+
+def test_the_probe_reads_torchs_build_as_torch_itself_says_it(tmp_path: Path) -> None:
+    """The probe greps version.py where find_spec finds torch, importing nothing; what it
+    reads must be what an import of this machine's torch answers."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster:\n  python: {sys.executable}\nhosts: [localhost]\n")
+    loaded = inventory_module.load(path)
+    script = probe.render_probe(loaded, frozenset({"python", "torch_build"}))
+    result = LocalConnection("localhost").run(script, timeout=60)
+    build = probe.parse_facts(result.stdout, time.time()).torch_build
+    imported = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+        capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    assert build is not None and [build.version, str(build.cuda)] == imported
 
 
 def test_torch_and_nccl_parity(tmp_path: Path) -> None:
@@ -380,7 +416,8 @@ def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
     assert wanted == {"jobs", "nvidia_smi_path", "gpus", "apps", "app_jobs", "port", "peers",
                       "addresses", "tools", "path"}
     host_checks = probe_sections([REGISTRY[name] for name in HOST_PREFLIGHT_CHECKS])
-    assert host_checks == wanted | {"torchrun"}  # no torch import for launch
+    assert host_checks == wanted | {"torchrun", "torch_build"}
+    assert "import torch" not in probe.render_probe(loaded, host_checks)  # seconds a node
     assert probe_sections([REGISTRY["jobs"], REGISTRY["torch"]]) is None  # torch reads any
     for sections, expected in ((wanted, {"clock", "hostname", "jobs", "nvidia_smi_path"}),
                                (None, {"clock", "hostname", "jobs", "torch", "disk", "xid"})):

@@ -177,6 +177,36 @@ def _major_minor(version: str | None) -> tuple[int, int] | None:
         return None
 
 
+# Read from torch's version.py, without the import that takes seconds: launch asks it too.
+@check("torch-build", "gpu", "torch is a CUDA build where jobs use the GPUs (torch_device)",
+       sections=("torch_build", "nvidia_smi_path", "gpus"))
+def torch_build(context: Context) -> list[CheckResult]:
+    results = []
+    python = context.inventory.cluster.python
+    for host, facts in gpu_hosts(context):
+        build = facts.torch_build
+        if build is None:
+            results.append(CheckResult("torch-build", host.name, Status.SKIP,
+                                       "torch's build not read (no torch for cluster.python? "
+                                       "see the torch check)"))
+        elif build.cuda:
+            results.append(CheckResult("torch-build", host.name, Status.OK,
+                                       f"torch {build.version}, built for CUDA {build.cuda}"))
+        elif runs_on_cpu(host):
+            results.append(CheckResult(
+                "torch-build", host.name, Status.SKIP,
+                "torch_device: cpu: jobs here run on the CPU, torch is a CPU build"))
+        else:
+            results.append(CheckResult(
+                "torch-build", host.name, Status.FAIL,
+                f"torch {build.version} is a CPU-only build on a GPU node: a job's ranks "
+                f"would find no GPU",
+                f"install a CUDA build for the job's python: {python} -m pip install torch "
+                f"--index-url https://download.pytorch.org/whl/cu124 (pick the CUDA the "
+                f"driver supports); or set `torch_device: cpu` for jobs on the CPU"))
+    return results
+
+
 @check("torch-cuda", "gpu", "torch's CUDA build fits the driver (not newer than it supports)")
 def torch_cuda(context: Context) -> list[CheckResult]:
     builds: dict[str, str] = {}
@@ -185,17 +215,9 @@ def torch_cuda(context: Context) -> list[CheckResult]:
         info = facts.torch
         if info is None or info.version is None:
             continue
-        if info.cuda is None:
-            if runs_on_cpu(host):
-                results.append(CheckResult(
-                    "torch-cuda", host.name, Status.SKIP,
-                    "torch_device: cpu: jobs here run on the CPU, torch is a CPU build"))
-            else:
-                results.append(CheckResult(
-                    "torch-cuda", host.name, Status.FAIL,
-                    f"torch {info.version} is a CPU-only build on a GPU node",
-                    "install a CUDA build: pip install torch --index-url "
-                    "https://download.pytorch.org/whl/cu124 (pick the CUDA the driver supports)"))
+        if info.cuda is None:  # torch-build says whether a CPU build is right here
+            results.append(CheckResult("torch-cuda", host.name, Status.SKIP,
+                                       f"torch {info.version} is a CPU build"))
             continue
         built, supported = _major_minor(info.cuda), _major_minor(facts.versions.cuda)
         if built and supported and built[0] > supported[0]:
@@ -220,12 +242,17 @@ def nccl(context: Context) -> list[CheckResult]:
         info = facts.torch
         if info is None or info.version is None:
             continue
-        if info.nccl is None:
+        if info.cuda is None:  # torch-build says whether a CPU build is right here
+            results.append(CheckResult("nccl", host.name, Status.SKIP,
+                                       f"torch {info.version} is a CPU build: no NCCL in it"))
+        elif info.nccl is None:
             status = Status.SKIP if runs_on_cpu(host) else Status.WARN
             results.append(CheckResult("nccl", host.name, status,
-                                       "torch reports no NCCL (CPU build?)",
+                                       f"torch {info.version} (CUDA {info.cuda}) reports "
+                                       f"no NCCL: a build without it",
                                        "" if runs_on_cpu(host) else
-                                       "install a CUDA build of torch, which bundles NCCL"))
+                                       "install torch's own CUDA wheel (pytorch.org), "
+                                       "which bundles NCCL"))
         else:
             versions[host.name] = info.nccl
     results.extend(parity("nccl", versions, Status.FAIL, "NCCL",
