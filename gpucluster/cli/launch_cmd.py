@@ -208,6 +208,7 @@ def jobs(
     from gpucluster.cli import slurm_jobs
     from gpucluster.launch.control import states
     from gpucluster.launch.supervisor import supervisor_of
+    from gpucluster.launch.unread_failures import note_unread
     from gpucluster.slurm.queue import QueuedJob, queue, set_up_from_here
 
     loaded = load_inventory(inventory)
@@ -217,6 +218,7 @@ def jobs(
     table: dict[str, dict[str, NodeState]] = {}
     queued: list[QueuedJob] | None = None
     slurm_failed = ""
+    supervisors = {r.id: supervisor_of(store, r.id) for r in records}
     if records or ask_slurm:
         # squeue runs while the nodes are asked about our jobs. The session closes first,
         # so Ctrl-C ends a running squeue rather than waiting for it.
@@ -224,11 +226,13 @@ def jobs(
                 loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             asked = beside.submit(queue, session, loaded) if ask_slurm else None
             table = states(session, loaded, records, copies=store) if records else {}
+            # a supervised job's attempts note their own
+            note_unread(session, loaded, store, [r for r in records if not supervisors[r.id]],
+                        table)
             try:
                 queued = asked.result() if asked else None
             except GpuclusterError as error:
                 slurm_failed = str(error)
-    supervisors = {r.id: supervisor_of(store, r.id) for r in records}
     failures = {r.id: noted for r in records if (noted := store.noted_failure(r.id))}
     if json_output:
         common.print_json(stdout_console(), {

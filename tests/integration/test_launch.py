@@ -840,6 +840,44 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
                     f"module 'gpc_no_such_module'", noted
 
 
+def test_jobs_names_the_first_failure_of_a_detached_job_nothing_followed(
+        cluster: Sandbox, project: Path) -> None:
+    """`launch -d`, then only `jobs`: it said `exited 1: node[1-3]` and no more. Once the
+    job has ended everywhere, jobs reads its first failure from the failed nodes' logs
+    (rank 2 failed first; the others a few seconds later), copies them here, and from then
+    on lists it from what it noted, asking the nodes nothing."""
+    quota = project.parent / "quota"
+    quota.mkdir(exist_ok=True)
+    (quota / "main.py").write_text(
+        "import os, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "time.sleep(0 if rank == 2 else 4)\n"
+        "raise OSError(f'[Errno 122] Disk quota exceeded: /data/shard-{rank}')\n")
+    inventory = str(cluster.inventory)
+    started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1", "main.py",
+                         cwd=str(quota))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+
+    def listed() -> dict:
+        return next(j for j in gpucluster("jobs", "-i", inventory, "--json").json()["jobs"]
+                    if j["id"] == job)
+
+    deadline = time.monotonic() + 60
+    entry = listed()
+    while any(node["state"] != "exited" for node in entry["nodes"].values()):
+        assert entry["first_failure"] is None, entry  # not before every node has ended
+        assert time.monotonic() < deadline, entry
+        time.sleep(1)
+        entry = listed()
+    assert entry["first_failure"] is not None, entry
+    assert re.fullmatch(r"rank 2 on node\d: OSError: \[Errno 122\] Disk quota exceeded: "
+                        r"/data/shard-2", entry["first_failure"]), entry
+    copies = cluster.inventory.parent / ".gpucluster" / "jobs" / job
+    assert {p.name for p in copies.glob("*.ended")} == {f"{n}.ended" for n in cluster.nodes}
+    assert listed() == entry
+
+
 LISTING = """import os
 for root, _, files in sorted(os.walk(".")):
     for name in sorted(files):
