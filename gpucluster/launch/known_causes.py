@@ -72,9 +72,9 @@ SIGNATURES = (
         r"GPUs, no GPUs found|Torch not compiled with CUDA enabled|module 'torch\._C' has no "
         r"attribute '_cuda_\w+'", "no-gpu-for-torch",
         "torch found no GPU it could use on the node",
-        "`gpucluster doctor -w <node> --only nvidia-smi,torch,container-toolkit` says "
-        "which: no driver, a CPU build of torch (its version ends in +cpu), or a container "
-        "the GPUs were not passed into; a node meant to run jobs on its CPU says "
+        "`gpucluster doctor -w <node> --only nvidia-smi,torch-build,container-toolkit` "
+        "says which: no driver, a CPU build of torch, or a container the GPUs were not "
+        "passed into; a node meant to run jobs on its CPU says "
         "`torch_device: cpu` in the inventory"),
     _signature(
         r"NVIDIA driver on your system is too old|CUDA driver version is insufficient for "

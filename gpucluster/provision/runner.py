@@ -43,8 +43,8 @@ from gpucluster.state import exclusive, new_log, state_dir_for
 from gpucluster.wording import counted
 
 T = TypeVar("T")
-PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-cuda",
-                 "nccl")
+PARITY_CHECKS = ("driver", "cuda-driver", "gpu-count", "gpu-model", "torch", "torch-build",
+                 "torch-cuda", "nccl")
 STEP_TYPES: tuple[type[Step], ...] = (SshMeshStep, HostsStep, FirewallStep, ImageStep,
                                       SlurmStep)
 STEP_NAMES = ("parity", *(s.name for s in STEP_TYPES), "smoke")

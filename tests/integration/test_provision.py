@@ -361,6 +361,16 @@ def test_parity_gate_stops_on_a_mismatch_unless_forced(cluster: Sandbox) -> None
         assert code == 0 and _outcomes(forced)[("hosts", "node2")] == "changed"
     finally:
         cluster.restage()
+    # The nodes' CPU build of torch where jobs would use the GPUs: one finding a node
+    # (torch-build's), not torch-cuda's and nccl's besides.
+    on_gpus = cluster.write_inventory(cluster.inventory.parent / "cpu-torch.yaml", defaults={
+        **cluster.data["defaults"], "torch_device": "cuda"})
+    stopped = gpucluster("provision", "-i", str(on_gpus), "--json", "--only", "parity,hosts",
+                         timeout=180)
+    payload = json.loads(stopped.stdout)
+    assert stopped.code == 1 and payload["gate_blocked"] is True, payload
+    assert {(g["check"], g["host"]) for g in payload["gate"]} == {
+        ("torch-build", node) for node in cluster.nodes}, payload["gate"]
 
 
 @pytest.fixture(scope="module")

@@ -214,7 +214,7 @@ def test_a_cpu_build_of_torch_asked_for_a_gpu_says_so_in_torchs_own_words() -> N
         assert asked.returncode == 1, asked.stderr
         cause = known_cause(asked.stderr.splitlines(), "node3")
         assert cause is not None and cause.name == "no-gpu-for-torch", asked.stderr
-        assert "gpucluster doctor -w node3 --only nvidia-smi,torch,container-toolkit" in \
+        assert "gpucluster doctor -w node3 --only nvidia-smi,torch-build,container-toolkit" in \
             cause.fix
 
 

@@ -1249,6 +1249,34 @@ def test_jobs_shows_the_first_failure_a_follow_named(tmp_path: Path) -> None:
     assert [j["first_failure"] for j in payload] == [noted[failed.id], None]
 
 
+def test_jobs_says_a_job_failed_on_a_node_while_the_others_run_on() -> None:
+    """A detached job whose rank on n3 raised: n[1-2]'s torchrun waited on (its exit
+    barrier), and `jobs` showed `running: n[1-2], exited 1: n3` as if all were well."""
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import print_jobs
+    from gpucluster.launch.model import NodeState
+
+    record = JobRecord("20261206-120000-abcd", "t.py", [], ["n1", "n2", "n3"], "/c", "/j",
+                       0.0, {"n1": 1, "n2": 1, "n3": 1})
+
+    def shown(states: dict[str, NodeState], supervisor: int | None = None) -> str:
+        console = Console(width=300, record=True, file=io.StringIO())
+        print_jobs(console, [record], {record.id: states}, {record.id: supervisor}, {})
+        return " ".join(console.export_text().replace("│", " ").split())
+
+    half = {"n1": NodeState("n1", "running"), "n2": NodeState("n2", "running"),
+            "n3": NodeState("n3", "exited", 1)}
+    assert (f"failed on n3, still running on n[1-2]: gpucluster logs {record.id} says why; "
+            f"gpucluster stop {record.id} ends it") in shown(half)
+    assert "failed on" not in shown(half, supervisor=4242)  # recovery's to deal with
+    for calm in ({**half, "n3": NodeState("n3", "exited", 0)},  # finished its part
+                 {**half, "n3": NodeState("n3", "unreachable")}):  # no news of it
+        assert "failed on" not in shown(calm), shown(calm)
+
+
 def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(
         tmp_path: Path) -> None:
     import subprocess

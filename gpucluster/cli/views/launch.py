@@ -186,10 +186,26 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
             summary += f"; recovery supervisor pid {supervisors[record.id]}"
         if record.id in failures:
             summary += f"\nfirst failure: {printable(failures[record.id])}"
+        if not supervisors.get(record.id) and (half := _failed_while_running(record, states)):
+            summary += f"\n{half}"
         rows.append((record.id, record.command(),
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at)),
                      summary))
     print_table(console, "jobs", ("job", "command", "started", "state"), rows)
+
+
+def _failed_while_running(record: JobRecord, states: Mapping[str, NodeState | None]
+                          ) -> str | None:
+    """A job failed on a node while others run on: nothing stops those (a detached job),
+    whose torchrun waits for the failed node's (up to 5 minutes) or whose ranks wait on
+    it in a collective (NCCL: 10 minutes). Said, with the way to end it."""
+    running = [n for n, s in states.items() if s is not None and s.state == "running"]
+    failed = [n for n, s in states.items()
+              if s is not None and s.failed and s.state != "unreachable"]
+    if not running or not failed:
+        return None
+    return (f"failed on {hostrange.fold(failed)}, still running on {hostrange.fold(running)}: "
+            f"gpucluster logs {record.id} says why; gpucluster stop {record.id} ends it")
 
 
 # -- JSON
