@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
 from gpucluster.launch.failure import in_a_line
 from gpucluster.launch.follow import follow
@@ -34,8 +35,11 @@ def note_unread(session: Session, inventory: Inventory, store: JobStore,
         found = table.get(record.id, {})
         if not failed_unread(store, record, found):
             continue
-        outcome = follow(session, inventory, record, store, live=False, fail_fast=False,
-                         stop_on_interrupt=False,
-                         nodes=[node for node, state in found.items() if state.failed])
+        try:
+            outcome = follow(session, inventory, record, store, live=False, fail_fast=False,
+                             stop_on_interrupt=False,
+                             nodes=[node for node, state in found.items() if state.failed])
+        except (GpuclusterError, OSError):
+            continue  # the listing goes on without it: `logs JOB` says what went wrong
         if outcome.first_failure is not None:
             store.note_failure(record.id, in_a_line(outcome.first_failure))

@@ -1277,6 +1277,39 @@ def test_jobs_says_a_job_failed_on_a_node_while_the_others_run_on() -> None:
         assert "failed on" not in shown(calm), shown(calm)
 
 
+def test_jobs_reads_a_failure_only_of_a_job_ended_everywhere_and_lists_on_without_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node still running, or not answering, may tell another story: no read. A read
+    that fails (the controller's disk, a node gone mid-copy) leaves the listing as it
+    was, with nothing noted."""
+    from gpucluster.errors import GpuclusterError
+    from gpucluster.launch import unread_failures
+    from gpucluster.launch.model import NodeState
+
+    store = JobStore(tmp_path)
+    record = JobRecord("20261206-130000-abcd", "t.py", [], ["n1", "n2"], "/c", "/j", 0.0,
+                       {"n1": 1, "n2": 1})
+    store.save(record)
+    ended = {"n1": NodeState("n1", "stopped"), "n2": NodeState("n2", "exited", 1)}
+    assert unread_failures.failed_unread(store, record, ended)
+    for unsure in ({**ended, "n1": NodeState("n1", "running")},
+                   {**ended, "n1": NodeState("n1", "unreachable")},
+                   {"n2": ended["n2"]},  # n1 not in this inventory
+                   {**ended, "n2": NodeState("n2", "exited", 0)}):  # no failure
+        assert not unread_failures.failed_unread(store, record, unsure), unsure
+    asked: list[list[str]] = []
+
+    def failing_follow(*_: object, nodes: list[str], **__: object) -> None:
+        asked.append(nodes)
+        raise GpuclusterError("n2: connection lost")
+
+    monkeypatch.setattr(unread_failures, "follow", failing_follow)
+    unread_failures.note_unread(None, None, store, [record], {record.id: ended})  # type: ignore[arg-type]
+    assert asked == [["n2"]] and store.noted_failure(record.id) is None
+    store.note_failure(record.id, "rank 1 on n2: RuntimeError: x")
+    assert not unread_failures.failed_unread(store, record, ended)  # read once
+
+
 def test_logs_of_nodes_a_job_did_not_run_on_is_one_line_before_any_connection(
         tmp_path: Path) -> None:
     import subprocess
