@@ -1154,8 +1154,18 @@ def test_prune_forgets_ended_jobs_and_never_a_running_one(cluster: Sandbox,
         assert re.search(rf"{running}.*running: node\[1-3\]", jobs.stdout), jobs.stdout
     finally:
         gpucluster("stop", "-i", inventory, running)
+    # A job that ended by itself leaves its cgroup, empty (stop removes the stopped one's,
+    # and a node's next start only its own earlier ones): pruning the job removes it.
+    by_itself = gpucluster("launch", "-i", inventory, "--json", "--nproc-per-node", "1",
+                           "train.py", "--", "--epochs", "1", cwd=str(project), timeout=180)
+    assert by_itself.code == 0, by_itself.stderr
+    last = by_itself.json()["job"]
+    cgroups = [cluster.node_exec(node, f"cat /srv/gpucluster/jobs/{last}/{node}/cgroup")
+               .stdout.strip() for node in cluster.nodes]
+    assert all(cgroup and Path(cgroup).is_dir() for cgroup in cgroups), cgroups
     gone = gpucluster("prune", "-i", inventory, "--older-than", "0", "--yes", "--checkpoints")
     assert gone.code == 0, gone.stderr
+    assert not any(Path(cgroup).exists() for cgroup in cgroups), cgroups
     assert re.search(rf"^job {running} .* removed$", gone.stderr, re.MULTILINE), gone.stderr
     assert not any(recorded.iterdir())
     assert not any(running in names for names in on_nodes("checkpoints").values())
