@@ -45,9 +45,16 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--link-bytes", type=int, default=1 << 20)
+    parser.add_argument("--device", choices=("auto", "cuda"), default="auto",
+                        help="cuda: the inventory says jobs here use the GPUs")
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not use_cuda:
+        # gloo on the CPU would pass for a cluster whose jobs cannot reach their GPUs
+        torch.cuda.init()  # raises torch's own words: a CPU build, no driver...
+        raise RuntimeError("CUDA is not available to torch here, where the inventory says "
+                           "jobs use the GPUs")
     backend = "nccl" if use_cuda else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()

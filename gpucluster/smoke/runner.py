@@ -15,7 +15,7 @@ from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.known_causes import error_lines, known_cause
-from gpucluster.nproc import COUNT_GPUS, check_fit, counted_gpus, nproc_for
+from gpucluster.nproc import COUNT_GPUS, check_fit, counted_gpus, known_gpus, nproc_for
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
 from gpucluster.remote.session import Session
@@ -76,10 +76,11 @@ def parse_sizes(text: str) -> str:
 
 
 def command_for(inventory: Inventory, host: Host, rendezvous_id: str, nproc: int,
-                sizes: str, iterations: int) -> str:
-    """cd to the work dir, point NCCL/gloo at the cluster interface, start torchrun."""
+                sizes: str, iterations: int, device: str = "auto") -> str:
+    """cd to the work dir, point NCCL/gloo at the cluster interface, start torchrun.
+    `device` cuda: every rank must get a GPU (NCCL), never fall back to gloo on the CPU."""
     spec = TorchrunSpec(rendezvous_id, nproc, SCRIPT,
-                        ("--sizes", sizes, "--iterations", str(iterations)),
+                        ("--sizes", sizes, "--iterations", str(iterations), "--device", device),
                         join_timeout_s=JOIN_TIMEOUT_S, local_addr=host.address)
     argv = command_line(torchrun_argv(inventory, spec))
     return (f"cd {shell_path(inventory.cluster.work_dir)} && "
@@ -107,7 +108,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
         host = inventory.host(connection.host)
         return connection.run(command_for(inventory, host, rendezvous_id,
                                           nproc_for(host, nproc, gpus.get(host.name)),
-                                          sizes, iterations),
+                                          sizes, iterations, device),
                               timeout=timeout,
                               env={**inventory.cluster.env,
                                    JOB_VARIABLE: f"{rendezvous_id}@{host.name}"})
@@ -122,6 +123,10 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
             *_folded(errors)], errors)
     gpus = check_fit(inventory, nproc, {node: count for node, done in written.values.items()
                                         if (count := counted_gpus(done.stdout)) is not None})
+    # Where every node's jobs use its GPUs, a rank that finds none fails the test: gloo on
+    # the CPU (what torch falls back to) said `passed` of nodes with a CPU build of torch.
+    device = "cuda" if all(known_gpus(h, gpus.get(h.name)) for h in inventory.hosts) \
+        else "auto"
     result = session.map(inventory.hosts, start)
     errors = _errors(result, "torchrun exited")
     head = result.values.get(inventory.head.name)

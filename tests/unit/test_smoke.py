@@ -55,7 +55,8 @@ def test_command_quotes_inventory_values_and_sets_interfaces(tmp_path: Path) -> 
                     "  work_dir: '~/jobs; rm -rf x'\nhosts:\n  - name: a\n    address: 10.0.0.1\n"
                     "  - name: b\n    address: 10.0.0.2\n")
     loaded = inventory_module.load(path)
-    command = command_for(loaded, loaded.host("b"), "rid", 1, "auto", 5)
+    command = command_for(loaded, loaded.host("b"), "rid", 1, "auto", 5, "cuda")
+    assert command.endswith(" --device cuda")
     assert "'/opt/my venv/bin/torchrun'" in command
     assert "'jobs; rm -rf x'" in command
     assert "--rdzv-endpoint 10.0.0.1:29500" in command and "--nnodes 2" in command
@@ -65,6 +66,24 @@ def test_command_quotes_inventory_values_and_sets_interfaces(tmp_path: Path) -> 
     pinned = inventory_module.load(path)
     assert "GLOO_SOCKET_IFNAME=\"$iface\"" not in command_for(pinned, pinned.host("a"), "r",
                                                                1, "auto", 5)
+
+
+def test_a_rank_told_to_use_the_gpus_fails_in_torchs_words_where_it_finds_none(
+        tmp_path: Path) -> None:
+    """gloo on the CPU said `passed` of nodes whose torch is a CPU build, where the
+    inventory says jobs use the GPUs. Told `--device cuda`, the smoke job run with this
+    machine's torch (no GPU here) fails before any rendezvous, saying why in the words
+    the known causes read."""
+    import sys
+
+    from gpucluster.launch.known_causes import known_cause
+    from gpucluster.smoke.runner import JOB
+
+    done = subprocess.run([sys.executable, str(JOB), "--device", "cuda"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    cause = known_cause(done.stderr.splitlines())
+    assert cause is not None and cause.name == "no-gpu-for-torch", done.stderr[-2000:]
 
 
 def test_sizes_take_units_and_a_bad_one_is_refused_before_any_node_runs() -> None:
@@ -85,8 +104,9 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
         tmp_path: Path) -> None:
     """A node of two GPUs (the real H200's index and MIG mode, and a second like it): two
     ranks without `gpus:` (they were one), and three refused before torchrun starts; with
-    the GPUs in MIG mode, two refused. The ranks run on this machine's CPU torch (gloo),
-    as the stand-in has no driver."""
+    the GPUs in MIG mode, two refused. The two ranks, told to use the GPUs found, find none
+    in this machine's torch (the stand-in has no driver): the test fails in torch's words,
+    where gloo on the CPU used to say `passed`."""
     import os
     import sys
 
@@ -106,15 +126,20 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
     counted = subprocess.run(["/bin/sh", "-c", COUNT_GPUS], env=env, capture_output=True,
                              text=True, check=True).stdout
     assert (counted_gpus(f"x\n{counted}"), counted_gpus("")) == (GpuCount(2, mig=0), None)
-    bin_dir = Path(sys.executable).parent
+    torchrun = tmp_path / "torchrun"  # the real one, its arguments noted on the way
+    torchrun.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/torchrun-args\n"
+                        f"exec {Path(sys.executable).parent}/torchrun \"$@\"\n")
+    torchrun.chmod(0o755)
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f"cluster: {{python: {sys.executable}, torchrun: {bin_dir}/torchrun,"
+    inventory.write_text(f"cluster: {{python: {sys.executable}, torchrun: {torchrun},"
                          f" work_dir: {tmp_path}/work, rendezvous_port: 29531}}\n"
                          f"hosts: [localhost]\n")
     done = gpucluster("smoke", "-i", str(inventory), "--sizes", "64K", "--json", env=env,
                       timeout=120)
-    assert done.code == 0, done.stdout + done.stderr
-    assert done.json()["world_size"] == 2
+    assert "--nproc-per-node 2 " in (tmp_path / "torchrun-args").read_text()
+    assert done.code == 1 and not done.json()["passed"], done.stdout + done.stderr
+    assert any("likely cause: torch found no GPU it could use" in problem
+               for problem in done.json()["problems"]), done.stdout
     refused = gpucluster("smoke", "-i", str(inventory), "--nproc-per-node", "3", env=env)
     assert refused.code == 2
     assert ("--nproc-per-node 3: localhost has 2 GPUs (found there) (fix: "
