@@ -169,7 +169,8 @@ def _likely_causes(result: FanoutResult[CommandResult]) -> list[str]:
     """What the failed nodes' output says the cause was, said once for the nodes alike."""
     causes = {name: cause for name, value in result.values.items() if not value.ok
               and (cause := known_cause((value.stdout + value.stderr).splitlines()))}
-    return [f"{hostrange.fold(nodes)}: likely cause: {what} (fix: {fix})"
+    return [f"{hostrange.fold(nodes)}: likely cause: {what} (fix: "
+            f"{fix.replace('<node>', hostrange.fold(nodes))})"  # doctor -w takes a range
             for (what, fix), nodes in hostrange.hosts_by(
                 ((c.what, c.fix), n) for n, c in causes.items()).items()]
 

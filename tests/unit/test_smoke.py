@@ -138,7 +138,8 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
                       timeout=120)
     assert "--nproc-per-node 2 " in (tmp_path / "torchrun-args").read_text()
     assert done.code == 1 and not done.json()["passed"], done.stdout + done.stderr
-    assert any("likely cause: torch found no GPU it could use" in problem
+    assert any("localhost: likely cause: torch found no GPU it could use on the node (fix: "
+               "`gpucluster doctor -w localhost --only nvidia-smi,torch-build," in problem
                for problem in done.json()["problems"]), done.stdout
     refused = gpucluster("smoke", "-i", str(inventory), "--nproc-per-node", "3", env=env)
     assert refused.code == 2
