@@ -207,6 +207,7 @@ def _name_value_lines(text: str | None) -> dict[str, str]:
 
 # What each probe step runs that can be slow, for the message when time runs out.
 SLOW_STEPS = {
+    "torch_build": "finding torch with cluster.python (python's start)",
     "torch": "importing torch with cluster.python (a node's first import can take many "
              "seconds; its versions are cached after it)",
     "nvidia_version": "nvidia-smi --version (a wedged GPU or driver hangs nvidia-smi)",

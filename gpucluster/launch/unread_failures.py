@@ -15,7 +15,9 @@ from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import NodeState
 from gpucluster.remote.session import Session
 
-ENDED = ("exited", "stopped")  # for good: no process of the job left there
+# For good: no process of the job left there (lost: it ended unrecorded, the node
+# rebooted; missing: the node has no record of it)
+ENDED = ("exited", "stopped", "lost", "missing")
 
 
 def failed_unread(store: JobStore, record: JobRecord, found: Mapping[str, NodeState]) -> bool:

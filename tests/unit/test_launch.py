@@ -1292,6 +1292,7 @@ def test_jobs_reads_a_failure_only_of_a_job_ended_everywhere_and_lists_on_withou
     store.save(record)
     ended = {"n1": NodeState("n1", "stopped"), "n2": NodeState("n2", "exited", 1)}
     assert unread_failures.failed_unread(store, record, ended)
+    assert unread_failures.failed_unread(store, record, {**ended, "n1": NodeState("n1", "lost")})
     for unsure in ({**ended, "n1": NodeState("n1", "running")},
                    {**ended, "n1": NodeState("n1", "unreachable")},
                    {"n2": ended["n2"]},  # n1 not in this inventory
