@@ -39,11 +39,12 @@ class TorchFacts:
 
 @dataclass(frozen=True)
 class TorchBuild:
-    """What torch was built for (`torch.version.cuda`: None in a CPU build, and in a ROCm
-    build, which drives no NVIDIA GPU either), read without importing it."""
+    """What torch was built for (`torch.version.cuda`, `.hip`: both None in a CPU
+    build), read without importing it."""
 
     version: str | None
     cuda: str | None
+    hip: str | None = None  # a ROCm build: AMD's GPUs, never NVIDIA's
 
 
 # version.py's lines: `cuda: Optional[str] = None`, `__version__ = '2.5.1+cu124'`.
@@ -82,4 +83,4 @@ def parse_build(text: str | None) -> TorchBuild | None:
             found[match[1]] = _string_or_none(match[2])
     if "cuda" not in found:
         return None
-    return TorchBuild(found.get("__version__"), found["cuda"])
+    return TorchBuild(found.get("__version__"), found["cuda"], found.get("hip"))

@@ -165,7 +165,7 @@ def test_a_cpu_build_of_torch_where_jobs_use_the_gpus_is_refused_before_any_star
     assert refused.code == 1, refused.stdout + refused.stderr
     message = " ".join(refused.stderr.split())
     assert re.search(r"FAIL torch-build node\[1-3\]: torch \S+\+cpu is a CPU-only build on "
-                     r"a GPU node: a job's ranks would find no GPU", message), message
+                     r"an NVIDIA GPU node: a job's ranks would find no GPU", message), message
     assert "-m pip install torch --index-url https://download.pytorch.org/whl/cu" in message
     assert "launch refused: node[1-3] not ready for a new job; nothing was started" in message
     assert job_processes(cluster) == {}

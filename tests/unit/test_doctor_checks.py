@@ -108,8 +108,8 @@ def test_cpu_torch_on_a_gpu_node_fails_except_in_the_sandbox(tmp_path: Path) -> 
                 torch_build=CPU_BUILD)
     [failed] = REGISTRY["torch-build"].run(context(tmp_path, {"a": cpu}))
     assert failed.status is Status.FAIL
-    assert failed.message == ("torch 2.13.0+cpu is a CPU-only build on a GPU node: a job's "
-                              "ranks would find no GPU")
+    assert failed.message == ("torch 2.13.0+cpu is a CPU-only build on an NVIDIA GPU node: a "
+                              "job's ranks would find no GPU")
     assert "python3 -m pip install torch --index-url https://download.pytorch.org/whl/cu124" \
         in failed.remedy and "torch_device: cpu" in failed.remedy
     # torch-cuda leaves the build to torch-build: one finding, not two
@@ -119,6 +119,12 @@ def test_cpu_torch_on_a_gpu_node_fails_except_in_the_sandbox(tmp_path: Path) -> 
     [built] = REGISTRY["torch-build"].run(context(tmp_path, {"a": facts(
         torch_build=CUDA_BUILD)}))
     assert (built.status, built.message) == (Status.OK, "torch 2.5.1+cu124, built for CUDA 12.4")
+    rocm = "__version__ = '2.5.1+rocm6.2'\ncuda: Optional[str] = None\nhip: Optional[str] = " \
+        "'6.2.41133-dd7f95766'"
+    [amd] = REGISTRY["torch-build"].run(context(tmp_path, {"a": facts(torch_build=rocm)}))
+    assert (amd.status, amd.message) == (Status.FAIL, "torch 2.5.1+rocm6.2 is a ROCm build "
+                                         "(HIP 6.2.41133-dd7f95766), for AMD GPUs, on an "
+                                         "NVIDIA GPU node: a job's ranks would find no GPU")
     # No torch found (an empty section), or a version.py naming no `cuda`: no evidence
     for unread in ("", "__version__ = '2.5.1'"):
         ctx = context(tmp_path, {"a": facts(torch_build=unread)})

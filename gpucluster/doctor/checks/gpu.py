@@ -197,9 +197,11 @@ def torch_build(context: Context) -> list[CheckResult]:
                 "torch-build", host.name, Status.SKIP,
                 "torch_device: cpu: jobs here run on the CPU, torch is a CPU build"))
         else:
+            what = (f"a ROCm build (HIP {build.hip}), for AMD GPUs," if build.hip
+                    else "a CPU-only build")
             results.append(CheckResult(
                 "torch-build", host.name, Status.FAIL,
-                f"torch {build.version} is a CPU-only build on a GPU node: a job's ranks "
+                f"torch {build.version} is {what} on an NVIDIA GPU node: a job's ranks "
                 f"would find no GPU",
                 f"install a CUDA build for the job's python: {python} -m pip install torch "
                 f"--index-url https://download.pytorch.org/whl/cu124 (pick the CUDA the "
