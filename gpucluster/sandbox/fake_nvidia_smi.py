@@ -74,6 +74,9 @@ class SimulatedNode:
     def uuid(self, index: int) -> str:
         return f"GPU-{zlib.crc32(self.node.encode()):08x}-0000-0000-0000-{index:012d}"
 
+    def mig_uuid(self, index: int, device: int) -> str:
+        return f"MIG-{zlib.crc32(self.node.encode()):08x}-{index:04d}-0000-0000-{device:012d}"
+
     def retext(self, text: str) -> str:
         """A capture's text with this node's driver and CUDA version in it."""
         text = text.replace(self.capture.driver, self.driver)
@@ -189,9 +192,18 @@ def full_query(node: SimulatedNode, indices: list[int]) -> str:
     return head + "\n" + "\n\n".join(blocks) + "\n"
 
 
+_MIG_DEVICE = re.compile(r"^(\s+MIG .*Device\s+(\d+): \(UUID: )\S+\)$", re.MULTILINE)
+
+
 def gpu_list(node: SimulatedNode, indices: list[int]) -> str:
+    """`-L`: a line per GPU and, on a MIG capture, its MIG devices under it (as the
+    captured GPU has them), each with a UUID of its own."""
     name = node.capture.query_gpu_fields()["name"]
-    return "".join(f"GPU {i}: {name} (UUID: {node.uuid(i)})\n" for i in indices)
+    devices = _MIG_DEVICE.findall(node.capture.section("capabilities", "list (-L)"))
+    return "".join(f"GPU {i}: {name} (UUID: {node.uuid(i)})\n"
+                   + "".join(f"{line}{node.mig_uuid(i, int(device))})\n"
+                             for line, device in devices)
+                   for i in indices)
 
 
 def _option_value(args: list[str], index: int) -> tuple[str, int]:

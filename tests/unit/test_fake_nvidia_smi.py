@@ -59,6 +59,21 @@ def test_replay_matches_the_raw_capture(slug: str, tmp_path: Path,
     assert out.count(product) == 2
 
 
+def test_list_shows_a_mig_gpus_devices_under_each_gpu_as_the_capture_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run(_state(tmp_path, model="h100-mig", node="node1"), "-L", capsys=capsys)
+    lines = out.splitlines()
+    assert len(lines) == 2 * 5  # each GPU, then the captured GPU's four MIG devices
+    assert lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert lines[1].startswith("  MIG 3g.40gb     Device  0: (UUID: MIG-")
+    assert lines[5].startswith("GPU 1: ")
+    assert re.match(r"  MIG 1g\.10gb     Device  3: \(UUID: MIG-[0-9a-f-]+\)$", lines[9])
+    uuids = re.findall(r"UUID: (\S+)\)", out)
+    assert len(set(uuids)) == 10  # every GPU and MIG device its own, as on a real node
+    _, whole, _ = _run(_state(tmp_path, model="h100", node="node1"), "-L", capsys=capsys)
+    assert "MIG" not in whole and len(whole.splitlines()) == 2
+
+
 def test_nounits_and_header_forms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     state = _state(tmp_path, model="h100", count=1)
     _, out, _ = _run(state, "--query-gpu", "memory.total,persistence_mode,mig.mode.current",
