@@ -130,7 +130,7 @@ def launch(
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
                             nproc_per_node, max_restarts, {**parse_env(env or []), **secrets},
                             image, debug=debug, secret_env=frozenset(secrets),
-                            module=module)
+                            module=module, stop_peers_grace_s=grace if detach else None)
     err = stderr_console()
     store = job_store(loaded)
     shown = _shown_ranks(show_ranks, detach)

@@ -48,6 +48,9 @@ class LaunchRequest:
     debug: bool = False  # launch --debug: NCCL's and torch's diagnostics into the job dir
     secret_env: frozenset[str] = frozenset()  # names in env whose values are never kept
     module: bool = False  # launch -m: script is a module name, run as python -m would
+    # launch -d: a node whose torchrun fails stops the job on the others itself, with
+    # this grace (TERM, then KILL); None: the launcher watching the job does it
+    stop_peers_grace_s: float | None = None
 
 
 @dataclass(frozen=True)

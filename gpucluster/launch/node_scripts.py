@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpucluster import hostrange
 from gpucluster.launch.jobs import JobRecord
 from gpucluster.templating import render
 from gpucluster.torchrun import JOB_VARIABLE, is_image_file
@@ -107,8 +108,8 @@ def engine_command(runtime: str) -> str:
 
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None, on_cpu: bool = False,
-                 sync_apply: str = "", image_check: str = "", python: str = "python3"
-                 ) -> str:
+                 sync_apply: str = "", image_check: str = "", python: str = "python3",
+                 peer_stop: PeerStop | None = None) -> str:
     """`rendezvous_port` on the head only: wait for it to be free, else refuse. With more
     than one of the record's workers on the node, torchrun's own default of one OpenMP
     thread each is set ahead of it, which spares its 4-line banner about it. `on_cpu`:
@@ -117,7 +118,8 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
     pytorch/pytorch#148976): --debug sets INFO there. `sync_apply`: the sync's unpack,
     run once the node is known free, before the job starts (its tar on stdin).
     `image_check`: a shell test that the container's image is on the node. `python`: the
-    job's, which --debug asks for torch's version (the flight recorder's variables)."""
+    job's, which --debug asks for torch's version (the flight recorder's variables).
+    `peer_stop`: launch -d's, kept in the job dir (see PeerStop)."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -130,7 +132,8 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   torch_python=None if container else python,
                   any_job_pattern=any_job_pattern(node), container=container,
                   image=record.image, image_check=image_check, stamper=stamper_script(),
-                  one_thread_default=record.nproc_per_node.get(node, 1) > 1)
+                  one_thread_default=record.nproc_per_node.get(node, 1) > 1,
+                  peer_stop=peer_stop)
 
 
 def stamper_script() -> str:
@@ -152,14 +155,47 @@ def follow_script(record: JobRecord, node: str, follow: bool,
 
 def stop_script(record: JobRecord, node: str, grace_s: float,
                 runtime: str | None = None) -> str:
+    return _stop_script(record, node, grace_s, engine_command(runtime) if runtime else None)
+
+
+def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | None) -> str:
     # podman/docker containers are stopped by name; apptainer's processes are the
     # job's own, found by their marker like any other.
-    container = ({"runtime": engine_command(runtime), "name": record.container_name()}
-                 if record.image and runtime and not is_image_file(record.image) else None)
+    container = ({"runtime": engine, "name": record.container_name()}
+                 if record.image and engine and not is_image_file(record.image) else None)
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,
                   grace_whole_s=math.ceil(grace_s),
                   marker_pattern=_marker_pattern(record, node))
+
+
+@dataclass(frozen=True)
+class PeerStop:
+    """launch -d: what a node keeps in its job dir at start so that, if its torchrun
+    fails, it stops the job on the others itself (templates/launch/stop_peers)."""
+
+    own_stop: str  # this node's stop, which a failing peer runs over SSH
+    stop_peers: str  # the stop of the others, which this node's leader starts
+
+
+# The engine a node's kept stop runs a container's stop with: the one start found there
+# (start writes GPC_RT and GPC_SUDO at the top of the kept stop).
+_KEPT_ENGINE = '${GPC_SUDO:+sudo -n} "$GPC_RT"'
+PEER_STOP_CONNECT_S = 10
+
+
+def peer_stop(record: JobRecord, node: str, peers: Sequence[str], grace_s: float) -> PeerStop:
+    """`peers`: the job's other nodes, by their inventory names (as the cluster's SSH
+    mesh config names them on every node)."""
+    own = _stop_script(record, node, grace_s, _KEPT_ENGINE)
+    commands = [{"name": peer, "command": f"sh {record.jobs_dir}/{shlex.quote(record.id)}/"
+                                          f"{shlex.quote(peer)}/stop.sh"} for peer in peers]
+    # A peer's stop: its connection, then TERM, the grace, KILL and a last look.
+    timeout_s = PEER_STOP_CONNECT_S + math.ceil(grace_s) + 30
+    stop_peers = render("launch/stop_peers.sh.j2", job_id=record.id, node=node,
+                        peers=commands, peers_folded=hostrange.fold(list(peers)),
+                        timeout_s=timeout_s, connect_timeout_s=PEER_STOP_CONNECT_S)
+    return PeerStop(own, stop_peers)
 
 
 def state_script(records: Sequence[JobRecord], node: str, jobs_dir: str) -> str:

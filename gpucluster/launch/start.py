@@ -300,12 +300,15 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
     apply = (workdir.apply_command(sync.code_dir, sync.plan.delete, host.name,
                                    gzipped=workdir.sent_gzipped(sync.plan.send))
              if sync.needed else "")
+    peers = [h.name for h in inventory.hosts if h.name != host.name]
+    peer_stop = (node_scripts.peer_stop(record, host.name, peers, request.stop_peers_grace_s)
+                 if request.stop_peers_grace_s is not None and peers else None)
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,
                                      head_port, on_cpu=not host.jobs_use_gpus,
                                      sync_apply=apply, python=inventory.cluster.python,
                                      image_check=node_scripts.image_check(container, images_dir)
-                                     if container is not None else "")
+                                     if container is not None else "", peer_stop=peer_stop)
 
 
 def _started(result: CommandResult) -> _Started:

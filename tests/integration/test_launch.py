@@ -840,18 +840,20 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
                     f"module 'gpc_no_such_module'", noted
 
 
-def test_jobs_names_the_first_failure_of_a_detached_job_nothing_followed(
+def test_a_detached_job_that_fails_on_a_node_is_stopped_on_the_others_and_jobs_says_why(
         cluster: Sandbox, project: Path) -> None:
-    """`launch -d`, then only `jobs`: it said `exited 1: node[1-3]` and no more. Once the
-    job has ended everywhere, jobs reads its first failure from the failed nodes' logs
-    (rank 2 failed first; the others a few seconds later), copies them here, and from then
-    on lists it from what it noted, asking the nodes nothing."""
+    """`launch -d`, then only `jobs`: it said `running: node[1-2], exited 1: node3` for
+    minutes (nothing stopped the others, which held their GPUs until their own end), and
+    never why. Now the failed node stops the job on the others itself, over the SSH mesh;
+    once it has ended everywhere, jobs reads its first failure from the failed node's log,
+    copies it here, and from then on lists it from what it noted, asking the nodes
+    nothing."""
     quota = project.parent / "quota"
     quota.mkdir(exist_ok=True)
     (quota / "main.py").write_text(
         "import os, time\n"
         "rank = int(os.environ['RANK'])\n"
-        "time.sleep(0 if rank == 2 else 4)\n"
+        "time.sleep(0 if rank == 2 else 120)\n"
         "raise OSError(f'[Errno 122] Disk quota exceeded: /data/shard-{rank}')\n")
     inventory = str(cluster.inventory)
     started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1", "main.py",
@@ -863,19 +865,47 @@ def test_jobs_names_the_first_failure_of_a_detached_job_nothing_followed(
         return next(j for j in gpucluster("jobs", "-i", inventory, "--json").json()["jobs"]
                     if j["id"] == job)
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60  # the others' ranks would end by themselves at 120 s
     entry = listed()
-    while any(node["state"] != "exited" for node in entry["nodes"].values()):
+    while any(node["state"] not in ("exited", "stopped") for node in entry["nodes"].values()):
         assert entry["first_failure"] is None, entry  # not before every node has ended
         assert time.monotonic() < deadline, entry
         time.sleep(1)
         entry = listed()
+    states = {name: (node["state"], node["exit_code"]) for name, node in entry["nodes"].items()}
+    failed = [name for name, state in states.items() if state == ("exited", 1)]
+    assert len(failed) == 1, states
+    assert {states[name][0] for name in cluster.nodes if name != failed[0]} == {"stopped"}
     assert entry["first_failure"] is not None, entry
-    assert re.fullmatch(r"rank 2 on node\d: OSError: \[Errno 122\] Disk quota exceeded: "
-                        r"/data/shard-2", entry["first_failure"]), entry
+    assert re.fullmatch(rf"rank 2 on {failed[0]}: OSError: \[Errno 122\] Disk quota "
+                        r"exceeded: /data/shard-2", entry["first_failure"]), entry
     copies = cluster.inventory.parent / ".gpucluster" / "jobs" / job
-    assert {p.name for p in copies.glob("*.ended")} == {f"{n}.ended" for n in cluster.nodes}
+    assert {p.name for p in copies.glob("*.ended")} == {f"{failed[0]}.ended"}
     assert listed() == entry
+    # What the failed node did, kept in its job dir
+    report = gpucluster("run", "-i", inventory, "-w", failed[0],
+                        f"cat /srv/gpucluster/jobs/{job}/{failed[0]}/stop-peers.log")
+    others = sorted(name for name in cluster.nodes if name != failed[0])
+    assert report.stdout.splitlines() == [f"{failed[0]}: {line}" for line in (
+        f"torchrun exited 1 on {failed[0]}: stopping job {job} on {hostrange.fold(others)}",
+        *(f"{name}: stopped" for name in others))], report.stdout
+
+
+def test_a_stopped_detached_job_stops_nothing_from_its_nodes(cluster: Sandbox,
+                                                            project: Path) -> None:
+    """A stop's TERM fails each node's torchrun: none of them, stopped as asked, stops
+    the others in turn."""
+    (project / "sleepy.py").write_text("import time\ntime.sleep(300)\n")
+    inventory = str(cluster.inventory)
+    started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1",
+                         "sleepy.py", cwd=str(project))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    stopped = gpucluster("stop", "-i", inventory, job)
+    assert stopped.code == 0, stopped.stderr
+    left = gpucluster("run", "-i", inventory, f"ls /srv/gpucluster/jobs/{job}/*/")
+    assert "stop-peers.sh" in left.stdout, left.stdout  # it was armed...
+    assert "stop-peers.log" not in left.stdout, left.stdout  # ...and never fired
 
 
 LISTING = """import os

@@ -281,7 +281,7 @@ def _record() -> JobRecord:
 
 
 @pytest.mark.parametrize("script", ["start", "follow", "stop", "state", "start-container",
-                                    "stop-container"])
+                                    "stop-container", "start-peer-stop", "peer-stop"])
 def test_node_scripts_are_valid_shell(script: str) -> None:
     record = _record()
     text = {
@@ -295,6 +295,11 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
             dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
             "/usr/bin/docker"),
         "state": lambda: node_scripts.state_script([record], "node-2", record.jobs_dir),
+        "start-peer-stop": lambda: node_scripts.start_script(
+            dataclasses.replace(record, image="busybox:latest"), "node1", "torchrun x", "",
+            True, 29500, peer_stop=node_scripts.peer_stop(record, "node1", ["node-2"], 5)),
+        "peer-stop": lambda: "\n".join(dataclasses.astuple(node_scripts.peer_stop(
+            dataclasses.replace(record, image="busybox:latest"), "node1", ["node-2"], 5))),
     }[script]()
     checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True,
                              check=False)
@@ -344,6 +349,59 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
                     time.sleep(0.05)
                 Path(cgroup.read_text().strip()).rmdir()
     assert looks == ["carries"] * 30
+
+
+def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
+        tmp_path: Path) -> None:
+    """launch -d: node1's torchrun fails by itself, so node1 runs node-2's kept stop on
+    node-2 (here an `ssh` on PATH that runs the command in a shell of this machine, as the
+    SSH mesh would there), out of node1's job, before node1's exit code is written; node-2,
+    stopped as asked, stops no one in turn."""
+    import shlex
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+                                 code_dir=shlex.quote(str(tmp_path)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_ssh = bin_dir / "ssh"
+    fake_ssh.write_text('#!/bin/sh\nfor last; do :; done\necho "$@" >> "${0%/*}/calls"\n'
+                        'exec sh -c "$last"\n')
+    fake_ssh.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    jobs = tmp_path / "jobs" / record.id
+    leaders = []
+    try:
+        for node, command in (("node-2", "sleep 60"), ("node1", "(sleep 0.5; exit 3)")):
+            peers = [n for n in ("node1", "node-2") if n != node]
+            script = node_scripts.start_script(
+                record, node, command, "", False, None,
+                peer_stop=node_scripts.peer_stop(record, node, peers, 1))
+            ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                                 timeout=20, check=True, env=env)
+            leaders.append(int(ran.stdout.split("@@gpc started ")[1].split()[0]))
+        deadline = time.monotonic() + 15
+        report = jobs / "node1" / "stop-peers.log"
+        while not (all((jobs / node / "exit_code").exists() for node in ("node1", "node-2"))
+                   and report.exists() and "node-2: " in report.read_text()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (jobs / "node1" / "exit_code").read_text().split()[0] == "3"
+        assert (jobs / "node-2" / "stop_requested").exists()  # stopped, as a stop does it
+        assert int((jobs / "node-2" / "exit_code").read_text().split()[0]) != 0
+        assert report.read_text().splitlines() == [
+            f"torchrun exited 3 on node1: stopping job {record.id} on node-2",
+            "node-2: stopped"]
+        calls = (bin_dir / "calls").read_text().splitlines()
+        assert len(calls) == 1 and "BatchMode=yes" in calls[0], calls
+        assert calls[0].endswith(f"node-2 sh {record.jobs_dir}/{record.id}/node-2/stop.sh")
+        assert not (jobs / "node-2" / "stop-peers.log").exists()
+    finally:
+        for leader in leaders:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, 9)
+        for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
+            with contextlib.suppress(OSError):
+                Path(cgroup.read_text().strip()).rmdir()
 
 
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
