@@ -895,10 +895,12 @@ def test_a_stopped_detached_job_stops_nothing_from_its_nodes(cluster: Sandbox,
                                                             project: Path) -> None:
     """A stop's TERM fails each node's torchrun: none of them, stopped as asked, stops
     the others in turn."""
-    (project / "sleepy.py").write_text("import time\ntime.sleep(300)\n")
+    sleepy = project.parent / "sleepy"  # a code dir of its own on the nodes
+    sleepy.mkdir(exist_ok=True)
+    (sleepy / "main.py").write_text("import time\ntime.sleep(300)\n")
     inventory = str(cluster.inventory)
     started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1",
-                         "sleepy.py", cwd=str(project))
+                         "main.py", cwd=str(sleepy))
     assert started.code == 0, started.stderr
     job = started.stdout.strip()
     stopped = gpucluster("stop", "-i", inventory, job)
