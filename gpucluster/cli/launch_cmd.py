@@ -224,7 +224,7 @@ def jobs(
         # so Ctrl-C ends a running squeue rather than waiting for it.
         with ThreadPoolExecutor(1) as beside, open_session(
                 loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            asked = beside.submit(queue, session, loaded) if ask_slurm else None
+            asked = beside.submit(queue, session, loaded, True) if ask_slurm else None
             table = states(session, loaded, records, copies=store) if records else {}
             # a supervised job's attempts note their own
             note_unread(session, loaded, store, [r for r in records if not supervisors[r.id]],

@@ -147,11 +147,22 @@ def print_queue(console: Console, jobs: Sequence[QueuedJob]) -> None:
     if not jobs:
         console.print("Slurm's queue is empty")
         return
+    # Those in the queue first, then those that ended (Slurm keeps them a few minutes).
+    ordered = sorted(jobs, key=lambda j: j.ended)
     rows = [(f"slurm-{j.id}", escape(j.name), escape(j.user), j.state.lower(), j.elapsed,
-             str(j.nodes), escape(j.where)) for j in jobs]
-    print_table(console, "Slurm's queue (gpucluster logs -f slurm-ID follows one)",
-                ("job", "name", "user", "state", "time", "nodes", "where / why waiting"),
+             str(j.nodes), escape(j.where)) for j in ordered]
+    print_table(console, "Slurm's jobs (gpucluster logs -f slurm-ID follows one)",
+                ("job", "name", "user", "state", "time", "nodes", "where / why"),
                 rows)
+    for job in ordered:
+        if job.ended and job.state not in ("COMPLETED", "CANCELLED"):  # one asked for
+            console.print(f"slurm-{job.id} {job.state.lower()}{_why(job.where)}: gpucluster "
+                          f"logs slurm-{job.id} shows its output")
+
+
+def _why(where: str) -> str:
+    """An ended job's reason as squeue writes it, `(NonZeroExitCode)`, or nothing."""
+    return f" {escape(where)}" if where.startswith("(") and where != "(None)" else ""
 
 
 def queue_payload(jobs: Sequence[QueuedJob] | None) -> list[dict[str, Any]] | None:

@@ -16,7 +16,7 @@ from gpucluster.remote.result import RemoteError
 from gpucluster.remote.session import Session
 from gpucluster.slurm.follow import JobInfo, job_info, unknown_job
 from gpucluster.slurm.submit import submit_host
-from gpucluster.slurm_states import NOT_SET_UP, where_set_up
+from gpucluster.slurm_states import ENDED_JOB_STATES, NOT_SET_UP, where_set_up
 from gpucluster.state import state_dir_for
 
 PREFIX = "slurm-"
@@ -25,6 +25,9 @@ QUERY_TIMEOUT_S = 30.0
 # %A, not %i: an array task's own job id (what its SLURM_JOB_ID, our slurm-ID names and its
 # job dir say), where %i would print 12_3.
 SQUEUE = "squeue -h -o '%A|%j|%u|%T|%M|%D|%R'"
+# With the jobs that ended, for as long as slurmctld keeps them (MinJobAge, 300 s by
+# default): how a job that just failed still shows in `jobs`.
+SQUEUE_WITH_ENDED = f"{SQUEUE} -t all"
 CANCEL_WAIT_S = 60.0  # Slurm ends the job's steps, then runs the epilog on its nodes
 
 
@@ -70,6 +73,10 @@ class QueuedJob:
     nodes: int
     where: str  # its nodes once running; while pending, why it waits: (Resources)
 
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_JOB_STATES
+
 
 def parse_squeue(text: str) -> list[QueuedJob]:
     jobs = []
@@ -81,12 +88,15 @@ def parse_squeue(text: str) -> list[QueuedJob]:
     return jobs
 
 
-def queue(session: Session, inventory: Inventory) -> list[QueuedJob] | None:
-    """Every job Slurm has, from the controller host; None where Slurm is not set up
-    there. A squeue that fails is an error naming the host and squeue's words."""
+def queue(session: Session, inventory: Inventory,
+          with_ended: bool = False) -> list[QueuedJob] | None:
+    """Every job in Slurm's queue (`with_ended`: and those that ended, while Slurm keeps
+    them), from the controller host; None where Slurm is not set up there. A squeue that
+    fails is an error naming the host and squeue's words."""
     host = submit_host(inventory)
+    command = SQUEUE_WITH_ENDED if with_ended else SQUEUE
     try:
-        result = session.connection(host).run(where_set_up(SQUEUE), QUERY_TIMEOUT_S)
+        result = session.connection(host).run(where_set_up(command), QUERY_TIMEOUT_S)
     except RemoteError as error:
         raise GpuclusterError(f"{host.name}: Slurm's queue could not be read: "
                               f"{error.message}") from None

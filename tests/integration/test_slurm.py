@@ -242,6 +242,13 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
                      r"worker exit code 3\n", failed.stderr), failed.stderr
     # bundle slurm-ID: Slurm's record, the output's end, torchrun's root cause, its node.
     failed_id = re.search(r"submitted batch job (\d+)", failed.stderr)[1]  # type: ignore[index]
+    # jobs lists it, ended, while Slurm keeps it (it left squeue's default listing at once)
+    listed = gpucluster("jobs", "-i", str(cluster.inventory), "--json")
+    ended = {j["id"]: j for j in listed.json()["slurm"]}[failed_id]
+    assert (ended["state"], ended["where"]) == ("FAILED", "(NonZeroExitCode)"), ended
+    listed = gpucluster("jobs", "-i", str(cluster.inventory))
+    assert f"slurm-{failed_id} failed (NonZeroExitCode): gpucluster logs slurm-{failed_id} " \
+           f"shows its output" in listed.stdout, listed.stdout
     archive = tmp_path / "failed.tar.gz"
     bundled = gpucluster("bundle", "-i", str(cluster.inventory), f"slurm-{failed_id}", "-o",
                          str(archive))

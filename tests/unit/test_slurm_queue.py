@@ -66,6 +66,37 @@ def test_the_queue_is_read_from_squeue_where_slurm_is_set_up(
         queue.queue(session, session.inventory)
 
 
+def test_jobs_lists_the_ended_slurm_jobs_slurm_keeps_after_its_queue(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that had just failed vanished from `jobs` (squeue lists the queue alone): now
+    squeue -t all, the queue first, and each that failed by itself named under it."""
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.slurm_jobs import print_queue
+
+    stand_in(tmp_path, "squeue", 'case "$*" in *"-t all"*) ;; *) exit 0;; esac\n'
+                                 "echo '11|fails|root|FAILED|0:03|1|(NonZeroExitCode)'\n"
+                                 "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
+                                 "echo '10|asked|root|CANCELLED|0:09|1|node3'\n"
+                                 "echo '9|done|root|COMPLETED|0:41|2|node[1-2]'\n")
+    monkeypatch.setattr(slurm_states, "SET_UP_HERE", "true")
+    assert queue.queue(session, session.inventory) == []  # the queue alone: prune, top...
+    jobs = queue.queue(session, session.inventory, with_ended=True)
+    assert jobs is not None
+    assert [(j.id, j.ended) for j in jobs] == [("11", True), ("12", False), ("10", True),
+                                               ("9", True)]
+    out = io.StringIO()
+    print_queue(Console(file=out, width=120), jobs)
+    rows = [line.split("│")[1].strip() for line in out.getvalue().splitlines()
+            if line.startswith("│")]
+    assert rows == ["slurm-12", "slurm-11", "slurm-10", "slurm-9"]
+    assert out.getvalue().splitlines()[-1] == \
+        "slurm-11 failed (NonZeroExitCode): gpucluster logs slurm-11 shows its output"
+    assert "slurm-10 cancelled:" not in out.getvalue()  # a cancel is asked for
+
+
 def test_set_up_from_here_needs_the_inventory_or_provisions_munge_key(tmp_path: Path) -> None:
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n")
