@@ -997,6 +997,7 @@ FAKE_TORCHRUN = """#!/bin/sh
 # Stands in for torchrun inside a busybox image: the sandbox has no image with torch.
 echo "in container: $(hostname) pwd=$PWD args=$*"
 echo "marker=$GPUCLUSTER_JOB gloo=$GLOO_SOCKET_IFNAME"
+[ "$(hostname)" != "${FAKE_FAIL_ON:-}" ] || exit 3
 sleep "${FAKE_SLEEP:-0}"
 """
 
@@ -1050,6 +1051,27 @@ def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, proj
     assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
     left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
     assert f"gpucluster-{job}" not in left.stdout
+    assert job_processes(cluster) == {}
+
+    # Detached, one node's container failing: that node stops the others' containers.
+    started = gpucluster("launch", "-i", str(inventory), "-d", "--container", "--env",
+                         "FAKE_SLEEP=300", "--env", "FAKE_FAIL_ON=node2", "train.py",
+                         cwd=str(project))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    deadline = time.monotonic() + 60
+    while True:
+        listed = gpucluster("jobs", "-i", str(inventory), "--json").json()["jobs"]
+        nodes = next(j for j in listed if j["id"] == job)["nodes"]
+        states = {name: (node["state"], node["exit_code"]) for name, node in nodes.items()}
+        if all(state != "running" for state, _ in states.values()):
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(1)
+    assert states["node2"] == ("exited", 3), states
+    assert {states["node1"][0], states["node3"][0]} == {"stopped"}, states
+    left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
+    assert f"gpucluster-{job}" not in left.stdout, left.stdout
     assert job_processes(cluster) == {}
 
 
