@@ -83,7 +83,8 @@ def launch(
     image: ImageOption = None,
     container: ContainerOption = False,
     detach: Annotated[bool, typer.Option(
-        "--detach", "-d", help="Start the job and return; follow it with gpucluster logs.")
+        "--detach", "-d", help="Start the job and return; follow it with gpucluster logs. "
+        "A node that fails stops it on the others (over the cluster's SSH mesh).")
     ] = False,
     grace: GraceOption = 10.0,
     recover: Annotated[bool, typer.Option(
