@@ -44,6 +44,11 @@ _HOST_OUT_OF_MEMORY_FIX = (
     "`gpucluster run -w <node> --sudo 'dmesg | grep -i -E \"out of memory|killed "
     "process\"'`; fewer DataLoader workers or less data held in host memory")
 
+_DISK_FULL_FIX = (
+    "free space where the job writes (checkpoints, data, /tmp): `gpucluster doctor -w "
+    "<node> --only disk` shows the work dir's; `gpucluster prune --checkpoints` removes "
+    "the checkpoints of jobs that ended")
+
 # Most specific and most often the root first: an out-of-memory rank makes its peers
 # report a lost connection, never the other way round.
 SIGNATURES = (
@@ -134,13 +139,16 @@ SIGNATURES = (
         r"DataLoader worker \(pid \d+\) is killed by signal: Killed", "dataloader-killed",
         "a DataLoader worker was killed by SIGKILL: most often the kernel's out-of-memory "
         "killer, for host memory", _HOST_OUT_OF_MEMORY_FIX),
+    # A full disk, in Python's words (with the file, where it names one), else torch.save's,
+    # which never says so.
+    _signature(r"No space left on device: '(?P<path>[^']+)'", "disk-full",
+               "the disk holding {path} was full (No space left on device)", _DISK_FULL_FIX),
+    _signature(r"No space left on device", "disk-full",
+               "a disk the job wrote to was full (No space left on device)", _DISK_FULL_FIX),
     _signature(
-        r"No space left on device|\[enforce fail at inline_container\.cc:\d+\] \. "
+        r"\[enforce fail at inline_container\.cc:\d+\] \. "
         r"(unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing file)", "disk-full",
-        "a disk the job wrote to was full (torch.save says 'unexpected pos')",
-        "free space where the job writes (checkpoints, data, /tmp): `gpucluster doctor -w "
-        "<node> --only disk` shows the work dir's; `gpucluster prune --checkpoints` removes "
-        "the checkpoints of jobs that ended"),
+        "a disk the job wrote to was full (torch.save says 'unexpected pos')", _DISK_FULL_FIX),
     _signature(
         r"Detected mismatch between collectives on ranks", "collective-mismatch",
         "the ranks called different collectives",

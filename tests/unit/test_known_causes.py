@@ -90,7 +90,10 @@ MESSAGES = {
         "fabric-not-ready",
         "CUDA could not start on the node's GPUs (system not yet initialized)"),
     "OSError: [Errno 28] No space left on device: '/srv/checkpoints/step-1000.pt'": (
-        "disk-full", "a disk the job wrote to was full (torch.save says 'unexpected pos')"),
+        "disk-full",
+        "the disk holding /srv/checkpoints/step-1000.pt was full (No space left on device)"),
+    "OSError: [Errno 28] No space left on device": (
+        "disk-full", "a disk the job wrote to was full (No space left on device)"),
     "RuntimeError: [enforce fail at inline_container.cc:764] . PytorchStreamWriter failed "
     "writing file data/0: file write failed": (
         "disk-full", "a disk the job wrote to was full (torch.save says 'unexpected pos')"),
