@@ -10,7 +10,6 @@ import base64
 import binascii
 import dataclasses
 import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -165,7 +164,7 @@ def collect(session: Session, inventory: Inventory, store: JobStore,
 
     def job_dir(host: Host) -> str:
         if record is not None:
-            return f"{record.jobs_dir}/{shlex.quote(record.id)}/{shlex.quote(host.name)}"
+            return record.dir_on_node(host.name)
         return f"{work_dir}/{slurm_job.job_dir}" if slurm_job else ""
 
     def run_doctor_part() -> None:

@@ -59,6 +59,10 @@ class JobRecord:
     def container_name(self) -> str:
         return f"gpucluster-{self.id}"
 
+    def dir_on_node(self, node: str) -> str:
+        """The job's dir on `node` (its log, exit code, kept stop...), a shell path."""
+        return f"{self.jobs_dir}/{shlex.quote(self.id)}/{shlex.quote(node)}"
+
     def checkpoints_on_node(self) -> str:
         """The checkpoint dir on the nodes, a shell path: its run's (kept across a
         recovery's attempts), else its own (a record from before that field)."""

@@ -188,8 +188,8 @@ def peer_stop(record: JobRecord, node: str, peers: Sequence[str], grace_s: float
     """`peers`: the job's other nodes, by their inventory names (as the cluster's SSH
     mesh config names them on every node)."""
     own = _stop_script(record, node, grace_s, _KEPT_ENGINE)
-    commands = [{"name": peer, "command": f"sh {record.jobs_dir}/{shlex.quote(record.id)}/"
-                                          f"{shlex.quote(peer)}/stop.sh"} for peer in peers]
+    commands = [{"name": peer, "command": f"sh {record.dir_on_node(peer)}/stop.sh"}
+                for peer in peers]
     # A peer's stop: its connection, then TERM, the grace, KILL and a last look.
     timeout_s = PEER_STOP_CONNECT_S + math.ceil(grace_s) + 30
     stop_peers = render("launch/stop_peers.sh.j2", job_id=record.id, node=node,
