@@ -263,6 +263,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
     or only `sections` (and ALWAYS_PROBED). Run with GPC_CONNECT=1 in its environment,
     it also tests the head's rendezvous port. `typed_sudo`: its stdin's first line is
     the --ask-sudo-pass password, tried once and then used for the kernel log."""
+    from gpucluster.doctor.checks import ssh_mesh
     from gpucluster.doctor.rendezvous import connect_script
     from gpucluster.slurm_states import ENDED_JOB_STATES, SINFO, where_set_up
 
@@ -280,6 +281,7 @@ def render_probe(inventory: Inventory, sections: frozenset[str] | None = None,
         slurm_sinfo=where_set_up(f"t {SINFO} 2>&1"), slurm_ended=ENDED_JOB_STATES,
         connect=connect_script(inventory.head, inventory.cluster.rendezvous_port),
         mesh=script_text("doctor/port_mesh.py"),
+        ssh_connect=ssh_mesh.CONNECT_TIMEOUT_S, ssh_limit=ssh_mesh.LOGIN_TIMEOUT_S,
         node_tools=sorted(node_tools.COMMANDS), gnu_forms=node_tools.GNU_FORMS)
 
 

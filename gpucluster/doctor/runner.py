@@ -13,6 +13,8 @@ from typing import Any
 
 from gpucluster import hostrange
 from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills REGISTRY
+from gpucluster.doctor.checks.ssh_mesh import SECTION as SSH_MESH
+from gpucluster.doctor.checks.ssh_mesh import ring_peer
 from gpucluster.doctor.model import (
     REGISTRY,
     CheckResult,
@@ -89,6 +91,7 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     low, high = MESH_PORTS  # drawn anew each run: a port busy on a node once is not again
     mesh_port = low + secrets.randbelow(high - low) if sections is None or "peers" in sections \
         else None
+    tries_ssh = sections is None or SSH_MESH in sections
 
     def probe(connection: Connection) -> NodeFacts:
         connection.connect()  # so the clock reading is not skewed by the handshake
@@ -103,8 +106,10 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
             steps.see(stream, line)
 
         mesh = mesh_argument(inventory, connection.host, mesh_port) if mesh_port else None
+        ssh_peer = ring_peer(inventory, connection.host) if tries_ssh else None
         exports = ("export GPC_CONNECT=1; " if connect else "") + (
-            f"export GPC_MESH={shlex.quote(mesh)}; " if mesh else "")
+            f"export GPC_MESH={shlex.quote(mesh)}; " if mesh else "") + (
+            f"export GPC_SSH_PEER={shlex.quote(ssh_peer)}; " if ssh_peer else "")
         sent_at = time.time()
         try:
             result: CommandResult = connection.run(exports + script, timeout=probe_timeout,

@@ -7,13 +7,12 @@ import dataclasses
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpucluster import hostrange, interrupts, reports
-from gpucluster.doctor.model import REGISTRY, CheckResult, Status
-from gpucluster.doctor.runner import DEFAULT_PROBE_TIMEOUT_S, run_doctor
+from gpucluster.doctor.runner import DEFAULT_PROBE_TIMEOUT_S
 from gpucluster.env_names import masked
 from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Host, Inventory
@@ -21,13 +20,13 @@ from gpucluster.launch import node_scripts, outside_slurm, workdir
 from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
+from gpucluster.launch.preflight import checks_for, mesh_warning, preflight, refusing
 from gpucluster.launch.request import check_request, gpus_found
 from gpucluster.nproc import check_fit, check_nproc, nproc_for
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
 from gpucluster.remote.session import Session
 from gpucluster.remote.waiting import WaitingShells
-from gpucluster.reports import Section
 from gpucluster.state import exclusive
 from gpucluster.torchrun import (
     SOCKET_IFNAME_VARIABLES,
@@ -41,52 +40,9 @@ from gpucluster.torchrun import (
 )
 from gpucluster.wording import counted, size
 
-# Doctor's checks that decide whether a job can start: no job of ours still running,
-# the GPUs the inventory promises answering, none held by a process, and the rendezvous
-# port free on the head and reachable. The GPU checks read what gpu-processes reads: the
-# probe is no larger for them. Without them a node whose driver had failed started its
-# ranks, which died at CUDA's first call; under --recover that cost a whole attempt.
-# ssh: a node that does not answer refuses the launch at once, named with doctor's remedy
-# (else the sync's second connect waited its timeout again, then failed as "sync").
-# peer-ports: a firewall open on the rendezvous port alone lets the job form and hangs it
-# at its first collective, until NCCL's timeout (10 minutes) or gloo's (30); its port
-# mesh runs beside the rest of the probe (0.1 s more for 3 nodes on the sandbox).
-# path-mtu: the same, for jumbo frames the network between two nodes does not carry (its
-# full-size segment crosses the mesh's connections).
-# node-tools: a node without tar, gzip or GNU find failed the sync with tar's own line
-# ("gzip: Cannot exec"); the check names the package (a few builtins and three forks).
-PREFLIGHT_CHECKS = ("ssh", "jobs", "nvidia-smi", "gpu-count", "gpu-processes",
-                    "rendezvous-port", "peer-ports", "path-mtu", "node-tools")
-# Warnings that do not refuse a start: a slow login only slows it; GPU counts that
-# differ between nodes the inventory gives no count for are --nproc-per-node's business.
-STARTS_DESPITE_WARNING = ("ssh", "gpu-count")
-# Outside a container torchrun is the node's own: a node without it would end the job
-# on every node with exit code 127; the check refuses first, naming cluster.torchrun.
-# torch-build: a CPU build of torch on GPU nodes failed every rank at its first CUDA
-# call; read from torch's version.py, it costs no import (the sandbox: 0.02 s a node).
-HOST_PREFLIGHT_CHECKS = (*PREFLIGHT_CHECKS, "torchrun", "torch-build")
 RESTARTABLE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set for --max-restarts
 LARGE_SYNC_BYTES = 100 << 20  # sent to one node: worth naming what is that big
 LARGE_FILE_BYTES = 10 << 20
-
-
-def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str,
-              checks: tuple[str, ...] = PREFLIGHT_CHECKS
-              ) -> tuple[list[CheckResult], dict[str, dict[str, Section]]]:
-    """Doctor's job-readiness checks, and in the same round trip Slurm's view of the node
-    (outside_slurm) and each node's listing of its copy of the work dir (for the sync),
-    run in the shells that start the job next.
-    Everything not OK or SKIP refuses the launch, but STARTS_DESPITE_WARNING's warnings."""
-    report = run_doctor(session, inventory, [REGISTRY[name] for name in checks],
-                        rider=outside_slurm.rider() + workdir.listing_command(code_dir),
-                        probe_via=shells.step)
-    return refusing(report.results), report.sections
-
-
-def refusing(results: Sequence[CheckResult]) -> list[CheckResult]:
-    """The findings that refuse a start: all but OK, SKIP and STARTS_DESPITE_WARNING's."""
-    return [r for r in results if r.status not in (Status.OK, Status.SKIP)
-            and not (r.name in STARTS_DESPITE_WARNING and r.status is Status.WARN)]
 
 
 def job_env(inventory: Inventory, extra: Mapping[str, str]) -> dict[str, str]:
@@ -166,10 +122,11 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
     phase("checking nodes (running jobs, GPUs and their processes, rendezvous port, "
           "ports and MTU between nodes, tools"
-          + ("" if request.image else ", torchrun and torch's build") + ")")
+          + ("" if request.image else ", torchrun and torch's build")
+          + (", SSH between nodes" if request.stop_peers_grace_s is not None else "") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
-    findings, listed = preflight(session, inventory, shells, code_dir,
-                                 PREFLIGHT_CHECKS if request.image else HOST_PREFLIGHT_CHECKS)
+    results, listed = preflight(session, inventory, shells, code_dir, checks_for(request))
+    findings = refusing(results)
     if findings:
         named = {f.host for f in findings}
         others = [h.name for h in inventory.hosts if h.name not in named]
@@ -178,6 +135,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
             f"{hostrange.fold(others)})" if others else ""), findings)
     # the processes per node where the inventory has no gpus
     found = check_fit(inventory, request.nproc_per_node, gpus_found(listed))
+    if (no_mesh := mesh_warning(results)) is not None:
+        phase(no_mesh)
     beside_slurm = outside_slurm.warning(listed, [h.name for h in inventory.hosts],
                                          request.script, request.args)
     if beside_slurm is not None:

@@ -62,6 +62,12 @@ def _without_image(payload: dict) -> set[str]:
     return {o for (step, _), o in outcomes.items() if step not in ("image", "smoke")}
 
 
+def _ssh_mesh(sandbox: Sandbox) -> dict[str, dict]:
+    """doctor's ssh-mesh finding on each node."""
+    done = gpucluster("doctor", "-i", str(sandbox.inventory), "--only", "ssh-mesh", "--json")
+    return {r["host"]: r for r in json.loads(done.stdout)["results"]}
+
+
 def _mtimes(sandbox: Sandbox) -> dict[str, str]:
     return {node: sandbox.node_exec(node, f"stat -c '%n %Y.%y' {WATCHED}", check=False).stdout
             for node in sandbox.nodes}
@@ -79,6 +85,14 @@ def test_dry_run_shows_diffs_and_rules_and_changes_nothing(cluster: Sandbox) -> 
     assert changes[("firewall", "node1")][0]["summary"] == "2 iptables rule commands"
     assert "iptables -I INPUT -s 198.19.2.12/32 -p tcp -m multiport --dports 29500," in rules
     assert _mtimes(cluster) == before
+    # Before the mesh, no node logs in to the next: one finding for all, one pair named.
+    found = _ssh_mesh(cluster)
+    assert {r["status"] for r in found.values()} == {"WARN"}, found
+    assert len({r["message"] for r in found.values()}) == 1
+    assert found["node3"]["message"].startswith(
+        "no node logs in to the next over SSH (node1 to node2: ssh: Could not resolve "
+        "hostname node2"), found
+    assert found["node3"]["remedy"].startswith("gpucluster provision --only ssh-mesh")
 
 
 def test_provision_then_a_second_run_changes_nothing(cluster: Sandbox) -> None:
@@ -144,8 +158,14 @@ def test_the_pair_test_names_a_pair_that_cannot_log_in(cluster: Sandbox) -> None
     cluster.node_exec("node3", f"iptables -I {reject}")
     try:
         code, payload = _provision(cluster, "--only", "ssh-mesh", "--verify")
+        found = _ssh_mesh(cluster)  # doctor's ring: node2 logs in to node3
     finally:
         cluster.node_exec("node3", f"iptables -D {reject}")
+    assert {n: r["status"] for n, r in found.items()} == {
+        "node1": "OK", "node2": "WARN", "node3": "OK"}, found
+    assert found["node2"]["message"].startswith(
+        f"cannot log in to node3 over SSH (ssh: connect to host {cluster.addresses['node3']} "
+        f"port 22: Connection refused)"), found["node2"]
     matrix = payload["ssh_mesh"]
     assert matrix["node2"]["node3"] == "fail" and code == 1, payload
     assert {(a, b) for a, row in matrix.items() for b, v in row.items() if v != "ok"} == {

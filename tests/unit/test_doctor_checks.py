@@ -413,7 +413,7 @@ def test_a_timed_out_probe_names_the_step_it_was_in() -> None:
 def test_a_probe_for_checks_that_name_their_sections_gathers_only_those(
         tmp_path: Path) -> None:
     from gpucluster.doctor.model import probe_sections
-    from gpucluster.launch.start import HOST_PREFLIGHT_CHECKS, PREFLIGHT_CHECKS
+    from gpucluster.launch.preflight import HOST_PREFLIGHT_CHECKS, PREFLIGHT_CHECKS
 
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")

@@ -410,7 +410,7 @@ def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_
     gives none are --nproc-per-node's business; a GPU count short of the inventory's, a
     driver that does not answer, or a job still running refuse it."""
     from gpucluster.doctor.model import CheckResult, Status
-    from gpucluster.launch.start import refusing
+    from gpucluster.launch.preflight import refusing
 
     found = [CheckResult("ssh", "n1", Status.WARN, "login took 4.1s"),
              CheckResult("gpu-count", "n2", Status.WARN, "4 GPUs, the others 8"),
@@ -421,6 +421,32 @@ def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_
              CheckResult("nvidia-smi", "n7", Status.SKIP, "no GPUs expected here")]
     assert [(r.name, r.host) for r in refusing(found)] == [
         ("gpu-count", "n3"), ("nvidia-smi", "n4"), ("jobs", "n5")]
+
+
+def test_a_detached_start_checks_the_nodes_ssh_and_warns_without_refusing() -> None:
+    """launch -d's nodes stop the job on the others themselves, over SSH: a node that
+    cannot log in to the next is said before the start, which goes on."""
+    from gpucluster.doctor.model import CheckResult, Status
+    from gpucluster.launch.preflight import checks_for, mesh_warning, refusing
+
+    attached = LaunchRequest("train.py", (), Path())
+    detached = dataclasses.replace(attached, stop_peers_grace_s=30.0)
+    assert "ssh-mesh" not in checks_for(attached)
+    assert "ssh-mesh" in checks_for(detached)
+    assert "torchrun" not in checks_for(dataclasses.replace(detached, image="img:1"))
+    found = [CheckResult("ssh-mesh", "n1", Status.WARN, "...", "", {
+                 "peer": "n2", "why": "Host key verification failed."}),
+             CheckResult("ssh-mesh", "n2", Status.OK, "logs in to n3"),
+             CheckResult("ssh-mesh", "n3", Status.WARN, "...", "", {
+                 "peer": "n1", "why": "no login within 10 s"})]
+    assert refusing(found) == []
+    said = mesh_warning(found)
+    assert said is not None and said.startswith(
+        "warning: n[1,3] cannot log in to the next node over SSH (n1 to n2: Host key "
+        "verification failed.; gpucluster doctor --only ssh-mesh names each): where the job "
+        "fails on such a node, it is not stopped on the others")
+    assert said.endswith("(fix: gpucluster provision --only ssh-mesh)")
+    assert mesh_warning(found[1:2]) is None
 
 
 def test_torchrun_words_and_the_container_command(tmp_path: Path) -> None:
