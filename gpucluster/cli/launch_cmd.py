@@ -120,10 +120,11 @@ def launch(
 ) -> None:
     """Sync the work dir and run SCRIPT under torchrun on every node; stream the logs.
 
-    The first node to fail stops the job everywhere; Ctrl-C does too. The exit code is
-    the job's."""
+    The first node to fail stops the job everywhere (its nodes do it themselves, over the
+    cluster's SSH mesh, where this process has not 30 s later: stopped, or away); Ctrl-C
+    does too. The exit code is the job's."""
     from gpucluster.launch.attempt import Attempt
-    from gpucluster.launch.model import LaunchRefused, LaunchRequest
+    from gpucluster.launch.model import LAUNCHER_STOP_WAIT_S, LaunchRefused, LaunchRequest
 
     loaded = load_inventory(inventory, hosts, group)
     image = chosen_image(loaded, image, container)
@@ -131,7 +132,8 @@ def launch(
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
                             nproc_per_node, max_restarts, {**parse_env(env or []), **secrets},
                             image, debug=debug, secret_env=frozenset(secrets),
-                            module=module, stop_peers_grace_s=grace if detach else None)
+                            module=module, stop_peers_grace_s=grace,
+                            stop_peers_after_s=0 if detach else LAUNCHER_STOP_WAIT_S)
     err = stderr_console()
     store = job_store(loaded)
     shown = _shown_ranks(show_ranks, detach)

@@ -31,6 +31,9 @@ from gpucluster.launch.node_follower import NodeFollower
 from gpucluster.remote.session import Session
 
 SILENT_NODE_S = 30.0  # no output and no heartbeat this long: the node is taken for lost
+# The follow's loop turns every 0.5 s: a gap this long means this process did not run
+# (Ctrl-Z, a debugger, a starved machine), not that the nodes went silent.
+AWAY_S = 5 * node_scripts.HEARTBEAT_S
 
 
 def follow(session: Session, inventory: Inventory, record: JobRecord, store: JobStore,
@@ -99,6 +102,7 @@ class _Watch:
         self.contact = LostContact(session, {h.name: h for h in hosts}, self.say) \
             if live else None
         self.stops: _Stops | None = None
+        self.turned = time.monotonic()  # the loop's last turn
 
     def say(self, words: str) -> None:
         _say(self._say_to, words)
@@ -125,6 +129,7 @@ class _Watch:
     def run(self, stops: _Stops, stop_on_interrupt: bool, hang_timeout_s: float | None,
             node_timeout_s: float) -> None:
         self.stops = stops
+        self.turned = time.monotonic()
         outcome = self.outcome
         with interrupts.deferred(lambda: self.done.put(("", None))):
             # Until every node's part has ended and every stop begun has finished.
@@ -134,8 +139,10 @@ class _Watch:
                 try:
                     node, state = self.done.get(timeout=0.5)
                 except queue.Empty:
+                    self._back_from_away()
                     self._quiet(stop_on_interrupt, hang_timeout_s, node_timeout_s)
                     continue
+                self._back_from_away()
                 if state is None:  # Ctrl-C
                     if not stop_on_interrupt:
                         raise KeyboardInterrupt  # logs -f: not ours to stop
@@ -143,6 +150,21 @@ class _Watch:
                     outcome.interrupted = True
                     continue
                 self._ended(node, state)
+
+    def _back_from_away(self) -> None:
+        """After a gap in the loop's turns, every node's silence and lack of progress
+        restart from now: what was not read meanwhile is still on its way. (Seen: an
+        attached launch stopped for 50 s (SIGSTOP, as Ctrl-Z does) took the first node it
+        looked at for lost once continued, though every node had sent its heartbeats.)"""
+        now = time.monotonic()
+        away, self.turned = now - self.turned, now
+        if away < AWAY_S:
+            return
+        self.say(f"this process did not run for {away:.0f} s (stopped, or starved): the "
+                 f"nodes' silence meanwhile is not held against them")
+        for follower in self.followers.values():
+            follower.last_heard = max(follower.last_heard, now)
+            follower.last_progress = max(follower.last_progress, now)
 
     def _quiet(self, ours: bool, hang_timeout_s: float | None, node_timeout_s: float) -> None:
         """Nothing came for a while: a node silent too long is dropped; a closed output

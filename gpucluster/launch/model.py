@@ -48,9 +48,22 @@ class LaunchRequest:
     debug: bool = False  # launch --debug: NCCL's and torch's diagnostics into the job dir
     secret_env: frozenset[str] = frozenset()  # names in env whose values are never kept
     module: bool = False  # launch -m: script is a module name, run as python -m would
-    # launch -d: a node whose torchrun fails stops the job on the others itself, with
-    # this grace (TERM, then KILL); None: the launcher watching the job does it
+    # A node whose torchrun fails stops the job on the others itself, with this grace
+    # (TERM, then KILL); None: it never does. At once under launch -d (after 0 s); where
+    # a launcher watches, only if that launcher's own stop did not come in this long
+    # (its machine asleep, or cut off from the nodes).
     stop_peers_grace_s: float | None = None
+    stop_peers_after_s: int = 0
+
+    @property
+    def nodes_stop_at_once(self) -> bool:
+        """launch -d: nothing on the controller watches the job; its nodes stop it."""
+        return self.stop_peers_grace_s is not None and not self.stop_peers_after_s
+
+
+# An attached launch stops the job everywhere a second or two after a node's failure;
+# its nodes wait this long for that stop before they do it themselves.
+LAUNCHER_STOP_WAIT_S = 30
 
 
 @dataclass(frozen=True)

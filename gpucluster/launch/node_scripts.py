@@ -171,8 +171,9 @@ def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | Non
 
 @dataclass(frozen=True)
 class PeerStop:
-    """launch -d: what a node keeps in its job dir at start so that, if its torchrun
-    fails, it stops the job on the others itself (templates/launch/stop_peers)."""
+    """What a node keeps in its job dir at start so that, if its torchrun fails, it
+    stops the job on the others itself (templates/launch/stop_peers): at once under
+    launch -d, else where its launcher's stop did not come."""
 
     own_stop: str  # this node's stop, which a failing peer runs over SSH
     stop_peers: str  # the stop of the others, which this node's leader starts
@@ -184,9 +185,11 @@ _KEPT_ENGINE = '${GPC_SUDO:+sudo -n} "$GPC_RT"'
 PEER_STOP_CONNECT_S = 10
 
 
-def peer_stop(record: JobRecord, node: str, peers: Sequence[str], grace_s: float) -> PeerStop:
+def peer_stop(record: JobRecord, node: str, peers: Sequence[str], grace_s: float,
+              after_s: int = 0) -> PeerStop:
     """`peers`: the job's other nodes, by their inventory names (as the cluster's SSH
-    mesh config names them on every node)."""
+    mesh config names them on every node). `after_s`: a launcher watches the job; the
+    node stops the others only where no stop of the launcher's came in that long."""
     own = _stop_script(record, node, grace_s, _KEPT_ENGINE)
     commands = [{"name": peer, "command": f"sh {record.dir_on_node(peer)}/stop.sh"}
                 for peer in peers]
@@ -194,7 +197,8 @@ def peer_stop(record: JobRecord, node: str, peers: Sequence[str], grace_s: float
     timeout_s = PEER_STOP_CONNECT_S + math.ceil(grace_s) + 30
     stop_peers = render("launch/stop_peers.sh.j2", job_id=record.id, node=node,
                         peers=commands, peers_folded=hostrange.fold(list(peers)),
-                        timeout_s=timeout_s, connect_timeout_s=PEER_STOP_CONNECT_S)
+                        timeout_s=timeout_s, connect_timeout_s=PEER_STOP_CONNECT_S,
+                        after_s=after_s)
     return PeerStop(own, stop_peers)
 
 

@@ -49,7 +49,7 @@ def checks_for(request: LaunchRequest) -> tuple[str, ...]:
     """A container job's torchrun and torch are the image's; a detached job's nodes stop
     it on the others themselves, over SSH."""
     checks = PREFLIGHT_CHECKS if request.image else HOST_PREFLIGHT_CHECKS
-    return checks + (DETACHED_CHECKS if request.stop_peers_grace_s is not None else ())
+    return checks + (DETACHED_CHECKS if request.nodes_stop_at_once else ())
 
 
 def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str,

@@ -123,7 +123,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     phase("checking nodes (running jobs, GPUs and their processes, rendezvous port, "
           "ports and MTU between nodes, tools"
           + ("" if request.image else ", torchrun and torch's build")
-          + (", SSH between nodes" if request.stop_peers_grace_s is not None else "") + ")")
+          + (", SSH between nodes" if request.nodes_stop_at_once else "") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
     results, listed = preflight(session, inventory, shells, code_dir, checks_for(request))
     findings = refusing(results)
@@ -260,7 +260,8 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                                    gzipped=workdir.sent_gzipped(sync.plan.send))
              if sync.needed else "")
     peers = [h.name for h in inventory.hosts if h.name != host.name]
-    peer_stop = (node_scripts.peer_stop(record, host.name, peers, request.stop_peers_grace_s)
+    peer_stop = (node_scripts.peer_stop(record, host.name, peers, request.stop_peers_grace_s,
+                                        request.stop_peers_after_s)
                  if request.stop_peers_grace_s is not None and peers else None)
     return node_scripts.start_script(record, host.name, command,
                                      interface_exports(host, env), container is not None,

@@ -892,6 +892,57 @@ def test_a_detached_job_that_fails_on_a_node_is_stopped_on_the_others_and_jobs_s
         *(f"{name}: stopped" for name in others))], report.stdout
 
 
+def test_a_node_stops_the_job_itself_while_its_attached_launch_is_stopped(
+        cluster: Sandbox, project: Path) -> None:
+    """An attached launch stopped (SIGSTOP, as Ctrl-Z does) when node3's rank fails: the
+    others ran on until it was continued, which then took a node it had not heard from
+    for lost. Now node3, no stop of its launcher's come within 30 s, stops the job on the
+    others itself; continued, launch does not hold the nodes' silence against them and
+    reports the job as it ended."""
+    away = project.parent / "away"  # a code dir of its own on the nodes
+    away.mkdir(exist_ok=True)
+    (away / "main.py").write_text(
+        "import os, sys, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(3 if rank == 2 else 300)\n"
+        "sys.exit(7)\n")
+    inventory = str(cluster.inventory)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpucluster", "launch", "-i", inventory, "--nproc-per-node",
+         "1", "main.py"], cwd=away, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    try:
+        wait_for_ranks(process, 3)
+        process.send_signal(signal.SIGSTOP)
+        job = gpucluster("jobs", "-i", inventory, "--json").json()["jobs"][-1]
+        deadline = time.monotonic() + 90  # the others' ranks would end by themselves at 300 s
+        while {n["state"] for n in job["nodes"].values()} != {"exited", "stopped"}:
+            assert time.monotonic() < deadline, job
+            time.sleep(1)
+            job = gpucluster("jobs", "-i", inventory, "--json").json()["jobs"][-1]
+        states = {name: (node["state"], node["exit_code"]) for name, node in job["nodes"].items()}
+        assert states["node3"] == ("exited", 1), states
+        assert {states["node1"][0], states["node2"][0]} == {"stopped"}, states
+    finally:
+        process.send_signal(signal.SIGCONT)
+    code, _, stderr, _ = finish(process, 120)
+    said = " ".join(stderr.split())
+    assert code == 1, stderr
+    assert "this process did not run for" in said, stderr
+    assert "first failure: rank 2 on node3, worker exit code 7; torchrun exit code 1" in said
+    # in the order the nodes' states came, all at once once it was continued
+    ended = re.search(rf"job {job['id']}: ([^:;]*); logs in", said)
+    assert ended and set(ended[1].split(", ")) == {
+        "exited 1 on node3", "stopped on node[1-2]"}, stderr
+    assert "unreachable" not in said, stderr
+    report = gpucluster("run", "-i", inventory, "-w", "node3",
+                        f"cat /srv/gpucluster/jobs/{job['id']}/node3/stop-peers.log")
+    assert report.stdout.splitlines()[1:] == [
+        "node3: no stop from its launcher in 30 s: stopping it here",
+        "node3: node1: stopped", "node3: node2: stopped"], report.stdout
+
+
 def test_a_stopped_detached_job_stops_nothing_from_its_nodes(cluster: Sandbox,
                                                             project: Path) -> None:
     """A stop's TERM fails each node's torchrun: none of them, stopped as asked, stops

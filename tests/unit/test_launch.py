@@ -14,6 +14,7 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -281,7 +282,8 @@ def _record() -> JobRecord:
 
 
 @pytest.mark.parametrize("script", ["start", "follow", "stop", "state", "start-container",
-                                    "stop-container", "start-peer-stop", "peer-stop"])
+                                    "stop-container", "start-peer-stop", "peer-stop",
+                                    "watched-peer-stop"])
 def test_node_scripts_are_valid_shell(script: str) -> None:
     record = _record()
     text = {
@@ -300,6 +302,8 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
             True, 29500, peer_stop=node_scripts.peer_stop(record, "node1", ["node-2"], 5)),
         "peer-stop": lambda: "\n".join(dataclasses.astuple(node_scripts.peer_stop(
             dataclasses.replace(record, image="busybox:latest"), "node1", ["node-2"], 5))),
+        "watched-peer-stop": lambda: "\n".join(dataclasses.astuple(node_scripts.peer_stop(
+            record, "node1", ["node-2", "node3"], 5, after_s=30))),
     }[script]()
     checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True,
                              check=False)
@@ -351,12 +355,12 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
     assert looks == ["carries"] * 30
 
 
-def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
-        tmp_path: Path) -> None:
-    """launch -d: node1's torchrun fails by itself, so node1 runs node-2's kept stop on
-    node-2 (here an `ssh` on PATH that runs the command in a shell of this machine, as the
-    SSH mesh would there), out of node1's job, before node1's exit code is written; node-2,
-    stopped as asked, stops no one in turn."""
+@contextlib.contextmanager
+def _two_nodes_one_failing(tmp_path: Path, after_s: int = 0
+                           ) -> Iterator[tuple[JobRecord, Path, Path]]:
+    """node-2 sleeping, node1 exiting 3 after 0.5 s, each with its peer stop armed (after
+    `after_s`); an `ssh` on PATH runs the command in a shell of this machine, as the SSH
+    mesh would there. Yields the record, the jobs' dir and the `ssh` calls' file."""
     import shlex
 
     record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
@@ -368,33 +372,17 @@ def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
                         'exec sh -c "$last"\n')
     fake_ssh.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    jobs = tmp_path / "jobs" / record.id
     leaders = []
     try:
         for node, command in (("node-2", "sleep 60"), ("node1", "(sleep 0.5; exit 3)")):
             peers = [n for n in ("node1", "node-2") if n != node]
             script = node_scripts.start_script(
                 record, node, command, "", False, None,
-                peer_stop=node_scripts.peer_stop(record, node, peers, 1))
+                peer_stop=node_scripts.peer_stop(record, node, peers, 1, after_s))
             ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                                  timeout=20, check=True, env=env)
             leaders.append(int(ran.stdout.split("@@gpc started ")[1].split()[0]))
-        deadline = time.monotonic() + 15
-        report = jobs / "node1" / "stop-peers.log"
-        while not (all((jobs / node / "exit_code").exists() for node in ("node1", "node-2"))
-                   and report.exists() and "node-2: " in report.read_text()) \
-                and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (jobs / "node1" / "exit_code").read_text().split()[0] == "3"
-        assert (jobs / "node-2" / "stop_requested").exists()  # stopped, as a stop does it
-        assert int((jobs / "node-2" / "exit_code").read_text().split()[0]) != 0
-        assert report.read_text().splitlines() == [
-            f"torchrun exited 3 on node1: stopping job {record.id} on node-2",
-            "node-2: stopped"]
-        calls = (bin_dir / "calls").read_text().splitlines()
-        assert len(calls) == 1 and "BatchMode=yes" in calls[0], calls
-        assert calls[0].endswith(f"node-2 sh {record.jobs_dir}/{record.id}/node-2/stop.sh")
-        assert not (jobs / "node-2" / "stop-peers.log").exists()
+        yield record, tmp_path / "jobs" / record.id, bin_dir / "calls"
     finally:
         for leader in leaders:
             with contextlib.suppress(ProcessLookupError):
@@ -402,6 +390,62 @@ def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
         for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
             with contextlib.suppress(OSError):
                 Path(cgroup.read_text().strip()).rmdir()
+
+
+def _wait_for(done: Callable[[], bool], limit_s: float = 15) -> None:
+    deadline = time.monotonic() + limit_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
+        tmp_path: Path) -> None:
+    """launch -d: node1's torchrun fails by itself, so node1 runs node-2's kept stop on
+    node-2 over SSH, out of node1's job, before node1's exit code is written; node-2,
+    stopped as asked, stops no one in turn."""
+    with _two_nodes_one_failing(tmp_path) as (record, jobs, calls_file):
+        report = jobs / "node1" / "stop-peers.log"
+        _wait_for(lambda: all((jobs / node / "exit_code").exists()
+                              for node in ("node1", "node-2"))
+                  and report.exists() and "node-2: " in report.read_text())
+        assert (jobs / "node1" / "exit_code").read_text().split()[0] == "3"
+        assert (jobs / "node-2" / "stop_requested").exists()  # stopped, as a stop does it
+        assert int((jobs / "node-2" / "exit_code").read_text().split()[0]) != 0
+        assert report.read_text().splitlines() == [
+            f"torchrun exited 3 on node1: stopping job {record.id} on node-2",
+            "node-2: stopped"]
+        calls = calls_file.read_text().splitlines()
+        assert len(calls) == 1 and "BatchMode=yes" in calls[0], calls
+        assert calls[0].endswith(f"node-2 sh {record.jobs_dir}/{record.id}/node-2/stop.sh")
+        assert not (jobs / "node-2" / "stop-peers.log").exists()
+
+
+@pytest.mark.parametrize("launcher_stops", [True, False])
+def test_a_watched_node_whose_torchrun_fails_waits_for_its_launchers_stop(
+        tmp_path: Path, launcher_stops: bool) -> None:
+    """An attached launch: node1's torchrun fails; its launcher's stop (here the real
+    stop script, run on node1 as the launcher's fail-fast runs it on every node) comes
+    within the wait, and node1 stops no one; where none comes (the launcher's machine
+    asleep), node1 stops node-2 itself once the wait is over."""
+    with _two_nodes_one_failing(tmp_path, after_s=2) as (record, jobs, calls_file):
+        _wait_for((jobs / "node1" / "exit_code").exists)
+        if launcher_stops:
+            stop = node_scripts.stop_script(record, "node1", 1, None)
+            subprocess.run(["sh", "-c", stop], capture_output=True, timeout=20, check=True)
+        report = jobs / "node1" / "stop-peers.log"
+        _wait_for(lambda: report.exists() and len(report.read_text().splitlines()) > 1)
+        lines = report.read_text().splitlines()
+        assert lines[0] == (f"torchrun exited 3 on node1: stopping job {record.id} on "
+                            f"node-2 unless its launcher does within 2 s")
+        if launcher_stops:
+            assert lines[1:] == ["its launcher stopped it"]
+            assert not calls_file.exists()
+            assert not (jobs / "node-2" / "exit_code").exists()  # node-2 runs on
+        else:
+            _wait_for(lambda: "node-2: " in report.read_text())
+            assert report.read_text().splitlines()[1:] == [
+                "no stop from its launcher in 2 s: stopping it here", "node-2: stopped"]
+            assert (jobs / "node-2" / "stop_requested").exists()
 
 
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
