@@ -3,6 +3,8 @@ KILL) with confirmation that nothing of it is left."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 
 from gpucluster import reports
@@ -13,6 +15,8 @@ from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import DEFAULT_GRACE_S, NodeState, StopResult, parse_state
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.session import Session
+
+_STOP_HINT = re.compile(r" ?\(gpucluster stop \S+ ends it there\)$")  # stop_peers.sh's
 
 
 def stop(session: Session, inventory: Inventory, record: JobRecord,
@@ -95,22 +99,31 @@ def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],
     by_node = {n: [r for r in records if n in askable[r.id]] for n in names}
     jobs_dirs = {r.jobs_dir for r in records}
 
-    def ask(connection: Connection) -> list[str]:
-        lines = []
+    def ask(connection: Connection) -> tuple[list[str], list[str]]:
+        states, peers_left = [], []
         for jobs_dir in sorted(jobs_dirs):
             mine = [r for r in by_node[connection.host] if r.jobs_dir == jobs_dir]
             if mine:
                 output = connection.run(node_scripts.state_script(mine, connection.host,
                                                                   jobs_dir), timeout=30)
-                lines += reports.by_kind(output.stdout).get("job", [])
-        return lines
+                said = reports.by_kind(output.stdout)
+                states += said.get("job", [])
+                peers_left += said.get("peer-left", [])
+        return states, peers_left
 
     answers = session.map([inventory.host(n) for n in names], ask)
-    for node, lines in answers.values.items():
-        for line in lines:
+    for node, (states, peers_left) in answers.values.items():
+        for line in states:
             job_id, _, rest = line.partition(" ")
             if job_id in table:
                 table[job_id][node] = parse_state(node, rest)
+        for line in peers_left:  # "JOB PEER WHY (gpucluster stop JOB ends it there)"
+            job_id, peer, why = [*line.split(" ", 2), "", ""][:3]
+            if node in table.get(job_id, {}):
+                state = table[job_id][node]
+                why = _STOP_HINT.sub("", why) or "no answer"
+                table[job_id][node] = dataclasses.replace(
+                    state, peers_left=(*state.peers_left, (peer, why)))
     for node, failure in answers.failures.items():
         for record in records:
             if node in askable[record.id]:

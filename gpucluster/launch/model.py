@@ -75,6 +75,9 @@ class NodeState:
     exit_code: int | None = None
     detail: str = ""
     exited_at: float | None = None  # node clock, when torchrun exited
+    # Its torchrun failed and its stop of the others (stop_peers.sh) left some running:
+    # (peer, why) in that script's words: `Host key verification failed.`
+    peers_left: tuple[tuple[str, str], ...] = ()
 
     @property
     def failed(self) -> bool:

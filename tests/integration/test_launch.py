@@ -541,7 +541,8 @@ def test_killed_workers_on_one_node_stop_the_job_everywhere(cluster: Sandbox,
     [record] = gpucluster("jobs", "-i", str(cluster.inventory), "--json", "-n", "1"
                           ).json()["jobs"]
     assert record["id"] == job.group(1)
-    assert record["nodes"]["node2"] == {"state": "exited", "exit_code": 1, "detail": ""}
+    assert record["nodes"]["node2"] == {"state": "exited", "exit_code": 1, "detail": "",
+                                      "peers_not_stopped": {}}
 
 
 def test_max_restarts_re_forms_the_job_after_a_nodes_workers_die(cluster: Sandbox,
@@ -941,6 +942,45 @@ def test_a_node_stops_the_job_itself_while_its_attached_launch_is_stopped(
     assert report.stdout.splitlines()[1:] == [
         "node3: no stop from its launcher in 30 s: stopping it here",
         "node3: node1: stopped", "node3: node2: stopped"], report.stdout
+
+
+def test_jobs_says_why_a_failed_node_could_not_stop_the_others(cluster: Sandbox,
+                                                              project: Path) -> None:
+    """launch -d where node3 cannot log in to the others (its known_hosts set aside):
+    its rank fails, its stop of the others reaches neither, and `jobs` says which and
+    why; `stop` ends the job there."""
+    lonely = project.parent / "lonely"  # a code dir of its own on the nodes
+    lonely.mkdir(exist_ok=True)
+    (lonely / "main.py").write_text("import os, sys, time\n"
+                                    "time.sleep(1 if os.environ['RANK'] == '2' else 300)\n"
+                                    "sys.exit(7)\n")
+    inventory = str(cluster.inventory)
+    known = "~/.ssh/known_hosts"
+    aside = gpucluster("run", "-i", inventory, "-w", "node3", f"mv {known} {known}.aside")
+    assert aside.code == 0, aside.stderr
+    job = ""
+    try:
+        started = gpucluster("launch", "-i", inventory, "-d", "--nproc-per-node", "1",
+                             "main.py", cwd=str(lonely))
+        assert started.code == 0, started.stderr
+        job = started.stdout.strip()
+        deadline = time.monotonic() + 60
+        while True:
+            listed = gpucluster("jobs", "-i", inventory, "--json").json()["jobs"]
+            nodes = next(j for j in listed if j["id"] == job)["nodes"]
+            if nodes["node3"]["peers_not_stopped"]:
+                break
+            assert time.monotonic() < deadline, nodes
+            time.sleep(1)
+        assert nodes["node3"]["peers_not_stopped"] == {
+            peer: "Host key verification failed." for peer in ("node1", "node2")}, nodes
+        assert {nodes["node1"]["state"], nodes["node2"]["state"]} == {"running"}, nodes
+    finally:
+        back = gpucluster("run", "-i", inventory, "-w", "node3", f"mv {known}.aside {known}")
+        if job:
+            stopped = gpucluster("stop", "-i", inventory, job)
+    assert back.code == 0, back.stderr
+    assert stopped.code == 0, stopped.stderr
 
 
 def test_a_stopped_detached_job_stops_nothing_from_its_nodes(cluster: Sandbox,

@@ -1405,6 +1405,54 @@ def test_jobs_says_a_job_failed_on_a_node_while_the_others_run_on() -> None:
         assert "failed on" not in shown(calm), shown(calm)
 
 
+def test_jobs_says_which_nodes_a_failed_node_could_not_stop_and_why(tmp_path: Path) -> None:
+    """node1's torchrun failed and its stop of the others (stop_peers.sh) reached no one
+    (no SSH mesh): its report, read from the node with its state, names them and why
+    under the job's states, and in --json."""
+    import io
+    import shlex
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import jobs_payload, print_jobs
+    from gpucluster.launch.control import states
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
+
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n"
+                         "  - {name: node-2, address: 127.0.0.2}\n  - {name: node3, address: "
+                         "127.0.0.3}\n")
+    loaded = inventory_module.load(inventory)
+    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+                                 jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
+    job = tmp_path / "node-jobs" / record.id / "node1"
+    job.mkdir(parents=True)
+    (job / "exit_code").write_text("1 1700000000.0\n")
+    hint = f"(gpucluster stop {record.id} ends it there)"
+    (job / "stop-peers.log").write_text(
+        f"torchrun exited 1 on node1: stopping job {record.id} on node-2,node3\n"
+        f"node-2: not stopped: Host key verification failed. {hint}\n"
+        f"node3: not stopped: Host key verification failed. {hint}\n")
+    found = states(Session(loaded.restricted_to([loaded.host("node1")]),
+                           SshOptions(tmp_path / "known_hosts")), loaded, [record])
+    node1 = found[record.id]["node1"]
+    assert (node1.state, node1.exit_code) == ("exited", 1)
+    assert node1.peers_left == (("node-2", "Host key verification failed."),
+                                ("node3", "Host key verification failed."))
+    table = {record.id: {"node1": node1, "node-2": NodeState("node-2", "running"),
+                         "node3": NodeState("node3", "running")}}
+    wide = dataclasses.replace(record, hosts=["node1", "node-2", "node3"])
+    console = Console(width=400, record=True, file=io.StringIO())
+    print_jobs(console, [wide], table, {record.id: None}, {})
+    shown = " ".join(console.export_text().replace("│", " ").split())
+    assert (f"gpucluster stop {record.id} ends it; node1 could not stop it on node-2,node3 "
+            f"(Host key verification failed.)") in shown, shown
+    payload = jobs_payload([wide], table, {record.id: None}, {})
+    assert payload["jobs"][0]["nodes"]["node1"]["peers_not_stopped"] == {
+        "node-2": "Host key verification failed.", "node3": "Host key verification failed."}
+
+
 def test_jobs_reads_a_failure_only_of_a_job_ended_everywhere_and_lists_on_without_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node still running, or not answering, may tell another story: no read. A read

@@ -205,14 +205,26 @@ def _failed_while_running(record: JobRecord, states: Mapping[str, NodeState | No
     if not running or not failed:
         return None
     return (f"failed on {hostrange.fold(failed)}, still running on {hostrange.fold(running)}: "
-            f"gpucluster logs {record.id} says why; gpucluster stop {record.id} ends it")
+            f"gpucluster logs {record.id} says why; gpucluster stop {record.id} ends it"
+            + "".join(_could_not_stop(node, state) for node, state in states.items()
+                      if state is not None and state.peers_left))
+
+
+def _could_not_stop(node: str, state: NodeState) -> str:
+    """`; node3 could not stop it on node[1-2] (Host key verification failed.)`: why
+    the failed node's stop of the others (launch -d's, or a launcher's while away)
+    left them running."""
+    return "".join(f"; {node} could not stop it on {hostrange.fold(peers)} ({why})"
+                   for why, peers in hostrange.hosts_by(
+                       (why, peer) for peer, why in state.peers_left).items())
 
 
 # -- JSON
 
 
 def state_payload(state: NodeState) -> dict[str, Any]:
-    return {"state": state.state, "exit_code": state.exit_code, "detail": state.detail}
+    return {"state": state.state, "exit_code": state.exit_code, "detail": state.detail,
+            "peers_not_stopped": dict(state.peers_left)}
 
 
 def stop_payload(record: JobRecord, results: Mapping[str, StopResult]) -> dict[str, Any]:
