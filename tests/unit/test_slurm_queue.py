@@ -17,6 +17,7 @@ from gpucluster.remote.session import Session
 from gpucluster.remote.ssh import SshOptions
 from gpucluster.slurm import queue
 from tests.cli import gpucluster
+from tests.stand_ins import stand_in
 
 
 @pytest.fixture
@@ -26,12 +27,6 @@ def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: a, address: 127.0.0.1, connection: local}\n")
     return Session(load(inventory), SshOptions(tmp_path / "known_hosts"))
-
-
-def stand_in(tmp_path: Path, name: str, script: str) -> None:
-    path = tmp_path / "bin" / name
-    path.write_text("#!/bin/sh\n" + script)
-    path.chmod(0o755)
 
 
 def test_a_slurm_job_is_named_slurm_id_and_never_taken_for_ours() -> None:
@@ -49,7 +44,7 @@ def test_a_slurm_job_is_named_slurm_id_and_never_taken_for_ours() -> None:
 
 def test_the_queue_is_read_from_squeue_where_slurm_is_set_up(
         session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    stand_in(tmp_path, "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
+    stand_in(tmp_path / "bin", "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
                                  "echo '13|eval x|root|PENDING|0:00|1|(Resources)'\n")
     monkeypatch.setattr(slurm_states, "SET_UP_HERE", "false")
     assert queue.queue(session, session.inventory) is None  # nothing to ask
@@ -58,7 +53,7 @@ def test_the_queue_is_read_from_squeue_where_slurm_is_set_up(
     assert jobs == [queue.QueuedJob("12", "train", "gcuser", "RUNNING", "1:05", 2, "node[1-2]"),
                     queue.QueuedJob("13", "eval x", "root", "PENDING", "0:00", 1,
                                     "(Resources)")]
-    stand_in(tmp_path, "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm "
+    stand_in(tmp_path / "bin", "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm "
                                  "controller (connect failure)' >&2; exit 1\n")
     with pytest.raises(GpuclusterError, match=r"^a: squeue failed: slurm_load_jobs error: "
                                               r"Unable to contact .* \(fix: is slurmctld "
@@ -76,7 +71,7 @@ def test_jobs_lists_the_ended_slurm_jobs_slurm_keeps_after_its_queue(
 
     from gpucluster.cli.slurm_jobs import print_queue
 
-    stand_in(tmp_path, "squeue", 'case "$*" in *"-t all"*) ;; *) exit 0;; esac\n'
+    stand_in(tmp_path / "bin", "squeue", 'case "$*" in *"-t all"*) ;; *) exit 0;; esac\n'
                                  "echo '11|fails|root|FAILED|0:03|1|(NonZeroExitCode)'\n"
                                  "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
                                  "echo '10|asked|root|CANCELLED|0:09|1|node3'\n"
@@ -112,8 +107,8 @@ def test_set_up_from_here_needs_the_inventory_or_provisions_munge_key(tmp_path: 
 def test_cancel_waits_for_slurm_to_end_the_job(session: Session, tmp_path: Path) -> None:
     """RUNNING before scancel, COMPLETING at the first look after, then CANCELLED."""
     calls = tmp_path / "calls"
-    stand_in(tmp_path, "scancel", f"echo \"$@\" > {tmp_path}/cancelled\n")
-    stand_in(tmp_path, "scontrol", f"echo x >> {calls}; n=$(wc -l < {calls})\n"
+    stand_in(tmp_path / "bin", "scancel", f"echo \"$@\" > {tmp_path}/cancelled\n")
+    stand_in(tmp_path / "bin", "scontrol", f"echo x >> {calls}; n=$(wc -l < {calls})\n"
                                    f"case $n in 1) state=RUNNING;; 2) state=COMPLETING;; "
                                    f"*) state=CANCELLED;; esac\n"
                                    f"echo \"JobId=12 JobState=$state ExitCode=0:15 "
@@ -127,13 +122,13 @@ def test_cancel_waits_for_slurm_to_end_the_job(session: Session, tmp_path: Path)
     info, already = queue.cancel(session, session.inventory, "12")
     assert already and info.state == "CANCELLED" and not (tmp_path / "cancelled").exists()
     # A job Slurm does not know, and a scancel that fails, are one line each.
-    stand_in(tmp_path, "scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' "
+    stand_in(tmp_path / "bin", "scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' "
                                    ">&2; exit 1\n")
     with pytest.raises(GpuclusterError, match=r"^Slurm does not know job 12: .* \(fix: "
                                               r"gpucluster jobs lists Slurm's queue\)$"):
         queue.cancel(session, session.inventory, "12")
-    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a'\n")
-    stand_in(tmp_path, "scancel", "echo 'scancel: error: Kill job error on job id 12: "
+    stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a'\n")
+    stand_in(tmp_path / "bin", "scancel", "echo 'scancel: error: Kill job error on job id 12: "
                                   "Access/permission denied' >&2; exit 1\n")
     with pytest.raises(GpuclusterError, match=r"^a: scancel 12 failed: scancel: error: Kill "
                                               r"job error on job id 12: Access/permission"):
@@ -146,7 +141,7 @@ def test_logs_without_follow_shows_the_output_so_far_and_returns(
 
     out = tmp_path / "slurm-9.out"
     out.write_text("epoch 1\n")
-    stand_in(tmp_path, "scontrol", f"echo 'JobId=9 JobState=RUNNING BatchHost=a "
+    stand_in(tmp_path / "bin", "scontrol", f"echo 'JobId=9 JobState=RUNNING BatchHost=a "
                                    f"StdOut={out} ExitCode=0:0 NodeList=a Reason=None'\n")
     shown: list[str] = []
     info = follow(session, session.inventory, "9", shown.append, live=False)
@@ -181,7 +176,7 @@ def test_a_slurm_jobs_lines_are_searched_by_node_rank_and_text(
                    "gpucluster: Slurm job 9 requeued: start 2, on a,b\n"
                    "1: W1206 06:29:36.558000 15 api.py:1028] Sending process 7 signal\n"
                    "0: [0]:epoch 2 loss 0.4\n1: [1]:epoch 2 loss 0.3\n")
-    stand_in(tmp_path, "scontrol", f"echo 'JobId=9 JobState=COMPLETED BatchHost=a "
+    stand_in(tmp_path / "bin", "scontrol", f"echo 'JobId=9 JobState=COMPLETED BatchHost=a "
                                    f"StdOut={out} ExitCode=0:0 NodeList=a,b Reason=None'\n")
     inventory = str(tmp_path / "c.yaml")
     path = {"PATH": os.environ["PATH"]}  # the stand-ins first
@@ -217,7 +212,7 @@ def test_logs_of_a_slurm_job_through_the_cli(session: Session, tmp_path: Path) -
     is one line, exit 2."""
     out = tmp_path / "slurm-9.out"
     out.write_text("epoch 1\nTraceback: boom\n")
-    stand_in(tmp_path, "scontrol", f"[ \"$4\" = 9 ] || {{ echo 'slurm_load_jobs error: "
+    stand_in(tmp_path / "bin", "scontrol", f"[ \"$4\" = 9 ] || {{ echo 'slurm_load_jobs error: "
                                    f"Invalid job id specified' >&2; exit 1; }}\n"
                                    f"echo 'JobId=9 JobState=FAILED BatchHost=a "
                                    f"StdOut={out} ExitCode=1:0 NodeList=a Reason=None'\n")
@@ -276,7 +271,7 @@ def test_the_exporter_serves_slurms_queue_and_drops_it_when_squeue_stops_answeri
     from gpucluster.observe.exporter import ClusterCollector
     from gpucluster.observe.slurm_queue import FRESH_S, QueuePoller
 
-    stand_in(tmp_path, "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
+    stand_in(tmp_path / "bin", "squeue", "echo '12|train|gcuser|RUNNING|1:05|2|node[1-2]'\n"
                                  "echo '13|eval|root|PENDING|0:00|1|(Resources)'\n"
                                  "echo '14|eval|root|PENDING|0:00|3|(Priority)'\n")
     monkeypatch.setattr(slurm_states, "SET_UP_HERE", "true")
@@ -299,13 +294,13 @@ def test_the_exporter_serves_slurms_queue_and_drops_it_when_squeue_stops_answeri
     # An answer too old, or squeue failing: no queue figures rather than stale ones.
     poller.latest = dataclasses.replace(answered, at=answered.at - FRESH_S - 1)
     assert "gpucluster_slurm_up 0.0" in scrape() and "gpucluster_slurm_jobs{" not in scrape()
-    stand_in(tmp_path, "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm "
+    stand_in(tmp_path / "bin", "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm "
                                  "controller (connect failure)' >&2; exit 1\n")
     poller.latest = poller.read()
     assert "Unable to contact slurm controller" in poller.latest.error
     assert "gpucluster_slurm_up 0.0" in scrape()
     # Its thread reads the queue until closed; an empty queue still has both states.
-    stand_in(tmp_path, "squeue", "true\n")
+    stand_in(tmp_path / "bin", "squeue", "true\n")
     with QueuePoller(session, session.inventory, every_s=0.05) as polling:
         deadline = time.monotonic() + 10
         while polling.latest is None or polling.latest.error:
@@ -345,16 +340,16 @@ def test_top_job_slurm_id_picks_the_nodes_slurm_runs_it_on(session: Session,
                                                            tmp_path: Path) -> None:
     from gpucluster.cli.top_cmd import _slurm_nodes
 
-    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a "
+    stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a "
                                    "ExitCode=0:0 NodeList=a,b[1-2] Reason=None'\n")
     assert _slurm_nodes(session, "12") == ["a", "b1", "b2"]
-    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=PENDING BatchHost= "
+    stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=PENDING BatchHost= "
                                    "ExitCode=0:0 NodeList= Reason=Resources'\n")
     with pytest.raises(GpuclusterError, match=r"^Slurm job 12 is pending \(Resources\): "
                                               r"it runs on no node now \(fix: "):
         _slurm_nodes(session, "12")
     # Through the CLI: a job on none of the inventory's nodes is one line.
-    stand_in(tmp_path, "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=b "
+    stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=b "
                                    "ExitCode=0:0 NodeList=b Reason=None'\n")
     done = gpucluster("top", "-i", str(session.inventory.path), "--once", "-j", "slurm-12")
     assert done.code == 2 and done.stderr.strip() == (

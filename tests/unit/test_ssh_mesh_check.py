@@ -14,6 +14,7 @@ from gpucluster.doctor.checks.ssh_mesh import ring_peer
 from gpucluster.doctor.model import REGISTRY, CheckResult, Context, Status
 from gpucluster.remote.local import LocalConnection
 from gpucluster.remote.result import FailureKind, HostFailure
+from tests.stand_ins import stand_in
 
 REFUSED = "root@{peer}: Permission denied (publickey)."
 
@@ -98,11 +99,9 @@ def test_the_probe_logs_in_with_keys_only_and_the_host_key_verified(tmp_path: Pa
     """The real probe script, with an `ssh` on its PATH that records how it was called
     and refuses as a node without the peer's host key does."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     called = tmp_path / "called"
-    (bin_dir / "ssh").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {called}\n'
-                                 f'echo "Host key verification failed." >&2\nexit 255\n')
-    (bin_dir / "ssh").chmod(0o755)
+    stand_in(bin_dir, "ssh", f'printf "%s\\n" "$@" > {called}\n'
+                             f'echo "Host key verification failed." >&2\nexit 255\n')
     script = probe.render_probe(cluster(tmp_path, "a", "b"), frozenset({"ssh_mesh"}))
     result = LocalConnection("a").run(
         f"export PATH={bin_dir}:$PATH GPC_SSH_PEER=b; {script}", timeout=60,
