@@ -116,10 +116,14 @@ def cause_of(node: str, worker_exit: int | None, rank_lines: list[str],
 
 def in_a_line(failure: FirstFailure) -> str:
     """`rank 1 on node2: the GPU ran out of memory`: where, and its likely cause, else
-    its last error line, else how its node ended."""
+    its last error line, else how its worker ended (`worker exit code 7`: a
+    sys.exit without a word), else how its node ended."""
     where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None \
         else failure.node
     errors = error_lines(failure.rank_error or failure.rank_tail)
+    worker = (f"worker killed by {failure.killing_signal}" if failure.killing_signal
+              else f"worker exit code {failure.worker_exit}"
+              if failure.worker_exit is not None else None)
     why = failure.cause.what if failure.cause is not None else (
-        errors[-1] if errors else failure.state.label)
+        errors[-1] if errors else worker or failure.state.label)
     return f"{where}: {why[:SUMMARY_CHARS]}"

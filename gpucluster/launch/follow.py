@@ -10,12 +10,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 
 from gpucluster import hostrange, interrupts
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import ended_copies, node_scripts
 from gpucluster.launch.control import hosts_of, stop
-from gpucluster.launch.failure import failure_of
+from gpucluster.launch.failure import failure_in, failure_of
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.lost_contact import LostContact
 from gpucluster.launch.model import (
@@ -76,12 +77,20 @@ def follow(session: Session, inventory: Inventory, record: JobRecord, store: Job
     watch.run(_Stops(watch.stop_all(stop_lost), grace_s), stop_on_interrupt,
               hang_timeout_s if live else None, node_timeout_s)
     outcome, followers = watch.outcome, watch.followers
-    failures = [failure_of(n, s, store.node_log(record.id, n))
+    failures = [_failure(n, s, followers.get(n), store.node_log(record.id, n))
                 for n, s in outcome.states.items() if s.failed]
     outcome.first_failure = min(failures, key=FirstFailure.order, default=None)
     outcome.progress = {n: f.heartbeat for n, f in followers.items() if f.heartbeat}
     outcome.copies_cut = {n: f.copy_cut for n, f in followers.items() if f.copy_cut}
     return outcome
+
+
+def _failure(node: str, state: NodeState, follower: NodeFollower | None,
+             copy: Path) -> FirstFailure:
+    """From the controller's copy of the node's log, or where another process wrote
+    that copy, from the lines this follow read itself."""
+    own = follower.own_tail if follower is not None else None
+    return failure_in(node, state, own) if own is not None else failure_of(node, state, copy)
 
 
 class _Watch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from gpucluster import reports
@@ -28,6 +29,9 @@ from gpucluster.remote.session import Session
 FOLLOW_LIMIT_S = 30 * 24 * 3600.0  # a job may run for weeks; heartbeats catch dead nodes
 # A node's part of the job is over and nothing of it is left to write to its log.
 FINAL_STATES = ("exited", "stopped")
+# Where another gpucluster writes the copy, this follower's own last lines of the log
+# (enough for torchrun's report and the failing rank's last traceback).
+OWN_TAIL_LINES = 5000
 
 
 class NodeFollower:
@@ -56,6 +60,10 @@ class NodeFollower:
         self.state: NodeState | None = None
         self.state_said = ""  # the node's own words for it, kept with a final copy
         self.copy_cut = ""  # why the controller's copy of the log stopped short, if it did
+        # The log's last lines as this follower read them, kept where another process
+        # writes the copy (an attached launch stopped with Ctrl-Z while `jobs` reads a
+        # failure): that copy may be far behind the log.
+        self.own_tail: deque[str] | None = None
         # Followed live, a progress bar's draws are thinned for the caller; else each
         # line is passed on as the log has it.
         self.draws = BarDraws() if follow else None
@@ -101,7 +109,7 @@ class NodeFollower:
                 if kind == "times" and self.state is not None:
                     stamping = True
                     return
-                copy.write(line)
+                self._copy(copy, line)
                 self.lines += 1
                 if self.lines <= self.shown:  # passed on by the follow before this one
                     return
@@ -136,6 +144,15 @@ class NodeFollower:
                        ended=self.state_said if ended else "")
         self.copy_cut = copy.cut
         self.done.put((self.host.name, state))
+
+    def _copy(self, copy: LogCopy, line: str) -> None:
+        """Into the controller's copy; where another process writes it, into this
+        follower's own tail too."""
+        copy.write(line)
+        if copy.elsewhere:
+            if self.own_tail is None:
+                self.own_tail = deque(maxlen=OWN_TAIL_LINES)
+            self.own_tail.append(line)
 
     def _pass_on(self, shown: Shown) -> None:
         for rank, text in shown:

@@ -925,6 +925,9 @@ def test_a_node_stops_the_job_itself_while_its_attached_launch_is_stopped(
         states = {name: (node["state"], node["exit_code"]) for name, node in job["nodes"].items()}
         assert states["node3"] == ("exited", 1), states
         assert {states["node1"][0], states["node2"][0]} == {"stopped"}, states
+        # read from node3's log, not from the stopped launcher's copy of it (behind it)
+        job = gpucluster("jobs", "-i", inventory, "--json").json()["jobs"][-1]
+        assert job["first_failure"] == "rank 2 on node3: worker exit code 7", job
     finally:
         process.send_signal(signal.SIGCONT)
     code, _, stderr, _ = finish(process, 120)

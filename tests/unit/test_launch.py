@@ -956,6 +956,46 @@ def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
     assert len(shown) == len(lines) and shown[-1] == lines[-1].removeprefix("[0]:")
 
 
+def test_a_failure_is_read_from_the_log_itself_where_another_process_writes_the_copy(
+        tmp_path: Path) -> None:
+    """An attached launch stopped with Ctrl-Z holds the copy of a node's log, far behind
+    it; `jobs` reading the job's failure meanwhile took that copy for the log and noted
+    `node1: exited 1` for good. The follow now reads the failure from what it read."""
+    import fcntl
+    import shlex
+
+    from gpucluster.launch.failure import in_a_line
+    from gpucluster.launch.follow import follow
+    from gpucluster.remote.session import Session
+    from gpucluster.remote.ssh import SshOptions
+
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
+    loaded = inventory_module.load(inventory)
+    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+                                 jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
+    job = tmp_path / "node-jobs" / record.id / "node1"
+    job.mkdir(parents=True)
+    (job / "node.log").write_text(
+        "[2]:started\n[2]:Traceback (most recent call last):\n[2]:  File \"t.py\", line 3\n"
+        "[2]:ValueError: bad shard 7\nRoot Cause (first observed failure):\n[0]:\n"
+        "  time      : 2026-12-06_18:27:26\n  host      : node1\n"
+        "  rank      : 2 (local_rank: 0)\n  exitcode  : 1 (pid: 2183)\n")
+    (job / "exit_code").write_text("1 1700000000.0\n")
+    (job / "leader.pid").write_text("2147483647\n")  # beyond pid_max: ended
+    store = JobStore(tmp_path / ".gpucluster")
+    store.directory(record.id).mkdir(parents=True)
+    copy = store.node_log(record.id, "node1")
+    copy.write_text("[2]:started\n")  # the stopped launcher's, so far
+    with (copy.parent / "node1.copy-lock").open("ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as that launcher holds it
+        outcome = follow(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
+                         record, store, live=False, fail_fast=False, stop_on_interrupt=False)
+    assert copy.read_text() == "[2]:started\n"  # that one's to write
+    assert outcome.first_failure is not None
+    assert in_a_line(outcome.first_failure) == "rank 2 on node1: ValueError: bad shard 7"
+
+
 def test_the_line_stamper_ends_with_a_zombie_leader_and_stamps_every_line(
         tmp_path: Path) -> None:
     """start.sh's stamper: one stamp per line of node.log, lines written while it runs
@@ -1367,6 +1407,13 @@ def test_jobs_shows_the_first_failure_a_follow_named(tmp_path: Path) -> None:
     # Without a known cause, the rank's last error line says it.
     plain = dataclasses.replace(failure, cause=None)
     assert in_a_line(plain) == f"rank 1 on n2: {words}"
+    # Without an error line (a sys.exit), how the worker ended, else how the node did.
+    silent = dataclasses.replace(plain, rank_tail=("epoch 3",))
+    assert in_a_line(dataclasses.replace(silent, worker_exit=7)) == \
+        "rank 1 on n2: worker exit code 7"
+    assert in_a_line(dataclasses.replace(silent, worker_exit=-9)) == \
+        "rank 1 on n2: worker killed by signal 9 (SIGKILL)"
+    assert in_a_line(dataclasses.replace(silent, rank=None)) == "n2: exited 1"
     console = Console(width=200, record=True, file=io.StringIO())
     table = {r.id: {n: state for n in r.hosts} for r in (failed, other)}
     print_jobs(console, [failed, other], table, {}, noted)
