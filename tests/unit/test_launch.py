@@ -34,6 +34,7 @@ from gpucluster.launch.model import (
 from gpucluster.launch.request import check_request
 from gpucluster.launch.start import large_files_note, sync_summary
 from gpucluster.nproc import GpuCount, check_fit, check_nproc
+from gpucluster.remote.session import Session
 from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
 from tests.cli import gpucluster
 
@@ -913,16 +914,12 @@ def test_following_a_job_beats_and_ends_with_its_state_and_stamps(tmp_path: Path
     assert not list(job.glob(".nap*"))  # the fifo is gone
 
 
-def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
-        tmp_path: Path) -> None:
-    """The controller's disk full (here /dev/full, written through the copy's path): the
-    follower died of the copy's ENOSPC, its node's end never came, and launch waited
-    for ever while the job had ended. The follow ends with the node's state, every line
-    still handed on, and the copy said to be cut short."""
+def _job_on_this_machine(tmp_path: Path
+                         ) -> tuple[inventory_module.Inventory, Session, JobRecord, Path]:
+    """An inventory of node1 as this machine (connection: local), a session on it, a job
+    of node1 alone with its jobs dir under tmp_path, and node1's dir of that job (made)."""
     import shlex
 
-    from gpucluster.launch.follow import follow
-    from gpucluster.remote.session import Session
     from gpucluster.remote.ssh import SshOptions
 
     inventory = tmp_path / "c.yaml"
@@ -932,6 +929,18 @@ def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
                                  jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
     job = tmp_path / "node-jobs" / record.id / "node1"
     job.mkdir(parents=True)
+    return loaded, Session(loaded, SshOptions(tmp_path / "known_hosts")), record, job
+
+
+def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
+        tmp_path: Path) -> None:
+    """The controller's disk full (here /dev/full, written through the copy's path): the
+    follower died of the copy's ENOSPC, its node's end never came, and launch waited
+    for ever while the job had ended. The follow ends with the node's state, every line
+    still handed on, and the copy said to be cut short."""
+    from gpucluster.launch.follow import follow
+
+    loaded, session, record, job = _job_on_this_machine(tmp_path)
     lines = [f"[0]:line {i} " + "x" * 100 for i in range(2000)]  # past any write buffer
     (job / "node.log").write_text("".join(f"{line}\n" for line in lines))
     (job / "exit_code").write_text("0\n")
@@ -944,7 +953,7 @@ def test_a_copy_here_that_cannot_be_written_ends_the_follow_all_the_same(
     shown: list[str] = []
     ended: list[JobOutcome] = []
     following = threading.Thread(target=lambda: ended.append(follow(
-        Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded, record, store,
+        session, loaded, record, store,
         on_output=lambda _node, _rank, text: shown.append(text), live=False,
         fail_fast=False)), daemon=True)
     following.start()
@@ -962,20 +971,11 @@ def test_a_failure_is_read_from_the_log_itself_where_another_process_writes_the_
     it; `jobs` reading the job's failure meanwhile took that copy for the log and noted
     `node1: exited 1` for good. The follow now reads the failure from what it read."""
     import fcntl
-    import shlex
 
     from gpucluster.launch.failure import in_a_line
     from gpucluster.launch.follow import follow
-    from gpucluster.remote.session import Session
-    from gpucluster.remote.ssh import SshOptions
 
-    inventory = tmp_path / "c.yaml"
-    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
-    loaded = inventory_module.load(inventory)
-    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
-                                 jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
-    job = tmp_path / "node-jobs" / record.id / "node1"
-    job.mkdir(parents=True)
+    loaded, session, record, job = _job_on_this_machine(tmp_path)
     (job / "node.log").write_text(
         "[2]:started\n[2]:Traceback (most recent call last):\n[2]:  File \"t.py\", line 3\n"
         "[2]:ValueError: bad shard 7\nRoot Cause (first observed failure):\n[0]:\n"
@@ -989,8 +989,8 @@ def test_a_failure_is_read_from_the_log_itself_where_another_process_writes_the_
     copy.write_text("[2]:started\n")  # the stopped launcher's, so far
     with (copy.parent / "node1.copy-lock").open("ab") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as that launcher holds it
-        outcome = follow(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
-                         record, store, live=False, fail_fast=False, stop_on_interrupt=False)
+        outcome = follow(session, loaded, record, store, live=False, fail_fast=False,
+                         stop_on_interrupt=False)
     assert copy.read_text() == "[2]:started\n"  # that one's to write
     assert outcome.first_failure is not None
     assert in_a_line(outcome.first_failure) == "rank 2 on node1: ValueError: bad shard 7"
@@ -1463,7 +1463,6 @@ def test_jobs_says_which_nodes_a_failed_node_could_not_stop_and_why(tmp_path: Pa
 
     from gpucluster.cli.views.launch import jobs_payload, print_jobs
     from gpucluster.launch.control import states
-    from gpucluster.remote.session import Session
     from gpucluster.remote.ssh import SshOptions
 
     inventory = tmp_path / "c.yaml"
