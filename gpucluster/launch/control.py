@@ -100,24 +100,24 @@ def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],
     jobs_dirs = {r.jobs_dir for r in records}
 
     def ask(connection: Connection) -> tuple[list[str], list[str]]:
-        states, peers_left = [], []
+        state_lines, left_lines = [], []
         for jobs_dir in sorted(jobs_dirs):
             mine = [r for r in by_node[connection.host] if r.jobs_dir == jobs_dir]
             if mine:
                 output = connection.run(node_scripts.state_script(mine, connection.host,
                                                                   jobs_dir), timeout=30)
                 said = reports.by_kind(output.stdout)
-                states += said.get("job", [])
-                peers_left += said.get("peer-left", [])
-        return states, peers_left
+                state_lines += said.get("job", [])
+                left_lines += said.get("peer-left", [])
+        return state_lines, left_lines
 
     answers = session.map([inventory.host(n) for n in names], ask)
-    for node, (states, peers_left) in answers.values.items():
-        for line in states:
+    for node, (state_lines, left_lines) in answers.values.items():
+        for line in state_lines:
             job_id, _, rest = line.partition(" ")
             if job_id in table:
                 table[job_id][node] = parse_state(node, rest)
-        for line in peers_left:  # "JOB PEER WHY (gpucluster stop JOB ends it there)"
+        for line in left_lines:  # "JOB PEER WHY (gpucluster stop JOB ends it there)"
             job_id, peer, why = [*line.split(" ", 2), "", ""][:3]
             if node in table.get(job_id, {}):
                 state = table[job_id][node]
