@@ -66,7 +66,7 @@ def mesh_argument(inventory: Inventory, host: str, port: int) -> str | None:
     """GPC_MESH for `host`'s probe: the test port, the time limit and every other node's
     address; None where there is no pair of machines to test (one node, or every host
     this machine)."""
-    if len(inventory.hosts) < 2 or all(h.is_local for h in inventory.hosts):
+    if not inventory.has_machine_pairs:
         return None
     peers = [h.address for h in inventory.hosts if h.name != host]
     return " ".join([str(port), f"{MESH_TIMEOUT_S:g}", *peers])

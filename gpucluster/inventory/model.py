@@ -113,6 +113,12 @@ class Inventory:
         """The rendezvous host: the first host of the file."""
         return self.hosts[0]
 
+    @property
+    def has_machine_pairs(self) -> bool:
+        """Two hosts or more, not all of them this machine: something to test between
+        nodes (doctor's port mesh, its SSH ring)."""
+        return len(self.hosts) >= 2 and not all(h.is_local for h in self.hosts)
+
     def host(self, name: str) -> Host:
         for host in self.hosts:
             if host.name == name:

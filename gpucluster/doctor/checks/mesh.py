@@ -43,10 +43,9 @@ def _targets(context: Context) -> Iterator[_Target]:
 
 
 def _untested(context: Context, mine: PortMesh | None, seen: Mapping[str, str]) -> str | None:
-    hosts = context.inventory.hosts
     if mine is None:
         return ("not tested: a single node, or every host is this machine"
-                if len(hosts) < 2 or all(h.is_local for h in hosts)
+                if not context.inventory.has_machine_pairs
                 else "the port mesh did not run on this node")
     if mine.listen != "ok":
         why = "the port was in use there: run doctor again (it draws another)" \

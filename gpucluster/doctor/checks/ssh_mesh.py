@@ -27,10 +27,9 @@ WITHOUT_IT = "a node where a detached job (launch -d) fails cannot stop it on th
 def ring_peer(inventory: Inventory, host: str) -> str | None:
     """The node `host` logs in to: the next in the inventory, the last's the first; None
     where there is no pair of machines (one node, or every host this machine)."""
-    hosts = inventory.hosts
-    if len(hosts) < 2 or all(h.is_local for h in hosts):
+    if not inventory.has_machine_pairs:
         return None
-    names = [h.name for h in hosts]
+    names = [h.name for h in inventory.hosts]
     return names[(names.index(host) + 1) % len(names)]
 
 
