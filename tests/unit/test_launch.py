@@ -449,6 +449,66 @@ def test_a_watched_node_whose_torchrun_fails_waits_for_its_launchers_stop(
             assert (jobs / "node-2" / "stop_requested").exists()
 
 
+# torchrun as it stops: TERM is passed on to the worker's process group (a session of its
+# own), which it waits for; the worker notes each TERM, then "saves" for a second.
+_WORKER_STAND_IN = """
+import signal, sys, time
+def term(*_):
+    with open("terms", "a") as out: out.write("TERM\\n")
+    time.sleep(1)
+    with open("terms", "a") as out: out.write("saved\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open("ready", "w").close()
+time.sleep(60)
+"""
+_TORCHRUN_STAND_IN = """
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "worker.py"], start_new_session=True)
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+while worker.poll() is None and not stopping:
+    time.sleep(0.05)
+os.killpg(worker.pid, signal.SIGTERM)
+worker.wait(10)
+sys.exit(143)
+"""
+
+
+def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
+        tmp_path: Path) -> None:
+    """The stop TERMs torchrun, not its workers too: a worker TERMed twice ran its TERM
+    handler (a checkpoint save) a second time inside the first."""
+    import shlex
+    import sys
+
+    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+                                 code_dir=shlex.quote(str(tmp_path)))
+    (tmp_path / "worker.py").write_text(_WORKER_STAND_IN)
+    (tmp_path / "torchrun.py").write_text(_TORCHRUN_STAND_IN)
+    start = node_scripts.start_script(record, "node1", f"{sys.executable} torchrun.py",
+                                      "", False, None)
+    ran = subprocess.run(["sh", "-c", start], capture_output=True, text=True, timeout=20,
+                         check=True)
+    leader = int(ran.stdout.split("@@gpc started ")[1].split()[0])
+    try:
+        _wait_for((tmp_path / "ready").exists)
+        stop = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
+                              capture_output=True, text=True, timeout=20, check=True)
+        assert stop.stdout.split()[:3] == ["@@gpc", "stop", "term"], stop.stdout
+        assert stop.stdout.split()[4] == "-"  # nothing left
+        assert (tmp_path / "terms").read_text() == "TERM\nsaved\n"
+        exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
+        _wait_for(exit_code.exists)
+        assert exit_code.read_text().split()[0] == "143"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, 9)
+        for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
+            with contextlib.suppress(OSError):
+                Path(cgroup.read_text().strip()).rmdir()
+
+
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
         ) -> None:
     """A slow login only slows the start, and GPU counts that differ where the inventory
