@@ -1104,6 +1104,15 @@ FAKE_TORCHRUN = """#!/bin/sh
 echo "in container: $(hostname) pwd=$PWD args=$*"
 echo "marker=$GPUCLUSTER_JOB gloo=$GLOO_SOCKET_IFNAME"
 [ "$(hostname)" != "${FAKE_FAIL_ON:-}" ] || exit 3
+if [ -n "${FAKE_WORKER:-}" ]; then
+  # As torchrun: a worker in a session of its own, TERM passed on to its group (here a
+  # moment later) and waited for. The worker notes each TERM, then saves for a second.
+  setsid sh -c 'terms=0; trap "terms=\\$((terms + 1)); echo worker: TERM" TERM
+    while [ "$terms" = 0 ]; do sleep 0.1; done; sleep 1; echo "worker: saved"' &
+  worker=$!
+  trap 'sleep 0.3; kill -TERM -$worker; wait $worker; exit 143' TERM
+  wait $worker
+fi
 sleep "${FAKE_SLEEP:-0}"
 """
 
@@ -1148,13 +1157,19 @@ def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, proj
                          done.stdout, re.MULTILINE), done.stdout
 
     started = gpucluster("launch", "-i", str(inventory), "-d", "--container", "--env",
-                         "FAKE_SLEEP=300", "train.py", cwd=str(project))
+                         "FAKE_WORKER=1", "train.py", cwd=str(project))
     assert started.code == 0, started.stderr
     job = started.stdout.strip()
     running = gpucluster("run", "-i", str(inventory), "podman ps --format '{{.Names}}'")
     assert running.stdout.count(f"gpucluster-{job}") >= 1, running.stdout
     stopped = gpucluster("stop", "-i", str(inventory), job, "--grace", "5")
     assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+    # One TERM to each worker, from its torchrun (which the engine's stop TERMed): the
+    # stop TERMed the workers too, whose TERM handler (a checkpoint save) ran twice.
+    logs = gpucluster("logs", "-i", str(inventory), job).stdout
+    for node in cluster.nodes:
+        assert re.findall(rf"^\[{node}\] worker: (.*)$", logs, re.MULTILINE) == [
+            "TERM", "saved"], logs
     left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
     assert f"gpucluster-{job}" not in left.stdout
     assert job_processes(cluster) == {}
