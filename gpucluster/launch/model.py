@@ -70,7 +70,8 @@ LAUNCHER_STOP_WAIT_S = 30
 class NodeState:
     node: str
     # running, exited, stopped, lost, missing, unreachable; leftover: torchrun ended while
-    # processes of the job still ran there (its orphaned workers)
+    # processes of the job still ran there (its orphaned workers); stopping (`jobs`
+    # only): a stop asked for it and processes of it are still there
     state: str
     exit_code: int | None = None
     detail: str = ""

@@ -131,6 +131,9 @@ def _ended(session: Session, inventory: Inventory, store: JobStore,
         by_state = hostrange.hosts_by((s.state, n) for n, s in table[record.id].items())
         if "running" in by_state:
             skipped.append((record.id, f"running on {hostrange.fold(by_state['running'])}"))
+        elif "stopping" in by_state:
+            skipped.append((record.id, f"being stopped on "
+                                       f"{hostrange.fold(by_state['stopping'])}"))
         elif "leftover" in by_state:
             skipped.append((record.id, f"processes of it are left on "
                                        f"{hostrange.fold(by_state['leftover'])} (fix: "

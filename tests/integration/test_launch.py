@@ -1185,8 +1185,9 @@ def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, proj
         listed = gpucluster("jobs", "-i", str(inventory), "--json").json()["jobs"]
         nodes = next(j for j in listed if j["id"] == job)["nodes"]
         states = {name: (node["state"], node["exit_code"]) for name, node in nodes.items()}
-        # leftover: a stopped node's torchrun gone, its container still going away
-        if all(state not in ("running", "leftover") for state, _ in states.values()):
+        # stopping, or leftover: a stopped node's container still going away
+        if all(state not in ("running", "stopping", "leftover")
+               for state, _ in states.values()):
             break
         assert time.monotonic() < deadline, states
         time.sleep(1)

@@ -478,12 +478,26 @@ sys.exit(143)
 def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
         tmp_path: Path) -> None:
     """The stop TERMs torchrun, not its workers too: a worker TERMed twice ran its TERM
-    handler (a checkpoint save) a second time inside the first."""
+    handler (a checkpoint save) a second time inside the first. `jobs` meanwhile reads
+    the node as stopping, then stopped."""
     import shlex
     import sys
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+    from gpucluster.launch.control import states
+    from gpucluster.remote.ssh import SshOptions
+
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
+    loaded = inventory_module.load(inventory)
+    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+                                 jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
+
+    def state() -> tuple[str, int | None]:
+        found = states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
+                       [record])[record.id]["node1"]
+        return found.state, found.exit_code
+
     (tmp_path / "worker.py").write_text(_WORKER_STAND_IN)
     (tmp_path / "torchrun.py").write_text(_TORCHRUN_STAND_IN)
     start = node_scripts.start_script(record, "node1", f"{sys.executable} torchrun.py",
@@ -493,14 +507,19 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
     leader = int(ran.stdout.split("@@gpc started ")[1].split()[0])
     try:
         _wait_for((tmp_path / "ready").exists)
-        stop = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
-                              capture_output=True, text=True, timeout=20, check=True)
-        assert stop.stdout.split()[:3] == ["@@gpc", "stop", "term"], stop.stdout
-        assert stop.stdout.split()[4] == "-"  # nothing left
+        assert state() == ("running", None)
+        with subprocess.Popen(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
+                              stdout=subprocess.PIPE, text=True) as stopping:
+            _wait_for((tmp_path / "terms").exists)
+            assert state() == ("stopping", None)  # the worker saves for a second
+            said, _ = stopping.communicate(timeout=20)
+        assert said.split()[:3] == ["@@gpc", "stop", "term"], said
+        assert said.split()[4] == "-"  # nothing left
         assert (tmp_path / "terms").read_text() == "TERM\nsaved\n"
         exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
         _wait_for(exit_code.exists)
         assert exit_code.read_text().split()[0] == "143"
+        assert state() == ("stopped", 143)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, 9)
