@@ -22,8 +22,9 @@ _STOP_HINT = re.compile(r" ?\(gpucluster stop \S+ ends it there\)$")  # stop_pee
 def stop(session: Session, inventory: Inventory, record: JobRecord,
          grace_s: float = DEFAULT_GRACE_S,
          nodes: Sequence[str] | None = None) -> dict[str, StopResult]:
-    """TERM every process of the job on every node, KILL what is left after `grace_s`,
-    and report what was found and whether anything survived."""
+    """TERM the job on every node (its torchrun, which passes it on to its workers; what
+    outlives torchrun after it), KILL what is left after `grace_s`, and report what was
+    found and whether anything survived."""
     hosts = hosts_of(inventory, record, nodes)
 
     def stop_on(connection: Connection) -> StopResult:
