@@ -3,6 +3,7 @@ logs_cmd)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from gpucluster.launch.logsearch import LogFilter
     from gpucluster.launch.model import NodeState
 
+# A stop still under way this long is said to be waiting (its workers saving on TERM)
+STOP_NOTICE_AFTER_S = 2.0
 GraceOption = Annotated[float, typer.Option(
     "--grace", min=0, metavar="SECONDS", callback=finite,
     help="After TERM, how long processes get to exit before KILL.")]
@@ -285,8 +288,18 @@ def stop(
                                   f"{watcher}) did not end (fix: kill {watcher}, then stop "
                                   f"again)")
         stderr_console().print(f"gpucluster: ended the recovery supervisor (pid {watcher})")
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        results = stop_job(session, loaded, record, grace)
+    # Said where the stop takes a while: its workers may save until the grace is over
+    waiting = threading.Timer(STOP_NOTICE_AFTER_S, stderr_console().print, [
+        f"gpucluster: job {record.id}: waiting for it to end on "
+        f"{hostrange.fold(record.hosts)} (TERM sent to its torchrun; KILL to what is left "
+        f"{grace:g} s after it)"])
+    waiting.daemon = True
+    waiting.start()
+    try:
+        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+            results = stop_job(session, loaded, record, grace)
+    finally:
+        waiting.cancel()
     if json_output:
         common.print_json(stdout_console(), view.stop_payload(record, results))
     else:

@@ -475,29 +475,20 @@ sys.exit(143)
 """
 
 
-def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
-        tmp_path: Path) -> None:
-    """The stop TERMs torchrun, not its workers too: a worker TERMed twice ran its TERM
-    handler (a checkpoint save) a second time inside the first. `jobs` meanwhile reads
-    the node as stopping, then stopped."""
+@contextlib.contextmanager
+def _job_saving_on_term(tmp_path: Path
+                        ) -> Iterator[tuple[inventory_module.Inventory, JobRecord]]:
+    """A job started on this machine as node1 (`connection: local`) by the real start
+    script: the torchrun stand-in and its worker, which saves for a second on TERM.
+    Yields once the worker is ready."""
     import shlex
     import sys
 
-    from gpucluster.launch.control import states
-    from gpucluster.remote.ssh import SshOptions
-
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
-    loaded = inventory_module.load(inventory)
     record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
                                  jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
-
-    def state() -> tuple[str, int | None]:
-        found = states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
-                       [record])[record.id]["node1"]
-        return found.state, found.exit_code
-
     (tmp_path / "worker.py").write_text(_WORKER_STAND_IN)
     (tmp_path / "torchrun.py").write_text(_TORCHRUN_STAND_IN)
     start = node_scripts.start_script(record, "node1", f"{sys.executable} torchrun.py",
@@ -507,6 +498,29 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
     leader = int(ran.stdout.split("@@gpc started ")[1].split()[0])
     try:
         _wait_for((tmp_path / "ready").exists)
+        yield inventory_module.load(inventory), record
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, 9)
+        for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
+            with contextlib.suppress(OSError):
+                Path(cgroup.read_text().strip()).rmdir()
+
+
+def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
+        tmp_path: Path) -> None:
+    """The stop TERMs torchrun, not its workers too: a worker TERMed twice ran its TERM
+    handler (a checkpoint save) a second time inside the first. `jobs` meanwhile reads
+    the node as stopping, then stopped."""
+    from gpucluster.launch.control import states
+    from gpucluster.remote.ssh import SshOptions
+
+    with _job_saving_on_term(tmp_path) as (loaded, record):
+        def state() -> tuple[str, int | None]:
+            found = states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
+                           [record])[record.id]["node1"]
+            return found.state, found.exit_code
+
         assert state() == ("running", None)
         with subprocess.Popen(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                               stdout=subprocess.PIPE, text=True) as stopping:
@@ -520,12 +534,27 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
         _wait_for(exit_code.exists)
         assert exit_code.read_text().split()[0] == "143"
         assert state() == ("stopped", 143)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader, 9)
-        for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
-            with contextlib.suppress(OSError):
-                Path(cgroup.read_text().strip()).rmdir()
+
+
+def test_a_stop_that_takes_a_while_says_what_it_waits_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpucluster stop` of a job whose worker saves on TERM: a line on stderr once the
+    stop has taken a while (here 0.2 s), then the stop's own report."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import launch_cmd
+    from gpucluster.cli.main import app
+    from gpucluster.state import state_dir_for
+
+    monkeypatch.setattr(launch_cmd, "STOP_NOTICE_AFTER_S", 0.2)
+    with _job_saving_on_term(tmp_path) as (loaded, record):
+        JobStore(state_dir_for(loaded)).save(record)
+        result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
+                                          "--grace", "5"])
+    assert result.exit_code == 0, result.output
+    assert (f"gpucluster: job {record.id}: waiting for it to end on node1 (TERM sent to "
+            f"its torchrun; KILL to what is left 5 s after it)") in result.stderr
+    assert f"job {record.id} stopped: nothing of it is left on node1" in result.stdout
 
 
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
