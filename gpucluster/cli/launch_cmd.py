@@ -288,18 +288,19 @@ def stop(
                                   f"{watcher}) did not end (fix: kill {watcher}, then stop "
                                   f"again)")
         stderr_console().print(f"gpucluster: ended the recovery supervisor (pid {watcher})")
-    # Said where the stop takes a while: its workers may save until the grace is over
-    waiting = threading.Timer(STOP_NOTICE_AFTER_S, stderr_console().print, [
-        f"gpucluster: job {record.id}: waiting for it to end on "
-        f"{hostrange.fold(record.hosts)} (TERM sent to its torchrun; KILL to what is left "
-        f"{grace:g} s after it)"])
-    waiting.daemon = True
-    waiting.start()
-    try:
-        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        # Said where the stop takes a while (its workers may save until the grace is
+        # over); started once any password has been asked for
+        waiting = threading.Timer(STOP_NOTICE_AFTER_S, stderr_console().print, [
+            f"gpucluster: job {record.id}: waiting for it to end on "
+            f"{hostrange.fold(record.hosts)} (TERM sent to its torchrun; KILL to what is "
+            f"left {grace:g} s after it)"])
+        waiting.daemon = True
+        waiting.start()
+        try:
             results = stop_job(session, loaded, record, grace)
-    finally:
-        waiting.cancel()
+        finally:
+            waiting.cancel()
     if json_output:
         common.print_json(stdout_console(), view.stop_payload(record, results))
     else:
