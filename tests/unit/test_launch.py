@@ -37,6 +37,7 @@ from gpucluster.nproc import GpuCount, check_fit, check_nproc
 from gpucluster.remote.session import Session
 from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
 from tests.cli import gpucluster
+from tests.stand_ins import stand_in
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:
@@ -367,11 +368,8 @@ def _two_nodes_one_failing(tmp_path: Path, after_s: int = 0
     record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_ssh = bin_dir / "ssh"
-    fake_ssh.write_text('#!/bin/sh\nfor last; do :; done\necho "$@" >> "${0%/*}/calls"\n'
-                        'exec sh -c "$last"\n')
-    fake_ssh.chmod(0o755)
+    stand_in(bin_dir, "ssh", 'for last; do :; done\necho "$@" >> "${0%/*}/calls"\n'
+                             'exec sh -c "$last"\n')
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     leaders = []
     try:

@@ -22,6 +22,7 @@ from gpucluster.doctor.model import REGISTRY, Context, Status
 from gpucluster.doctor.rendezvous import Reachability
 from tests.cli import gpucluster
 from tests.processes import all_ended
+from tests.stand_ins import stand_in
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "h200"
 JOB = "20261204-164038-772e"  # the job running during the load capture
@@ -160,19 +161,15 @@ def test_top_samples_a_host_reached_without_ssh(tmp_path: Path, has_ip: bool) ->
     real = real_outputs("load")
     gpu_query = next(c for c in real if c.startswith("nvidia-smi --query-gpu=index,uuid,name")
                      and "clocks.current.sm" in c)
-    stand_in = tmp_path / "bin" / "nvidia-smi"
-    stand_in.parent.mkdir()
-    stand_in.write_text(
-        "#!/bin/sh\n"
-        f'case "$1" in --query-gpu=*) row={shlex.quote(real[gpu_query])};; *) row=;; esac\n'
-        'while :; do [ -n "$row" ] && printf "%s\\n" "$row"\n'
-        '  case "$*" in *-lms*) sleep 0.2;; *) exit 0;; esac\n'
-        'done\n')
-    stand_in.chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    stand_in(bin_dir, "nvidia-smi",
+             f'case "$1" in --query-gpu=*) row={shlex.quote(real[gpu_query])};; *) row=;; esac\n'
+             'while :; do [ -n "$row" ] && printf "%s\\n" "$row"\n'
+             '  case "$*" in *-lms*) sleep 0.2;; *) exit 0;; esac\n'
+             'done\n')
     # without ip: nothing on PATH but the stand-in and the sleep its loop needs
-    (stand_in.parent / "sleep").symlink_to(shutil.which("sleep") or "/bin/sleep")
-    path = f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}" if has_ip else \
-        str(stand_in.parent)
+    (bin_dir / "sleep").symlink_to(shutil.which("sleep") or "/bin/sleep")
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}" if has_ip else str(bin_dir)
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(f"cluster: {{python: {sys.executable}}}\nhosts: [localhost]\n")
     done = gpucluster("top", "-i", str(inventory), "--once", "--json", timeout=60,
