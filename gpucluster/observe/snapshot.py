@@ -9,11 +9,11 @@ from typing import Any
 
 from gpucluster import clock_events
 from gpucluster.observe.model import Gpu, GpuProcess, NodeSample
+from gpucluster.observe.slowest import IDLE_UTIL, Slowest, slowest_per_job
 from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.streams import ClusterStreams, stale_after
 
 SCHEMA = 1
-IDLE_UTIL = 5  # a GPU of a running job below this is idle (a straggler hint)
 
 
 @dataclass(frozen=True)
@@ -31,22 +31,10 @@ class NodeView:
             return None
         return gpu.ecc - self.ecc_base.get(gpu.uuid, gpu.ecc)
 
-    @property
-    def mean_util(self) -> float | None:
-        """Mean utilisation of the node's GPUs that run a process, or of all of them
-        where none does: idle GPUs beside a job would hide its pace (a job on 2 of 8
-        GPUs at 15% read 4%, beside another node's 25% on its 2)."""
-        if self.sample is None:
-            return None
-        sample = self.sample
-        working = [g for g in sample.gpus if sample.processes_on(g)]
-        utils = [g.util for g in working or sample.gpus if g.util is not None]
-        return sum(utils) / len(utils) if utils else None
-
 
 @dataclass(frozen=True)
 class Summary:
-    slowest: tuple[str, float] | None  # node, mean GPU utilisation (of 2+ nodes)
+    slowest: tuple[Slowest, ...]  # each job's least busy node, the slowest first
     busiest: tuple[str, str, int] | None  # node, interface, rx + tx bytes/s
     idle_in_jobs: tuple[tuple[str, int, str], ...]  # node, GPU, job
     busy_gpus: tuple[int, int] = (0, 0)  # GPUs at IDLE_UTIL or more, of all sampled
@@ -64,16 +52,13 @@ class Snapshot:
     @property
     def summary(self) -> Summary:
         fresh = [n for n in self.nodes if n.sample is not None and not n.stale]
-        utils = [(n.host, u) for n in fresh if (u := n.mean_util) is not None]
         links = [(n.host, name, rx + tx) for n in fresh if n.sample
                  for name, (rx, tx) in n.sample.rates.items() if rx + tx > 0]
-        # The slowest node matters when some GPUs work: among idle ones there is none.
-        busy = len(utils) > 1 and max(u for _, u in utils) >= IDLE_UTIL
         gpus = [g for n in fresh if n.sample for g in n.sample.gpus]
         working = sum(1 for g in gpus if g.util is not None and g.util >= IDLE_UTIL)
         slowed = tuple((n.host, g.index, tuple(g.slowdowns)) for n in fresh if n.sample
                        for g in n.sample.gpus if g.slowdowns)
-        return Summary(min(utils, key=lambda x: x[1]) if busy else None,
+        return Summary(slowest_per_job((n.host, n.sample) for n in fresh if n.sample),
                        max(links, key=lambda x: x[2]) if links else None,
                        tuple(_idle_in_jobs(fresh)), (working, len(gpus)), slowed)
 
@@ -99,6 +84,10 @@ def take(streams: ClusterStreams, slurm: QueuePoller | None = None) -> Snapshot:
     reading = slurm.reading() if slurm is not None else None
     return Snapshot(time.time(), streams.interval_s, tuple(views),
                     reading if reading is not None and reading.set_up else None)
+
+
+def _slowest_json(slowest: Slowest) -> dict[str, Any]:
+    return {"host": slowest.host, "util_pct": round(slowest.util), "job": slowest.job}
 
 
 def _process_json(process: GpuProcess) -> dict[str, Any]:
@@ -145,8 +134,8 @@ def to_json(snapshot: Snapshot) -> dict[str, Any]:
         "interval_s": snapshot.interval_s,
         "nodes": [node_json(n) for n in snapshot.nodes],
         "summary": {
-            "slowest_node": {"host": summary.slowest[0], "util_pct": round(summary.slowest[1])}
-            if summary.slowest else None,
+            "slowest_node": _slowest_json(summary.slowest[0]) if summary.slowest else None,
+            "slowest_nodes": [_slowest_json(s) for s in summary.slowest],
             "busiest_link": {"host": summary.busiest[0], "interface": summary.busiest[1],
                              "bytes_per_s": summary.busiest[2]} if summary.busiest else None,
             "idle_gpus_in_jobs": [{"host": h, "gpu": g, "job": j}

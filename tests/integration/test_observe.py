@@ -103,8 +103,10 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
                                     "mem_clock_mhz", "mem_temp_c", "mem_util_pct",
                                     "enc_util_pct", "dec_util_pct", "clock_events",
                                     "processes"}
-    assert set(snapshot["summary"]) == {"slowest_node", "busiest_link", "idle_gpus_in_jobs",
-                                        "slowed_gpus"}
+    assert set(snapshot["summary"]) == {"slowest_node", "slowest_nodes", "busiest_link",
+                                        "idle_gpus_in_jobs", "slowed_gpus"}
+    # The job runs on every node: only its own nodes are compared, under its name.
+    assert {s["job"] for s in snapshot["summary"]["slowest_nodes"]} <= {job}
     assert {(s["host"], s["gpu"], tuple(s["reasons"])) for s in
             snapshot["summary"]["slowed_gpus"]} == {("node3", g, ("hw_thermal",))
                                                      for g in range(GPUS)}

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpucluster.observe.exporter import ClusterCollector
 from gpucluster.observe.model import NodeSample, bus_key, parse_frame
+from gpucluster.observe.slowest import Slowest
 from gpucluster.observe.snapshot import NodeView, Snapshot, to_json
 from gpucluster.templating import template_dir
 from tests.cli import gpucluster
@@ -30,7 +31,8 @@ from tests.processes import all_ended
 JOB = "20261130-120000-abcd"
 
 
-def frame(util: tuple[int, ...] = (90, 3), rx: int = 1000, xid: list | None = None) -> str:
+def frame(util: tuple[int, ...] = (90, 3), rx: int = 1000, xid: list | None = None,
+          job: str | None = JOB, foreign: bool = True) -> str:
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100", "bus_id":
              f"00000000:{0x18 + i:02X}:00.0", "util": u, "mem_used": 100 * (i + 1),
              "mem_total": 81559, "temp": 40, "power": 70.5, "ecc": 2,
@@ -39,12 +41,12 @@ def frame(util: tuple[int, ...] = (90, 3), rx: int = 1000, xid: list | None = No
 
             for i, u in enumerate(util)]
     processes = [{"gpu_uuid": "GPU-0", "pid": 11, "used_mib": 100, "user": "root",
-                  "state": "S", "readable": True, "job": JOB, "rank": 2, "local_rank": 0},
+                  "state": "S", "readable": True, "job": job, "rank": 2, "local_rank": 0},
                  {"gpu_uuid": "GPU-1", "pid": 12, "used_mib": 200, "user": "root",
-                  "state": "R", "readable": True, "job": JOB, "rank": 3, "local_rank": 1},
+                  "state": "R", "readable": True, "job": job, "rank": 3, "local_rank": 1},
                  {"gpu_uuid": "GPU-1", "pid": 99, "used_mib": 50, "user": "alice",
                   "state": "S", "readable": False, "job": None, "rank": None,
-                  "local_rank": None}]
+                  "local_rank": None}][:3 if foreign else 2][:None if job else 0]
     return json.dumps({"t": 1.0, "interface": "eth0", "rates": {"eth0": [rx, 2 * rx],
                                                                "mlx5_0/1": [0, 0]},
                        "load": [1.5, 1, 1], "cpus": 16, "error": "", "gpus": gpus,
@@ -74,25 +76,54 @@ def test_the_summary_names_the_slowest_node_the_busiest_link_and_idle_job_gpus()
     snapshot = Snapshot(0.0, 1.0, (view("node1", busy), view("node2", slow),
                                    view("node3", None, stale=True)))
     summary = snapshot.summary
-    assert summary.slowest == ("node2", 21.0)
+    # Per job: the job's GPUs (node2's 40% and 2%), and alice's process of no known job
+    # on GPU 1 of both nodes (node2's 2%), the slowest first.
+    assert summary.slowest == (Slowest("node2", 2.0, None), Slowest("node2", 21.0, JOB))
     assert summary.busiest == ("node2", "eth0", 15000)
     assert summary.idle_in_jobs == (("node2", 1, JOB),)  # 2% while its job runs
     idle = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((0, 0), rx=0))),
                                view("node2", parse_frame(frame((1, 0), rx=0)))))
-    assert idle.summary.slowest is None and idle.summary.busiest is None  # nothing works
+    assert idle.summary.slowest == () and idle.summary.busiest is None  # nothing works
     assert summary.busy_gpus == (3, 4) and idle.summary.busy_gpus == (0, 4)
     # A job on 2 of 8 GPUs per node: judged on those 2, not diluted by 6 idle ones
     # (node1 read 4% beside node2's 28%, where its job's GPUs ran at 15%).
-    job_on_two = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((15, 15, *[0] * 6)))),
-                                     view("node2", parse_frame(frame((25, 25, *[0] * 6))))))
-    assert job_on_two.summary.slowest == ("node1", 15.0)
+    job_on_two = Snapshot(0.0, 1.0, tuple(
+        view(host, parse_frame(frame((util, util, *[0] * 6), foreign=False)))
+        for host, util in (("node1", 15), ("node2", 25))))
+    assert job_on_two.summary.slowest == (Slowest("node1", 15.0, JOB),)
+
+
+def test_a_node_is_compared_only_with_the_other_nodes_of_its_own_job() -> None:
+    from gpucluster.cli.views.top import summary_line
+
+    other = "20261130-120500-f00d"
+
+    def node(host: str, util: tuple[int, ...], job: str | None) -> NodeView:
+        return view(host, parse_frame(frame(util, job=job, foreign=False)))
+
+    # node5 runs nothing: it read as the slowest node at 0% beside the jobs' nodes.
+    idle = node("node5", (0, 0), None)
+    one_job = Snapshot(0.0, 1.0, (node("node1", (90, 80), JOB), node("node2", (60, 50), JOB),
+                                  idle))
+    assert one_job.summary.slowest == (Slowest("node2", 55.0, JOB),)
+    assert "| slowest node: node2 (55% GPU) |" in summary_line(one_job).plain
+    # Two jobs on nodes of their own: each job's slowest node, the slowest first.
+    two_jobs = Snapshot(0.0, 1.0, (*one_job.nodes[:2], node("node3", (20, 10), other),
+                                   node("node4", (30, 30), other), idle))
+    assert two_jobs.summary.slowest == (Slowest("node3", 15.0, other),
+                                        Slowest("node2", 55.0, JOB))
+    assert "| slowest nodes: node3 (15% GPU, f00d), node2 (55% GPU, abcd) |" in \
+        summary_line(two_jobs).plain
+    # A job on one node has nothing to be slower than.
+    alone = Snapshot(0.0, 1.0, (node("node1", (90, 80), JOB), node("node3", (20, 10), other)))
+    assert alone.summary.slowest == () and "slowest" not in summary_line(alone).plain
 
 
 def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
     from gpucluster.cli.views.top import summary_line
 
     alone = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((65, 50), rx=0))),))
-    assert alone.summary.slowest is None and alone.summary.busiest is None
+    assert alone.summary.slowest == () and alone.summary.busiest is None
     assert summary_line(alone).plain == "2/2 GPUs busy"  # not "no GPU activity"
     none = Snapshot(0.0, 1.0, (view("node1", None, stale=True),))
     assert summary_line(none).plain == "no GPUs sampled | stale: node1"
@@ -496,6 +527,13 @@ def test_top_shows_a_line_per_node_when_a_line_per_gpu_would_not_fit() -> None:
     assert f"{JOB.rsplit('-', 1)[1]} ranks 2-3" in node1 and JOB not in node1, node1
     assert "eth0" in node1  # the link keeps a third
     assert max(len(line) for line in table) <= 80
+    # One rank on a node is `rank 2`, not `ranks 2`.
+    one_rank = json.loads(frame((95, 3), foreign=False))
+    del one_rank["processes"][1]
+    console = Console(width=240, height=25, record=True, file=io.StringIO())
+    console.print(render(Snapshot(0.0, 1.0, (view("node1", parse_frame(json.dumps(one_rank))),)),
+                         console, compact=True))
+    assert f"{JOB} rank 2 " in console.export_text(), console.export_text()
     # GPUs that keep no ECC count (a GeForce's [N/A]) show none, not 0 errors.
     no_ecc = json.loads(frame((5, 6)))
     for gpu in no_ecc["gpus"]:

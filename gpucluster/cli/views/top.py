@@ -11,6 +11,7 @@ from rich.text import Text
 from gpucluster import clock_events, hostrange
 from gpucluster.hostrange import spans
 from gpucluster.observe.model import GpuProcess, NodeSample
+from gpucluster.observe.slowest import Slowest
 from gpucluster.observe.slurm_queue import QueueReading
 from gpucluster.observe.snapshot import NodeView, Snapshot
 
@@ -34,7 +35,7 @@ def summary_line(snapshot: Snapshot) -> Text:
     # Always first: on one node, or before the rates of a second frame, it may be alone.
     parts = [f"{busy}/{sampled} GPUs busy" if sampled else "no GPUs sampled"]
     if summary.slowest:
-        parts.append(f"slowest node: {summary.slowest[0]} ({summary.slowest[1]:.0f}% GPU)")
+        parts.append(_slowest_part(summary.slowest))
     if summary.busiest:
         host, interface, total = summary.busiest
         parts.append(f"busiest link: {host} {interface} {rate(total)}")
@@ -55,6 +56,23 @@ def summary_line(snapshot: Snapshot) -> Text:
                      f"--ask-sudo-pass where sudo asks a password, passwordless sudo, or "
                      f"sysctl kernel.dmesg_restrict=0)")
     return Text(" | ".join(parts), style="bold")
+
+
+def _slowest_part(slowest: tuple[Slowest, ...]) -> str:
+    """`slowest node: node3 (12% GPU)`; with several jobs, one per job, each named as
+    the narrow view names it: `slowest nodes: node4 (10% GPU, 82e9), node2 (15% GPU,
+    f511)`."""
+    if len(slowest) == 1:
+        return f"slowest node: {slowest[0].host} ({slowest[0].util:.0f}% GPU)"
+    return "slowest nodes: " + ", ".join(
+        f"{s.host} ({s.util:.0f}% GPU, {_short_job(s.job) if s.job else 'foreign'})"
+        for s in slowest)
+
+
+def _short_job(job: str) -> str:
+    """A gpucluster job's id by its last part (`bd46`: gpucluster stop takes a unique
+    part); `slurm-12` whole."""
+    return job if job.startswith("slurm-") else job.rsplit("-", 1)[-1]
 
 
 def _slowed_parts(slowed: tuple[tuple[str, int, tuple[str, ...]], ...]) -> list[str]:
@@ -169,9 +187,9 @@ def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
         else:
             ranks.setdefault(process.job, set()).update(
                 [process.rank] if process.rank is not None else [])
-    names = {job: job.rsplit("-", 1)[-1] if short else job for job in ranks}
-    parts = [f"{names[job]} ranks {spans(sorted(held))}" if held else names[job]
-             for job, held in ranks.items()]
+    names = {job: _short_job(job) if short else job for job in ranks}
+    parts = [f"{names[job]} {'rank' if len(held) == 1 else 'ranks'} {spans(sorted(held))}"
+             if held else names[job] for job, held in ranks.items()]
     parts += [f"slurm-{job}" for job in slurm]
     return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
 
