@@ -575,3 +575,38 @@ def test_every_provision_step_says_what_it_does_as_it_begins() -> None:
     lines = [phase_line(step) for step in STEP_NAMES]  # a new step without words: KeyError
     assert lines[0].startswith("parity: ") and "torch" in lines[0]
     assert "hosts: /etc/hosts block: every node's name -> its cluster address" in lines
+
+
+def test_the_jobs_table_keeps_each_state_on_its_jobs_line_in_80_columns() -> None:
+    """A column of full start dates (the id's own date and time again) left the state
+    18 columns in an 80-column terminal: `running:` over `node[1-2]`, and a failure in
+    seven lines. The start is now an age."""
+    from gpucluster.cli.views.launch import print_jobs
+    from gpucluster.launch.jobs import JobRecord
+    from gpucluster.launch.model import NodeState
+
+    started = time.time() - 300
+    record = JobRecord(time.strftime("%Y%m%d-%H%M%S-f511", time.localtime(started)),
+                       "train.py", ["--epochs", "400", "--step-delay", "0.05"],
+                       ["node1", "node2"], "/w/proj", "/w/jobs", started,
+                       {"node1": 1, "node2": 1})
+    states = {record.id: {n: NodeState(n, "running") for n in record.hosts}}
+    text = _text(lambda console: print_jobs(console, [record], states, {}, {}), width=80)
+    line = next(line for line in text.splitlines() if record.id in line)
+    assert re.search(r"\b5m ago .*running: node\[1-2\]", line), text
+
+
+def test_a_table_keeps_long_words_whole_where_they_fit_and_never_crops_them() -> None:
+    run_id = "20261206-061848-cd8a"
+    row = ("20261206-061927-3054", "train.py --epochs 10 --step-delay 0.05",
+           "1h ago", f"exited 0: node[1-2]; attempt 2 of run {run_id}")
+    text = _text(lambda console: common.print_table(console, "jobs", ("job", "command",
+                                                                      "started", "state"),
+                                                    [row]), width=80)
+    assert run_id in text, text  # rich had folded it over two lines (`-cd8` and `a`)
+    # Words wider than the terminal leaves room for fold, rather than cropping the table.
+    word = "x" * 30
+    text = _text(lambda console: common.print_table(console, "t", ("a", "b", "c"),
+                                                    [("key", word, word)]), width=50)
+    assert max(len(line) for line in text.splitlines()) <= 50
+    assert text.count("x") == 60, text

@@ -106,13 +106,24 @@ def table_fits(console: Console, key_width: int, labels: Sequence[str],
                                for label in labels) <= console.width
 
 
+_WHOLE_WORD = 30  # the longest word print_table keeps whole by widening its column
+
+
 def print_table(console: Console, title: str, columns: Sequence[str],
                 rows: Sequence[Sequence[str]]) -> None:
     table = Table(title=title)
+    # The key column stays whole; in the others a word too long for the column (a run's
+    # job id) folds rather than losing its end to an ellipsis, and only where the
+    # terminal leaves no room for it: each column is at least as wide as its longest
+    # word (up to _WHOLE_WORD) where they all fit, else rich narrowed the state column
+    # below a run's id while the command beside it kept room to spare.
+    widest = [min(max((len(w) for row in rows for w in row[index].split()), default=0),
+                  _WHOLE_WORD) for index in range(len(columns))]
+    key = max((len(row[0]) for row in rows), default=0)
+    fits = key + sum(widest[1:]) + 3 * len(columns) + 1 <= console.width
     for index, column in enumerate(columns):
-        # The key column stays whole; in the others a word too long for the column (a
-        # run's job id) folds rather than losing its end to an ellipsis.
-        table.add_column(column, no_wrap=index == 0, overflow="fold")
+        table.add_column(column, no_wrap=index == 0, overflow="fold",
+                         min_width=widest[index] if fits and index else None)
     for row in rows:
         table.add_row(*row)
     console.print(table)

@@ -23,7 +23,7 @@ from gpucluster.launch.model import (
     NodeState,
     StopResult,
 )
-from gpucluster.wording import counted
+from gpucluster.wording import ago, counted
 
 
 def failure_cause(failure: FirstFailure) -> str:
@@ -170,7 +170,7 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
                supervisors: Mapping[str, int | None], failures: Mapping[str, str]) -> None:
     from gpucluster.cli.views.common import print_table
 
-    rows = []
+    rows, now = [], time.time()
     for record in records:
         states = {node: table[record.id].get(node) for node in record.hosts}
         # No state: this inventory does not list the node, or lists another machine by its
@@ -188,9 +188,10 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
             summary += f"\nfirst failure: {printable(failures[record.id])}"
         if not supervisors.get(record.id) and (half := _failed_while_running(record, states)):
             summary += f"\n{half}"
+        # `5m ago`: the id already says when (its local date and time), and a column of
+        # full dates left an 80-column terminal a state column 18 wide, folding each state
         rows.append((record.id, record.command(),
-                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at)),
-                     summary))
+                     f"{ago(max(0.0, now - record.started_at))} ago", summary))
     print_table(console, "jobs", ("job", "command", "started", "state"), rows)
 
 
