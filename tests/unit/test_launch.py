@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tarfile
 import threading
@@ -450,13 +451,14 @@ def test_a_watched_node_whose_torchrun_fails_waits_for_its_launchers_stop(
 # torchrun as it stops: TERM is passed on to the worker's process group (a session of its
 # own), which it waits for; the worker notes each TERM, then "saves" for a second.
 _WORKER_STAND_IN = """
-import signal, sys, time
+import os, signal, sys, time
 def term(*_):
     with open("terms", "a") as out: out.write("TERM\\n")
     time.sleep(1)
     with open("terms", "a") as out: out.write("saved\\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)
+with open("worker.pid", "w") as out: out.write(str(os.getpid()))
 open("ready", "w").close()
 time.sleep(60)
 """
@@ -553,6 +555,74 @@ def test_a_stop_that_takes_a_while_says_what_it_waits_for(
     assert (f"gpucluster: job {record.id}: waiting for it to end on node1 (TERM sent to "
             f"its torchrun; KILL to what is left 5 s after it)") in result.stderr
     assert f"job {record.id} stopped: nothing of it is left on node1" in result.stdout
+
+
+def test_the_leaders_own_commands_after_torchrun_outlive_a_stray_term(tmp_path: Path) -> None:
+    """A stop that comes as torchrun ends TERMs the leader's children at its first look:
+    once that was the leader's `mv` of the exit code (a CI run), and the node's exit code
+    was never written. Here an `mv` that takes a second gets TERM meanwhile."""
+    import shlex
+    import sys
+
+    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+                                 jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+                                 code_dir=shlex.quote(str(tmp_path)))
+    (tmp_path / "torchrun.py").write_text("import sys, time\ntime.sleep(0.5)\nsys.exit(3)\n")
+    slow = tmp_path / "bin"
+    stand_in(slow, "mv", f"case \"$*\" in *exit_code*) touch "
+                         f"{shlex.quote(str(tmp_path / 'moving'))}; sleep 1;; esac\n"
+                         f"exec {shutil.which('mv')} \"$@\"\n")
+    start = node_scripts.start_script(record, "node1", f"{sys.executable} torchrun.py",
+                                      "", False, None)
+    ran = subprocess.run(["sh", "-c", start], capture_output=True, text=True, timeout=20,
+                         check=True, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"})
+    leader = int(ran.stdout.split("@@gpc started ")[1].split()[0])
+    try:
+        _wait_for((tmp_path / "moving").exists)
+        children = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat")
+                    if _parent(stat) == leader]
+        assert children  # the slow mv
+        for child in children:
+            os.kill(child, signal.SIGTERM)
+        exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
+        _wait_for(exit_code.exists)
+        assert exit_code.read_text().split()[0] == "3"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, 9)
+
+
+def _parent(stat: Path) -> int | None:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_a_stop_that_finds_nothing_of_the_job_leaves_its_state_as_it_was(
+        tmp_path: Path) -> None:
+    """Nothing of the job left to stop (its leader killed before the stop came): the node
+    reads `lost` as before the stop, not `stopped`, and the stop says it found nothing.
+    The stop used to mark the node stopped before it looked for the job's processes, so
+    a leader that wrote its exit code in between read `stopped` beside the stop's
+    `had already ended`."""
+    from gpucluster.launch.control import states
+    from gpucluster.remote.ssh import SshOptions
+
+    with _job_saving_on_term(tmp_path) as (loaded, record):
+        def state() -> str:
+            return states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
+                          [record])[record.id]["node1"].state
+
+        leader = int((tmp_path / "jobs" / record.id / "node1" / "leader.pid").read_text())
+        os.killpg(leader, signal.SIGKILL)  # the wrapper and torchrun: no exit code written
+        worker = int((tmp_path / "worker.pid").read_text())
+        os.kill(worker, signal.SIGKILL)
+        _wait_for(lambda: state() == "lost")
+        said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
+                              capture_output=True, text=True, timeout=20, check=True).stdout
+        assert said.split()[:4] == ["@@gpc", "stop", "none", "0"], said
+        assert state() == "lost"
 
 
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
