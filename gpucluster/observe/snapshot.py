@@ -9,7 +9,7 @@ from typing import Any
 
 from gpucluster import clock_events
 from gpucluster.observe.model import Gpu, GpuProcess, NodeSample
-from gpucluster.observe.slowest import IDLE_UTIL, Slowest, slowest_per_job
+from gpucluster.observe.slowest import IDLE_UTIL, Slowest, job_of, slowest_per_job
 from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.streams import ClusterStreams, stale_after
 
@@ -68,7 +68,8 @@ def _idle_in_jobs(nodes: list[NodeView]) -> list[tuple[str, int, str]]:
     for node in nodes:
         assert node.sample is not None
         for gpu in node.sample.gpus:
-            jobs = {p.job for p in node.sample.processes_on(gpu) if p.job}
+            # a Slurm job's too, as `slurm-12`: the exporter's idle-GPU alert covers both
+            jobs = {job for p in node.sample.processes_on(gpu) if (job := job_of(p))}
             if jobs and gpu.util is not None and gpu.util < IDLE_UTIL:
                 idle.append((node.host, gpu.index, sorted(jobs)[0]))
     return idle

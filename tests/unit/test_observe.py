@@ -81,6 +81,12 @@ def test_the_summary_names_the_slowest_node_the_busiest_link_and_idle_job_gpus()
     assert summary.slowest == (Slowest("node2", 2.0, None), Slowest("node2", 21.0, JOB))
     assert summary.busiest == ("node2", "eth0", 15000)
     assert summary.idle_in_jobs == (("node2", 1, JOB),)  # 2% while its job runs
+    # A Slurm job's idle GPU is named too, as logs and stop name it.
+    slurm = json.loads(frame((40, 2), foreign=False))
+    for process in slurm["processes"]:
+        process.update(job=None, rank=None, slurm_job="12")
+    in_slurm = Snapshot(0.0, 1.0, (view("node1", parse_frame(json.dumps(slurm))),))
+    assert in_slurm.summary.idle_in_jobs == (("node1", 1, "slurm-12"),)
     idle = Snapshot(0.0, 1.0, (view("node1", parse_frame(frame((0, 0), rx=0))),
                                view("node2", parse_frame(frame((1, 0), rx=0)))))
     assert idle.summary.slowest == () and idle.summary.busiest is None  # nothing works
