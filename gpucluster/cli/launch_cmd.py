@@ -38,7 +38,7 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 from gpucluster.inventory import Inventory
 
 if TYPE_CHECKING:
-    from gpucluster.launch.jobs import JobStore
+    from gpucluster.launch.jobs import JobRecord, JobStore
     from gpucluster.launch.logsearch import LogFilter
     from gpucluster.launch.model import NodeState
 
@@ -201,7 +201,8 @@ def _shown_ranks(text: str | None, detach: bool) -> LogFilter | None:
 def jobs(
     inventory: InventoryOption = None,
     limit: Annotated[int, typer.Option("--last", "-n", min=1, metavar="N",
-                                       help="Show this many of the newest jobs.")] = 10,
+                                       help="Show this many of the newest jobs (and any older "
+                                            "one still running).")] = 10,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
@@ -212,26 +213,27 @@ def jobs(
     from concurrent.futures import ThreadPoolExecutor
 
     from gpucluster.cli import slurm_jobs
-    from gpucluster.launch.control import states
+    from gpucluster.launch.control import listing
     from gpucluster.launch.supervisor import supervisor_of
     from gpucluster.launch.unread_failures import note_unread
     from gpucluster.slurm.queue import QueuedJob, queue, set_up_from_here
 
     loaded = load_inventory(inventory)
     store = job_store(loaded)
-    records = store.records(newest=limit)
+    records: list[JobRecord] = []
+    supervisors: dict[str, int | None] = {}
     ask_slurm = set_up_from_here(loaded)
     table: dict[str, dict[str, NodeState]] = {}
     queued: list[QueuedJob] | None = None
     slurm_failed = ""
-    supervisors = {r.id: supervisor_of(store, r.id) for r in records}
-    if records or ask_slurm:
+    if store.ids() or ask_slurm:
         # squeue runs while the nodes are asked about our jobs. The session closes first,
         # so Ctrl-C ends a running squeue rather than waiting for it.
         with ThreadPoolExecutor(1) as beside, open_session(
                 loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             asked = beside.submit(queue, session, loaded, True) if ask_slurm else None
-            table = states(session, loaded, records, copies=store) if records else {}
+            records, table = listing(session, loaded, store, limit)
+            supervisors = {r.id: supervisor_of(store, r.id) for r in records}
             # a supervised job's attempts note their own
             note_unread(session, loaded, store, [r for r in records if not supervisors[r.id]],
                         table)

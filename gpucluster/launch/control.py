@@ -17,6 +17,7 @@ from gpucluster.remote.connection import Connection
 from gpucluster.remote.session import Session
 
 _STOP_HINT = re.compile(r" ?\(gpucluster stop \S+ ends it there\)$")  # stop_peers.sh's
+PRESENT = ("running", "stopping", "leftover")  # states with processes of the job there
 
 
 def stop(session: Session, inventory: Inventory, record: JobRecord,
@@ -79,6 +80,23 @@ def hosts_of(inventory: Inventory, record: JobRecord,
         raise GpuclusterError(f"job {record.id} cannot be reached through this inventory: "
                               f"{'; '.join(away.values())} (fix: {record.started_with()})")
     return [inventory.host(n) for n in wanted]
+
+
+def listing(session: Session, inventory: Inventory, store: JobStore, newest: int
+            ) -> tuple[list[JobRecord], dict[str, dict[str, NodeState]]]:
+    """`jobs`' list, oldest first, with each job's state: the `newest` jobs, and any
+    older one with processes still on a node, which would otherwise drop off the list
+    behind newer jobs while it trains for days (nothing but `top` showed it then). The
+    older ones are asked in the same round trip, and only where no final copy of their
+    log here says how they ended."""
+    records = store.records()
+    if not records:
+        return [], {}
+    cut = max(0, len(records) - newest)
+    table = states(session, inventory, records, copies=store)
+    shown = [r for r in records[:cut]
+             if any(s.state in PRESENT for s in table[r.id].values())] + records[cut:]
+    return shown, {r.id: table[r.id] for r in shown}
 
 
 def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],
