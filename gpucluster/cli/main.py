@@ -26,6 +26,7 @@ from gpucluster.cli import (
     run_cmd,
     sandbox_cmd,
     smoke_cmd,
+    stop_cmd,
     top_cmd,
 )
 from gpucluster.cli.options import ScriptCommand
@@ -70,7 +71,7 @@ app.command("smoke")(smoke_cmd.smoke)
 app.command("launch", cls=ScriptCommand)(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
 app.command("logs")(logs_cmd.logs)
-app.command("stop")(launch_cmd.stop)
+app.command("stop")(stop_cmd.stop)
 app.command("prune")(prune_cmd.prune)
 app.command("top")(top_cmd.top)
 app.command("exporter")(top_cmd.exporter)

@@ -99,6 +99,15 @@ def listing(session: Session, inventory: Inventory, store: JobStore, newest: int
     return shown, {r.id: table[r.id] for r in shown}
 
 
+def running_besides(session: Session, inventory: Inventory, store: JobStore, job_id: str
+                    ) -> dict[str, list[str]]:
+    """The other recorded jobs with processes still on a node: id -> those nodes."""
+    others = [r for r in store.records() if r.id != job_id]
+    table = states(session, inventory, others, copies=store) if others else {}
+    running = {r.id: [n for n, s in table[r.id].items() if s.state in PRESENT] for r in others}
+    return {job: nodes for job, nodes in running.items() if nodes}
+
+
 def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],
            copies: JobStore | None = None) -> dict[str, dict[str, NodeState]]:
     """job id -> node -> state, one round trip per node for all jobs. With `copies`, a

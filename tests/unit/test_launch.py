@@ -546,11 +546,11 @@ def test_a_stop_that_takes_a_while_says_what_it_waits_for(
     stop has taken a while (here 0.2 s), then the stop's own report."""
     from typer.testing import CliRunner
 
-    from gpucluster.cli import launch_cmd
+    from gpucluster.cli import stop_cmd
     from gpucluster.cli.main import app
     from gpucluster.state import state_dir_for
 
-    monkeypatch.setattr(launch_cmd, "STOP_NOTICE_AFTER_S", 0.2)
+    monkeypatch.setattr(stop_cmd, "STOP_NOTICE_AFTER_S", 0.2)
     with _job_saving_on_term(tmp_path) as (loaded, record):
         JobStore(state_dir_for(loaded)).save(record)
         result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
@@ -655,6 +655,29 @@ def test_jobs_lists_an_older_job_that_still_runs_beside_the_newest(tmp_path: Pat
         subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                        capture_output=True, timeout=20, check=True)
         assert listed() == [job.id for job in newer[-10:]]
+
+
+def test_a_stop_of_the_newest_job_that_had_ended_names_an_older_one_still_running(
+        tmp_path: Path) -> None:
+    """`gpucluster stop` without JOB stops the newest job; where that one had already
+    ended while an older one runs on, the line names the older one and how to stop it,
+    and leaves it running."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+    from gpucluster.state import state_dir_for
+
+    with _job_saving_on_term(tmp_path) as (loaded, record):
+        store = JobStore(state_dir_for(loaded))
+        store.save(record)
+        newest = dataclasses.replace(record, id="20261129-130000-beef")  # ended long ago
+        store.save(newest)
+        result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path)])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.split() == (
+            f"job {newest.id} had already ended: nothing of it is left on node1; job "
+            f"{record.id} still runs on node1: gpucluster stop {record.id} ends it").split()
+        assert not (tmp_path / "terms").exists()  # the older job was not touched
 
 
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(

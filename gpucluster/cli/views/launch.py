@@ -139,10 +139,11 @@ def stopped_cleanly(results: Mapping[str, StopResult]) -> bool:
 
 def print_stopped(console: Console, record: JobRecord,
                   results: Mapping[str, StopResult], by_supervisor: bool = False,
-                  newest_of_several: bool = False) -> None:
+                  still_running: Mapping[str, Sequence[str]] | None = None) -> None:
     """A line per node that could not confirm; one summary line when all could.
     `by_supervisor`: its recovery supervisor, ended first, had stopped the job.
-    `newest_of_several`: no job was named, and others are recorded (one may run)."""
+    `still_running`: no job was named and the newest had ended: the other jobs that
+    still run (id -> nodes)."""
     for node, result in sorted(results.items()):
         if not result.confirmed:
             left = f" {counted(len(result.left), 'process', 'processes')} left: " \
@@ -153,8 +154,9 @@ def print_stopped(console: Console, record: JobRecord,
         found = sum(r.found for r in results.values())
         killed = [n for n, r in results.items() if r.how == "kill"]
         if found == 0 and not by_supervisor:  # "stopped" would claim what did not happen
-            others = "; it is the newest job: another is stopped by its id (gpucluster " \
-                "jobs lists them and their states)" if newest_of_several else ""
+            others = "".join(f"; job {job} still runs on {hostrange.fold(list(nodes))}: "
+                             f"gpucluster stop {job} ends it"
+                             for job, nodes in (still_running or {}).items())
             console.print(f"job {record.id} had already ended: nothing of it is left on "
                           f"{hostrange.fold(list(results))}{others}")
             return
