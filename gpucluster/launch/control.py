@@ -3,6 +3,7 @@ KILL) with confirmation that nothing of it is left."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from gpucluster.remote.session import Session
 
 _STOP_HINT = re.compile(r" ?\(gpucluster stop \S+ ends it there\)$")  # stop_peers.sh's
 PRESENT = ("running", "stopping", "leftover")  # states with processes of the job there
+SEEN_ENDED = "seen-ended"  # in a job's directory here: its leader had ended on every node
 
 
 def stop(session: Session, inventory: Inventory, record: JobRecord,
@@ -93,19 +95,38 @@ def listing(session: Session, inventory: Inventory, store: JobStore, newest: int
     if not records:
         return [], {}
     cut = max(0, len(records) - newest)
-    table = states(session, inventory, records, copies=store)
-    shown = [r for r in records[:cut]
-             if any(s.state in PRESENT for s in table[r.id].values())] + records[cut:]
+    older = [r for r in records[:cut] if not (store.directory(r.id) / SEEN_ENDED).exists()]
+    table = states(session, inventory, older + records[cut:], copies=store)
+    _note_ended(store, older, table)
+    shown = [r for r in older if _present(table[r.id])] + records[cut:]
     return shown, {r.id: table[r.id] for r in shown}
 
 
 def running_besides(session: Session, inventory: Inventory, store: JobStore, job_id: str
                     ) -> dict[str, list[str]]:
     """The other recorded jobs with processes still on a node: id -> those nodes."""
-    others = [r for r in store.records() if r.id != job_id]
+    others = [r for r in store.records()
+              if r.id != job_id and not (store.directory(r.id) / SEEN_ENDED).exists()]
     table = states(session, inventory, others, copies=store) if others else {}
-    running = {r.id: [n for n, s in table[r.id].items() if s.state in PRESENT] for r in others}
-    return {job: nodes for job, nodes in running.items() if nodes}
+    _note_ended(store, others, table)
+    return {r.id: nodes for r in others if (nodes := _present(table[r.id]))}
+
+
+def _present(found: dict[str, NodeState]) -> list[str]:
+    return [node for node, state in found.items() if state.state in PRESENT]
+
+
+def _note_ended(store: JobStore, records: Sequence[JobRecord],
+                table: dict[str, dict[str, NodeState]]) -> None:
+    """Marks each job whose leader has ended on every node asked (exited or stopped; not
+    `missing` or `lost`, which a job still starting reads for a moment): a job never
+    runs again, so its nodes need not be asked whether it does, whichever node is down
+    since. Else an old `launch -d` never followed was asked on every `jobs`."""
+    for record in records:
+        found = table[record.id].values()
+        if found and all(s.state in ("exited", "stopped") for s in found):
+            with contextlib.suppress(OSError):  # a full disk: asked again next time
+                (store.directory(record.id) / SEEN_ENDED).touch()
 
 
 def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],

@@ -629,14 +629,26 @@ def test_a_stop_that_finds_nothing_of_the_job_leaves_its_state_as_it_was(
         assert state() == "lost"
 
 
-def test_jobs_lists_an_older_job_that_still_runs_beside_the_newest(tmp_path: Path) -> None:
+def test_jobs_lists_an_older_job_that_still_runs_beside_the_newest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`jobs` shows the newest 10: a run that trained for days behind 11 newer jobs
     dropped off the list while it ran. An older job with processes on a node is listed
-    too, and only while it has."""
+    too, and only while it has; once seen ended everywhere, its nodes are not asked
+    about it again."""
     from typer.testing import CliRunner
 
     from gpucluster.cli.main import app
+    from gpucluster.launch import control
     from gpucluster.state import state_dir_for
+
+    asked: list[list[str]] = []
+    real_states = control.states
+
+    def states(*args: object, **kwargs: object) -> object:
+        asked.append([r.id for r in args[2]])  # type: ignore[attr-defined]
+        return real_states(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(control, "states", states)
 
     with _job_saving_on_term(tmp_path) as (loaded, record):
         store = JobStore(state_dir_for(loaded))
@@ -654,7 +666,10 @@ def test_jobs_lists_an_older_job_that_still_runs_beside_the_newest(tmp_path: Pat
         assert listed() == [record.id] + [job.id for job in newer[-10:]]
         subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                        capture_output=True, timeout=20, check=True)
+        _wait_for((tmp_path / "jobs" / record.id / "node1" / "exit_code").exists)
         assert listed() == [job.id for job in newer[-10:]]
+        assert record.id in asked[-1]  # seen stopped: not asked again
+        assert listed() == [job.id for job in newer[-10:]] and record.id not in asked[-1]
 
 
 def test_a_stop_of_the_newest_job_that_had_ended_names_an_older_one_still_running(
