@@ -89,8 +89,8 @@ def listing(session: Session, inventory: Inventory, store: JobStore, newest: int
     """`jobs`' list, oldest first, with each job's state: the `newest` jobs, and any
     older one with processes still on a node, which would otherwise drop off the list
     behind newer jobs while it trains for days (nothing but `top` showed it then). The
-    older ones are asked in the same round trip, and only where no final copy of their
-    log here says how they ended."""
+    older ones are asked in the same round trip, and only until they are seen ended
+    (`_note_ended`) or a final copy of their log here says how they ended."""
     records = store.records()
     if not records:
         return [], {}
