@@ -95,7 +95,7 @@ def listing(session: Session, inventory: Inventory, store: JobStore, newest: int
     if not records:
         return [], {}
     cut = max(0, len(records) - newest)
-    older = [r for r in records[:cut] if not (store.directory(r.id) / SEEN_ENDED).exists()]
+    older = _not_seen_ended(store, records[:cut])
     table = states(session, inventory, older + records[cut:], copies=store)
     _note_ended(store, older, table)
     shown = [r for r in older if _present(table[r.id])] + records[cut:]
@@ -105,11 +105,14 @@ def listing(session: Session, inventory: Inventory, store: JobStore, newest: int
 def running_besides(session: Session, inventory: Inventory, store: JobStore, job_id: str
                     ) -> dict[str, list[str]]:
     """The other recorded jobs with processes still on a node: id -> those nodes."""
-    others = [r for r in store.records()
-              if r.id != job_id and not (store.directory(r.id) / SEEN_ENDED).exists()]
+    others = _not_seen_ended(store, [r for r in store.records() if r.id != job_id])
     table = states(session, inventory, others, copies=store) if others else {}
     _note_ended(store, others, table)
     return {r.id: nodes for r in others if (nodes := _present(table[r.id]))}
+
+
+def _not_seen_ended(store: JobStore, records: Sequence[JobRecord]) -> list[JobRecord]:
+    return [r for r in records if not (store.directory(r.id) / SEEN_ENDED).exists()]
 
 
 def _present(found: dict[str, NodeState]) -> list[str]:
