@@ -3,7 +3,6 @@ KILL) with confirmation that nothing of it is left."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -19,7 +18,6 @@ from gpucluster.remote.session import Session
 
 _STOP_HINT = re.compile(r" ?\(gpucluster stop \S+ ends it there\)$")  # stop_peers.sh's
 PRESENT = ("running", "stopping", "leftover")  # states with processes of the job there
-SEEN_ENDED = "seen-ended"  # in a job's directory here: its leader had ended on every node
 
 
 def stop(session: Session, inventory: Inventory, record: JobRecord,
@@ -112,7 +110,7 @@ def running_besides(session: Session, inventory: Inventory, store: JobStore, job
 
 
 def _not_seen_ended(store: JobStore, records: Sequence[JobRecord]) -> list[JobRecord]:
-    return [r for r in records if not (store.directory(r.id) / SEEN_ENDED).exists()]
+    return [r for r in records if not store.seen_ended(r.id)]
 
 
 def _present(found: dict[str, NodeState]) -> list[str]:
@@ -128,8 +126,7 @@ def _note_ended(store: JobStore, records: Sequence[JobRecord],
     for record in records:
         found = table[record.id].values()
         if found and all(s.state in ("exited", "stopped") for s in found):
-            with contextlib.suppress(OSError):  # a full disk: asked again next time
-                (store.directory(record.id) / SEEN_ENDED).touch()
+            store.note_seen_ended(record.id)
 
 
 def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],

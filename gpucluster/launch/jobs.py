@@ -3,6 +3,7 @@ per node, so `jobs`, `logs` and `stop` work from any later shell."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -75,6 +76,7 @@ def new_job_id(now: float | None = None) -> str:
 
 
 FAILURE_NOTE = "first-failure.txt"
+SEEN_ENDED = "seen-ended"  # in a job's directory: its torchrun was seen ended everywhere
 
 
 class JobStore:
@@ -103,6 +105,16 @@ class JobStore:
         temporary = path.with_name(f"{FAILURE_NOTE}.tmp")
         temporary.write_text(summary + "\n", encoding="utf-8")
         temporary.replace(path)
+
+    def note_seen_ended(self, job_id: str) -> None:
+        """The job's torchrun was seen ended on every node: a job never runs again, so
+        `jobs` need not ask its nodes whether it still does (a full disk: asked again)."""
+        if self.directory(job_id).is_dir():  # pruned meanwhile: nothing to note it in
+            with contextlib.suppress(OSError):
+                (self.directory(job_id) / SEEN_ENDED).touch()
+
+    def seen_ended(self, job_id: str) -> bool:
+        return (self.directory(job_id) / SEEN_ENDED).exists()
 
     def noted_failure(self, job_id: str) -> str | None:
         try:
