@@ -9,6 +9,7 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,18 @@ class JobRecord:
         return self.checkpoint_dir or f"{self.jobs_dir}/../checkpoints/{self.id}"
 
 
-def new_job_id(now: float | None = None) -> str:
+def new_job_id(now: float | None = None, taken: Iterable[str] = ()) -> str:
+    """YYYYmmdd-HHMMSS-xxxx. The last part is random (two controllers' jobs started in
+    one second differ on the nodes) and, where `taken` has ids of the same second, above
+    theirs: ids sort by start, so "the newest" is the last started, not the larger draw."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return f"{stamp}-{secrets.token_hex(2)}"
+    above = max((int(i[-4:], 16) for i in taken
+                 if JOB_ID.fullmatch(i) and i.startswith(f"{stamp}-")), default=-1) + 1
+    if above > 0xFFFF:  # a second's ids used up to ffff: unsortable, still unique-ish
+        return f"{stamp}-{secrets.token_hex(2)}"
+    # The second's first draw keeps the upper half free for the ones after it.
+    span = 0x8000 if above == 0 else min(0x800, 0x10000 - above)
+    return f"{stamp}-{above + secrets.randbelow(span):04x}"
 
 
 FAILURE_NOTE = "first-failure.txt"
@@ -87,6 +97,10 @@ class JobStore:
 
     def directory(self, job_id: str) -> Path:
         return self.root / job_id
+
+    def new_id(self, now: float | None = None) -> str:
+        """A new job's id, sorting after every job recorded here (see new_job_id)."""
+        return new_job_id(now, self.ids())
 
     def save(self, record: JobRecord) -> Path:
         directory = self.directory(record.id)

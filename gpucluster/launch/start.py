@@ -18,7 +18,7 @@ from gpucluster.errors import GpuclusterError, Interrupted
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts, outside_slurm, workdir
 from gpucluster.launch.control import stop
-from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
+from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
 from gpucluster.launch.preflight import checks_for, mesh_warning, preflight, refusing
 from gpucluster.launch.request import check_request, gpus_found
@@ -157,7 +157,7 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
     note = large_files_note({n: s.plan for n, s in plans.items()})
     if note is not None:
         phase(note)
-    job_id = new_job_id()
+    job_id = store.new_id()
     record = JobRecord(
         id=job_id, script=script, args=list(request.args),
         hosts=[h.name for h in inventory.hosts], code_dir=code_dir,

@@ -24,7 +24,7 @@ from gpucluster import inventory as inventory_module
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch import node_scripts, workdir
 from gpucluster.launch.failure import failure_of
-from gpucluster.launch.jobs import JobRecord, JobStore, new_job_id
+from gpucluster.launch.jobs import JOB_ID, JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import (
     FirstFailure,
     JobOutcome,
@@ -202,6 +202,22 @@ def test_a_file_that_vanishes_before_the_shared_tar_is_made_starts_and_stops_not
                         str(refused.value)), str(refused.value)
     assert stops == []
     assert not store.directory(record.id).exists()
+
+
+def test_jobs_started_in_one_second_sort_by_their_start(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    started = []
+    for _ in range(40):  # a random last part alone puts the later one first half the time
+        started.append(store.new_id(1_800_000_000))
+        store.save(JobRecord(started[-1], "train.py", [], ["n1"], "/srv/p", "/srv/jobs",
+                             0.0, {"n1": 1}))
+        assert store.load(None).id == started[-1]
+    assert store.ids() == started
+    assert len({i[-4:] for i in started}) == 40
+    assert all(JOB_ID.fullmatch(store.new_id(t)) for t in (1_800_000_000, 1_800_000_001))
+    # A second's ids used up to ffff (another controller's, say): still a well-formed id.
+    full = f"{started[0][:-4]}ffff"
+    assert JOB_ID.fullmatch(new_job_id(1_800_000_000, [full]))
 
 
 def test_job_store_finds_jobs_by_id_part_and_newest(tmp_path: Path) -> None:
