@@ -129,8 +129,9 @@ def launch(
     loaded = load_inventory(inventory, hosts, group)
     image = chosen_image(loaded, image, container)
     secrets = _secret_env(secret_env or [])
+    job_env = {**parse_env(env or [], from_shell=True), **secrets}
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
-                            nproc_per_node, max_restarts, {**parse_env(env or []), **secrets},
+                            nproc_per_node, max_restarts, job_env,
                             image, debug=debug, secret_env=frozenset(secrets),
                             module=module, stop_peers_grace_s=grace,
                             stop_peers_after_s=0 if detach else LAUNCHER_STOP_WAIT_S)
@@ -281,10 +282,16 @@ def _secret_env(names: list[str]) -> dict[str, str]:
     return env
 
 
-def parse_env(pairs: list[str]) -> dict[str, str]:
+def parse_env(pairs: list[str], from_shell: bool = False) -> dict[str, str]:
+    """--env NAME=VALUE pairs; `from_shell`: the command has --secret-env, which a bare
+    NAME (docker's -e NAME, the value from this shell) is pointed to."""
     env = {}
     for pair in pairs:
         name, equals, value = pair.partition("=")
+        if from_shell and not equals and is_env_name(name):
+            raise GpuclusterError(f"--env {name}: expected NAME=VALUE (fix: --secret-env "
+                                  f"{name} passes ${name} from this shell, its value never "
+                                  f"written down; or --env {name}=VALUE)")
         if not equals or not is_env_name(name):
             raise GpuclusterError(f"--env {pair!r}: expected NAME=VALUE, NAME of ASCII "
                                   f"letters, digits and _ (fix: e.g. --env NCCL_DEBUG=INFO)")

@@ -920,6 +920,12 @@ def test_launch_input_errors_are_one_line(tmp_path: Path) -> None:
         assert bad_env.stderr == (f"gpucluster: error: --env {pair!r}: expected NAME=VALUE, "
                                   f"NAME of ASCII letters, digits and _ (fix: e.g. --env "
                                   f"NCCL_DEBUG=INFO)\n")
+    bare = gpucluster("launch", "-i", str(inventory), "--env", "HF_TOKEN", "train.py",
+                      cwd=str(tmp_path))  # docker's -e NAME: the value from this shell
+    assert bare.code == 2
+    assert bare.stderr == ("gpucluster: error: --env HF_TOKEN: expected NAME=VALUE (fix: "
+                           "--secret-env HF_TOKEN passes $HF_TOKEN from this shell, its value "
+                           "never written down; or --env HF_TOKEN=VALUE)\n")
     missing = gpucluster("launch", "-i", str(inventory), "nope.py", cwd=str(tmp_path))
     assert missing.code == 2 and "Traceback" not in missing.stderr
     assert re.fullmatch(r"gpucluster: error: nope\.py: no such file in \S+ \(fix: .*\)\n",
