@@ -24,6 +24,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED
+from gpucluster.launch.jobs import JobStore
 from gpucluster.wording import counted, size
 
 
@@ -95,5 +96,19 @@ def bundle(
     err.print(f"bundle {target}: {size(archive_bytes)} from "
               f"{counted(len(collected.nodes), 'node')} in {collected.duration_s:.1f}s"
               f"{partial}; start with its SUMMARY.md")
+    hint = None if job is not None else newest_job_hint(store)
+    if hint is not None:
+        err.print(escape(hint), highlight=False)
     if lost:
         raise typer.Exit(EXIT_FAILED)
+
+
+def newest_job_hint(store: JobStore) -> str | None:
+    """Without JOB the archive has no job's logs, which a bug report about the job that
+    just failed needs most: say so, and how to add the newest's."""
+    ids = store.ids()
+    if not ids:
+        return None
+    failure = store.noted_failure(ids[-1])
+    return (f"no job's logs in it; gpucluster bundle last adds those of the newest job, "
+            f"{ids[-1]}{f' (failed: {failure})' if failure else ''}")

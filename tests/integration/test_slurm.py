@@ -163,6 +163,10 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     bundled = gpucluster("bundle", "-i", str(cluster.inventory), "-w", "node1", "-o",
                          str(archive))
     assert bundled.code == 0, bundled.stderr
+    # No job asked for: the line after says how to add the one just run.
+    hello = re.search(r"starting job (\S+) ", launched.stderr)[1]  # type: ignore[index]
+    assert bundled.stderr.endswith("no job's logs in it; gpucluster bundle last adds those of "
+                                   f"the newest job, {hello}\n"), bundled.stderr
     with tarfile.open(archive) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("node1/slurm.txt"))
         slurm_txt = tar.extractfile(member).read().decode()  # type: ignore[union-attr]

@@ -355,3 +355,19 @@ def test_a_job_file_past_the_limit_arrives_as_its_end_and_is_named(
     (job / "node.log").write_text("fits\n")
     files = collect._collect_on(LocalConnection("localhost"), script, None).files
     assert files["job/node.log"] == b"fits\n" and "job/CUT.txt" not in files
+
+
+def test_a_bundle_without_job_names_the_newest_and_its_failure(tmp_path: Path) -> None:
+    from gpucluster.cli.bundle_cmd import newest_job_hint
+    from gpucluster.launch.jobs import JobStore
+
+    store = JobStore(tmp_path)
+    assert newest_job_hint(store) is None  # no job recorded: nothing to add
+    for job_id in ("20261207-031700-0a00", "20261207-031713-3c39"):
+        store.save(JobRecord(job_id, "fail.py", [], ["node4"], "/c", "/j", 0.0, {"node4": 1}))
+    assert newest_job_hint(store) == ("no job's logs in it; gpucluster bundle last adds "
+                                      "those of the newest job, 20261207-031713-3c39")
+    store.note_failure("20261207-031713-3c39", "rank 3 on node4: exited 1")
+    assert newest_job_hint(store) == ("no job's logs in it; gpucluster bundle last adds "
+                                      "those of the newest job, 20261207-031713-3c39 "
+                                      "(failed: rank 3 on node4: exited 1)")
