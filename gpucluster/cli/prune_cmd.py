@@ -55,6 +55,7 @@ def prune(
     from gpucluster.slurm.queue import set_up_from_here
 
     age_s = core.parse_age(older_than)
+    older_than = core.age_words(older_than)
     loaded = load_inventory(inventory)
     store = job_store(loaded)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:

@@ -21,8 +21,9 @@ from gpucluster.numerals import is_number
 
 TIMES_SUFFIX = ".times"  # beside each node's log: one stamp per line, from the node
 ROTATED_SUFFIX = ".1"  # the older half of a node's log once it passed its share of the cap
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_DURATION = re.compile(rf"(?:{_DURATION_PART.pattern})+")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class LogLine(NamedTuple):  # a tuple: made for each of millions of lines, twice as fast
@@ -64,9 +65,12 @@ class LogFilter:
 
 
 def duration_s(text: str) -> float | None:
-    """`30s`, `10m`, `2h`, `1d` (or `1.5d`) in seconds; None for anything else."""
-    duration = _DURATION.fullmatch(text.strip())
-    return float(duration.group(1)) * _UNIT_S[duration.group(2)] if duration else None
+    """`30s`, `10m`, `2h`, `1d` (or `1.5d`), `2w`, and sums such as `2h30m`, in seconds;
+    None for anything else."""
+    if not _DURATION.fullmatch(text.strip()):
+        return None
+    return sum(float(number) * _UNIT_S[unit]
+               for number, unit in _DURATION_PART.findall(text.strip()))
 
 
 def parse_when(text: str, option: str, now: float | None = None) -> float:

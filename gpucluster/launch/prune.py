@@ -26,13 +26,22 @@ from gpucluster.templating import render
 
 PRUNE_TIMEOUT_S = 300.0  # sizing and rm of the jobs' checkpoints: large, but bounded
 def parse_age(text: str) -> float:
-    """`7d`, `12h`, `30m`, `90s`, `0` (every ended job); a bare number is days."""
-    seconds = duration_s(text) if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text.strip()) \
-        else float(text) * 86400
+    """`7d`, `12h`, `30m`, `90s`, `2w`, `1d12h`, `0` (every ended job); a bare number is
+    days."""
+    seconds = duration_s(text) if not _bare_number(text) else float(text) * 86400
     if seconds is None:
-        raise GpuclusterError(f"--older-than {text!r}: not an age (fix: a number with d, h, "
-                              f"m or s, e.g. 7d or 12h; 0 for every ended job)")
+        raise GpuclusterError(f"--older-than {text!r}: not an age (fix: a number with w, d, "
+                              f"h, m or s, e.g. 7d, 12h or 1d12h; 0 for every ended job)")
     return seconds
+
+
+def age_words(text: str) -> str:
+    """The age as the lines about it say it: a bare number with its unit, days."""
+    return f"{text.strip()}d" if _bare_number(text) else text.strip()
+
+
+def _bare_number(text: str) -> bool:
+    return re.fullmatch(r"[0-9]+(\.[0-9]+)?", text.strip()) is not None
 
 
 @dataclass(frozen=True)

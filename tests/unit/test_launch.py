@@ -1598,11 +1598,14 @@ def test_recovery_bounds_nccl_waits() -> None:
 
 
 def test_prune_ages_read_as_a_user_writes_them() -> None:
-    from gpucluster.launch.prune import parse_age
+    from gpucluster.launch.prune import age_words, parse_age
 
     assert [parse_age(t) for t in ("7d", "12h", "30m", "90s", "0", "1.5d", "2")] == \
         [7 * 86400, 12 * 3600, 1800, 90, 0, 1.5 * 86400, 2 * 86400]
-    for bad in ("7x", "-1d", "", "d"):
+    assert [parse_age(t) for t in ("2w", "1d12h", "2h30m", "1h1h")] == \
+        [14 * 86400, 36 * 3600, 9000, 7200]  # weeks, and sums as Go's durations write them
+    assert [age_words(t) for t in ("7", "7d", "0", " 2h30m")] == ["7d", "7d", "0d", "2h30m"]
+    for bad in ("7x", "-1d", "", "d", "2h 30m", "h2", "1d-2h"):
         with pytest.raises(GpuclusterError, match="not an age"):
             parse_age(bad)
 

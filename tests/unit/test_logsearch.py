@@ -111,6 +111,8 @@ def test_since_and_until_take_durations_and_local_times() -> None:
     now = datetime.datetime(2026, 11, 30, 14, 0, 0).timestamp()
     assert parse_when("10m", "--since", now) == now - 600
     assert parse_when("1.5h", "--since", now) == now - 5400
+    assert parse_when("1h30m", "--since", now) == now - 5400
+    assert parse_when("1w", "--since", now) == now - 7 * 86400
     assert parse_when("13:05", "--since", now) == now - 55 * 60
     # A time of day still to come is yesterday's: at 00:10, 23:50 is 20 minutes ago
     after_midnight = datetime.datetime(2026, 12, 1, 0, 10, 0).timestamp()
