@@ -29,7 +29,7 @@ from gpucluster.cli import (
     stop_cmd,
     top_cmd,
 )
-from gpucluster.cli.options import ScriptCommand
+from gpucluster.cli.options import CommandWords, ScriptCommand
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.errors import GpuclusterError
 from gpucluster.lossy_output import take_unwatched_streams
@@ -64,7 +64,7 @@ app = typer.Typer(
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(sandbox_cmd.app, name="sandbox")
 app.add_typer(export_cmd.app, name="export")
-app.command("run")(run_cmd.run)
+app.command("run", cls=CommandWords, context_settings=run_cmd.RUN_CONTEXT)(run_cmd.run)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.command("smoke")(smoke_cmd.smoke)

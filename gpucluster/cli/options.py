@@ -178,7 +178,7 @@ class ScriptCommand(TyperCommand):
             return super().parse_args(ctx, args)
         except Exception as error:  # click's NoSuchOption, from whichever click typer has
             option = getattr(error, "option_name", None)
-            script = self._script_at(given)
+            script = first_word(self, given)
             if option and script is not None and option in given[script + 1:]:
                 error.message = (  # type: ignore[attr-defined]
                     f"No such option: {option} (fix: the script's own options go after --: "
@@ -186,15 +186,50 @@ class ScriptCommand(TyperCommand):
                 error.possibilities = None  # type: ignore[attr-defined]
             raise
 
-    def _script_at(self, args: list[str]) -> int | None:
-        """Where SCRIPT is among `args`: the first word that is no option nor an option's
-        value; None before a `--`."""
-        valued = {name for param in self.params if param.param_type_name == "option"
-                  and not (getattr(param, "is_flag", False) or getattr(param, "count", False))
-                  for name in (*param.opts, *param.secondary_opts)}
-        at = 0
-        while at < len(args) and args[at] != "--":
-            if not args[at].startswith("-"):
-                return at
-            at += 2 if args[at] in valued else 1
-        return None
+
+
+class CommandWords(TyperCommand):
+    """`run`'s COMMAND...: the words from the first that is no option of ours are the
+    command's (click told not to read options among them), as with ssh and pdsh. One of
+    our options among them was meant as ours by someone who puts options last, as
+    `run 'rm -rf /tmp/x' -w node1` was read before: run everywhere, it would do what was
+    asked of node1 on every node. Refused, in one line; after `--` they are the command's."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        start = first_word(self, args)
+        if start is not None:
+            ours = option_names(self)
+            clash = next((word for word in args[start + 1:]
+                          if word in ours or word.partition("=")[0] in ours), None)
+            if clash is not None:
+                import shlex
+
+                from gpucluster.errors import GpuclusterError
+
+                path = ctx.command_path
+                raise GpuclusterError(
+                    f"{path}: {clash} after the command would be the command's, yet it is "
+                    f"one of our options (fix: ours go before the command, {path} {clash} "
+                    f"... {shlex.quote(args[start])} ...; for the command's own {clash}, "
+                    f"put -- before the command or quote it whole)")
+        return super().parse_args(ctx, args)
+
+
+def option_names(command: Any) -> set[str]:
+    """Every spelling of a click command's options: --hosts, -w..."""
+    return {name for param in command.params if param.param_type_name == "option"
+            for name in (*param.opts, *param.secondary_opts)}
+
+
+def first_word(command: Any, args: list[str]) -> int | None:
+    """Where the first word among a click command's `args` is that is no option nor an
+    option's value (launch's SCRIPT, run's COMMAND); None before a `--`."""
+    valued = {name for param in command.params if param.param_type_name == "option"
+              and not (getattr(param, "is_flag", False) or getattr(param, "count", False))
+              for name in (*param.opts, *param.secondary_opts)}
+    at = 0
+    while at < len(args) and args[at] != "--":
+        if not args[at].startswith("-"):
+            return at
+        at += 2 if args[at] in valued else 1
+    return None

@@ -26,10 +26,16 @@ from gpucluster.cli.views import common
 from gpucluster.cli.views import run as run_view
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 
+# Everything from the first word that is no option of ours is the command's, as with ssh
+# and pdsh: `gpucluster run nvidia-smi -L` runs `nvidia-smi -L` (it was "No such option").
+RUN_CONTEXT = {"allow_interspersed_args": False}
+
 
 def run(
-    command: Annotated[str, typer.Argument(
-        metavar="COMMAND", help="Shell command, run by /bin/sh on each host.")],
+    words: Annotated[list[str], typer.Argument(
+        metavar="COMMAND...", help="Shell command, run by /bin/sh on each host: one quoted "
+                                   "word, or its words, joined with spaces as ssh joins "
+                                   "them; the options go before it.")],
     inventory: InventoryOption = None,
     hosts: HostsOption = None,
     group: GroupOption = None,
@@ -50,6 +56,7 @@ def run(
     """Run COMMAND on every host (or a selection); identical outputs are folded.
 
     The inventory's `cluster.env` is exported first, as it is for jobs."""
+    command = " ".join(words)
     if not command.strip():
         raise GpuclusterError("COMMAND is empty: nothing would run (fix: quote the whole "
                               "command, e.g. gpucluster run 'nvidia-smi -L')")

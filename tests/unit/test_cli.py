@@ -130,6 +130,23 @@ def test_run_on_localhost_needs_no_ssh(tmp_path: Path) -> None:
     result = gpucluster("run", "-i", str(path), "--json", "echo hi")
     assert result.code == 0
     assert result.json()["hosts"][0]["stdout"] == "hi\n"
+    # The command's words, as ssh and pdsh take them: options of ours go before it.
+    words = gpucluster("run", "-i", str(path), "--json", "echo", "-n", "hi", "-L")
+    assert words.code == 0, words.stderr
+    assert words.json()["hosts"][0]["stdout"] == "hi -L"
+    assert words.json()["command"] == "echo -n hi -L"
+    # One of ours after the command was meant as ours: refused, not run everywhere.
+    for late in ("-w", "--hosts=node1"):
+        meant = gpucluster("run", "-i", str(path), "touch", str(tmp_path / "ran"), late,
+                           "node1")
+        assert meant.code == 2 and not (tmp_path / "ran").exists()
+        assert meant.stderr == (
+            f"gpucluster: error: gpucluster run: {late} after the command would be the "
+            f"command's, yet it is one of our options (fix: ours go before the command, "
+            f"gpucluster run {late} ... touch ...; for the command's own {late}, put -- "
+            f"before the command or quote it whole)\n"), meant.stderr
+    told = gpucluster("run", "-i", str(path), "--json", "--", "echo", "-w", "--json")
+    assert told.code == 0 and told.json()["hosts"][0]["stdout"] == "-w --json\n"
     empty = gpucluster("run", "-i", str(path), " ")  # ran a login shell's nothing, exit 0
     assert empty.code == 2 and "COMMAND is empty: nothing would run (fix: " in empty.stderr
     # Out of time: what it printed so far is shown (how far did it get?), and the limit
