@@ -98,18 +98,22 @@ def failure_in(node: str, state: NodeState, node_lines: Iterable[str]) -> FirstF
     return FirstFailure(node, state, int(rank.group()) if rank else None, state.exit_code,
                         tuple(lines[-FAILURE_TAIL_LINES:]), worker_exit,
                         fields.get("time", ""), tuple(rank_lines[-FAILURE_TAIL_LINES:]),
-                        cause_of(node, worker_exit, [*rank_lines, *error], lines),
+                        cause_of(node, worker_exit, [*rank_lines, *error], lines,
+                                 state.exit_code),
                         tuple(error))
 
 
 def cause_of(node: str, worker_exit: int | None, rank_lines: list[str],
-             lines: list[str]) -> KnownCause | None:
+             lines: list[str], node_exit: int | None = None) -> KnownCause | None:
     """The failing rank's own words first (its last traceback after them, so that the
     end searched holds it); then the node's lines that are no rank's (its torchrun's: a
     rendezvous it could not reach), never another rank's, whose errors are most often
-    the echo of this one."""
+    the echo of this one. torchrun itself killed (exit 137, no worker's report: it had
+    no time to write one) is the OOM killer's mark as a worker's -9 is."""
     if worker_exit == -signal.SIGKILL:
         return killed_by_sigkill(node)
+    if worker_exit is None and node_exit == 128 + signal.SIGKILL:
+        return killed_by_sigkill(node, "torchrun")
     return known_cause(rank_lines, node) or known_cause(
         [line for line in lines if not RANK_PREFIX.match(line)], node)
 

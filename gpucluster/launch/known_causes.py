@@ -229,8 +229,8 @@ NOT_MENDED_BY_RESTART = frozenset({
     "collective-mismatch", "ddp-static-graph", "ddp-unused-parameters", "memlock-too-low"})
 
 # A worker killed by a signal prints nothing of its own: the signal is the evidence.
-def killed_by_sigkill(node: str) -> KnownCause:
-    return _named("killed", "the worker was killed by SIGKILL: most often the kernel's "
+def killed_by_sigkill(node: str, who: str = "the worker") -> KnownCause:
+    return _named("killed", f"{who} was killed by SIGKILL: most often the kernel's "
                   "out-of-memory killer, for host memory", _HOST_OUT_OF_MEMORY_FIX, node)
 
 

@@ -23,7 +23,7 @@ import pytest
 from gpucluster import inventory as inventory_module
 from gpucluster.errors import GpuclusterError
 from gpucluster.launch import node_scripts, workdir
-from gpucluster.launch.failure import failure_of
+from gpucluster.launch.failure import failure_of, in_a_line
 from gpucluster.launch.jobs import JOB_ID, JobRecord, JobStore, new_job_id
 from gpucluster.launch.model import (
     FirstFailure,
@@ -292,6 +292,20 @@ def test_first_failure_is_the_root_cause_not_the_first_to_report(tmp_path: Path)
     assert min([peer, killed, earlier], key=FirstFailure.order) is earlier
     assert killed.tail[-1].startswith("=====")
     assert killed.rank_tail == ("step 10", "terminate called without an active exception")
+
+
+def test_a_torchrun_killed_by_sigkill_is_named_as_a_worker_killed_so_is(tmp_path: Path) -> None:
+    """`kill -9` of a node's torchrun read `node2: exited 137`, no cause."""
+    log = tmp_path / "node2.log"
+    log.write_text("[2]:rank 2/4 on node2 ready\n[3]:rank 3/4 on node2 ready\nKilled\n")
+    killed = failure_of("node2", NodeState("node2", "exited", 137, "", 100.0), log)
+    assert killed.cause is not None and killed.cause.name == "killed"
+    assert in_a_line(killed) == ("node2: torchrun was killed by SIGKILL: most often the "
+                                 "kernel's out-of-memory killer, for host memory")
+    assert "dmesg" in killed.cause.fix
+    # Any other code without a worker's report keeps its plain words.
+    plain = failure_of("node2", NodeState("node2", "exited", 3, "", 100.0), log)
+    assert plain.cause is None and in_a_line(plain) == "node2: exited 3"
 
 
 def _record() -> JobRecord:
