@@ -16,7 +16,7 @@ from gpucluster.errors import GpuclusterError
 from gpucluster.launch.bar_draws import BarDraws
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import OutputCallback
-from gpucluster.launch.tee_lines import ranked
+from gpucluster.launch.tee_lines import FailureSummary, ranked
 from gpucluster.numerals import is_number
 
 TIMES_SUFFIX = ".times"  # beside each node's log: one stamp per line, from the node
@@ -188,12 +188,15 @@ def timed_lines(record: JobRecord, node: str, texts: Iterable[str],
     last = record.started_at
     job = record.id
     draws = BarDraws(every_s=0, live=False)
+    summary = FailureSummary()  # its "[0]:" is torchrun's, no line of rank 0's
     for text, own in zip(texts, times, strict=True):
         last = max(last, own)  # 0.0 (none) never is more
         for piece in ranked(text):
-            for rank, message in draws.take(piece):
+            for shown in draws.take(piece):
+                rank, message = summary.own(*shown)
                 yield LogLine(last, job, node, int(rank) if rank else None, message)
-    for rank, message in draws.rest():
+    for shown in draws.rest():
+        rank, message = summary.own(*shown)
         yield LogLine(last, job, node, int(rank) if rank else None, message)
 
 

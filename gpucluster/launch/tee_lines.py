@@ -23,6 +23,26 @@ _TORCH_LOG_AT = re.compile(r":\d+\] ")
 _HEADER_AT_END = re.compile(r"(?<=\S)\[(\d+)\]:$")
 
 
+class FailureSummary:
+    """One node's torchrun failure summary, which numbers each failure "[0]:" on a line of
+    its own, as its tee heads a rank's empty line: inside the summary (from its
+    "Failures:" to its closing border), such a line is torchrun's, not rank 0's."""
+
+    def __init__(self) -> None:
+        self._inside = False
+
+    def own(self, rank: str | None, text: str) -> tuple[str | None, str]:
+        """The line's rank and text, a number of the summary's given back to torchrun."""
+        if rank is None:
+            if text == "Failures:":
+                self._inside = True
+            elif text.startswith("="):  # the summary's closing border
+                self._inside = False
+        elif not text and self._inside:
+            return None, f"[{rank}]:"
+        return rank, text
+
+
 class Piece(NamedTuple):
     """A line as a log line shows it: its rank (None: torchrun's own), its text, and
     whether the tee wrote it before the rank had ended it (`drawn`: a progress bar's

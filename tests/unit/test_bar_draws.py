@@ -123,6 +123,21 @@ def test_logs_show_every_draw_and_each_line_under_its_own_rank() -> None:
     assert [at for at, line in enumerate(lines) if not line.text.strip()] == [0]
 
 
+def test_a_searched_logs_failure_numbering_is_torchruns_not_rank_0s() -> None:
+    """`logs --rank 0-1 -n 1` showed `[node4/0] `: the "[0]:" of node4's summary, where
+    rank 3 alone ran. A rank's own empty line outside the summary stays its own."""
+    texts = ["[3]:", "[3]:boom", "Failures:", "  <NO_OTHER_FAILURES>",
+             "Root Cause (first observed failure):", "[0]:", "  rank      : 3", "=" * 20,
+             "[3]:"]
+    record = JobRecord("j", "f.py", [], ["node4"], "/srv/p", "/srv/p/jobs", 1.0, {"node4": 1})
+    lines = [(line.rank, line.text)
+             for line in timed_lines(record, "node4", texts, [0.0] * len(texts))]
+    assert lines == [(3, ""), (3, "boom"), (None, "Failures:"),
+                     (None, "  <NO_OTHER_FAILURES>"),
+                     (None, "Root Cause (first observed failure):"), (None, "[0]:"),
+                     (None, "  rank      : 3"), (None, "=" * 20), (3, "")]
+
+
 def test_tqdms_draws_read_whole_are_told_from_its_first() -> None:
     """tqdm's own format: its first draw has "?" for what it does not know yet."""
     draws = BarDraws(clock=Clock())

@@ -16,7 +16,7 @@ from gpucluster.cli.views.common import discard_writes
 from gpucluster.cli.views.terminal_text import printable
 from gpucluster.launch.logsearch import where
 from gpucluster.launch.model import OutputClosed
-from gpucluster.launch.tee_lines import TRACEBACK_START
+from gpucluster.launch.tee_lines import TRACEBACK_START, FailureSummary
 from gpucluster.wording import counted
 
 # A C++ backtrace as torch's c10 errors print it: the line that says where the error was
@@ -67,9 +67,8 @@ class LinePrinter:
         # teardown race, which print_outcome then names as such.
         self.rendezvous_not_closed: set[str] = set()
         self.heard: set[str] = set()  # nodes whose lines came
-        # Nodes whose torchrun is writing its failure summary, whose failures it numbers
-        # "[0]:" as its tee does a rank's line.
-        self._summarizing: set[str] = set()
+        # Per node: its torchrun's failure summary, whose "[0]:" is no rank's line.
+        self._summaries: dict[str, FailureSummary] = {}
 
     def __call__(self, node: str, rank: str | None, text: str) -> None:
         self.heard.add(node)
@@ -111,13 +110,7 @@ class LinePrinter:
             if node == AS_WRITTEN:
                 out.append(text)
                 continue
-            if rank is None:
-                if text == "Failures:":
-                    self._summarizing.add(node)
-                elif text.startswith("="):  # the summary's closing border
-                    self._summarizing.discard(node)
-            elif not text and node in self._summarizing:
-                rank, text = None, f"[{rank}]:"  # the summary numbering a failure
+            rank, text = self._summaries.setdefault(node, FailureSummary()).own(rank, text)
             if self._folds:  # a backtrace is being folded
                 fold = self._folds.get((node, rank))
                 if fold is not None and fold.frame.match(text):
