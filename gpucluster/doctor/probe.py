@@ -61,14 +61,19 @@ class NodeFacts:
     def hostname(self) -> str | None:
         return self.ok_text("hostname")
 
-    def running_jobs(self, node: str) -> list[str]:
-        """Ids of gpucluster jobs with a live process on `node` (marked in their env)."""
-        jobs = set()
+    def jobs_here(self, node: str) -> dict[str, str]:
+        """gpucluster jobs with a live process on `node` (marked in their env), by id:
+        `running`, or `ended` where the job's torchrun is gone and processes of it are
+        left (a line without a state, from a probe before states: running)."""
+        jobs: dict[str, str] = {}
         for line in (self.text("jobs") or "").splitlines():
-            marker, _, where = line.removeprefix("GPUCLUSTER_JOB=").rpartition("@")
-            if marker and where == node:
-                jobs.add(marker)
-        return sorted(jobs)
+            marked, _, state = line.rpartition(" ")
+            if state not in ("running", "ended"):
+                marked, state = line, "running"
+            job, _, where = marked.removeprefix("GPUCLUSTER_JOB=").rpartition("@")
+            if job and where == node:
+                jobs[job] = "running" if jobs.get(job) == "running" else state
+        return dict(sorted(jobs.items()))
 
     @property
     def has_nvidia_smi(self) -> bool:

@@ -4,6 +4,7 @@ handling, and the real probe script run on this machine."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -144,6 +145,40 @@ def test_the_probe_reads_torchs_build_as_torch_itself_says_it(tmp_path: Path) ->
         [sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
         capture_output=True, text=True, check=True, timeout=120).stdout.split()
     assert build is not None and [build.version, str(build.cuda)] == imported
+
+
+def test_a_job_whose_torchrun_is_gone_is_named_as_leftovers_not_as_running(
+        tmp_path: Path) -> None:
+    """doctor (and launch's refusal) said `job X still running`, fix `let it finish`, of
+    processes a killed torchrun left, which never finish by themselves."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster:\n  work_dir: {tmp_path / 'work'}\nhosts: [localhost]\n")
+    live, left = f"t{os.getpid()}-live", f"t{os.getpid()}-left"
+    started = {job: subprocess.Popen(["sleep", "60"], env={
+        **os.environ, "GPUCLUSTER_JOB": f"{job}@localhost"}) for job in (live, left)}
+    try:
+        for job, leader in ((live, started[live].pid), (left, 2 ** 22 + 1)):  # none such
+            (tmp_path / "work" / "jobs" / job / "localhost").mkdir(parents=True)
+            (tmp_path / "work" / "jobs" / job / "localhost" / "leader.pid").write_text(
+                f"{leader}\n")
+        script = probe.render_probe(inventory_module.load(path), frozenset({"jobs"}))
+        output = LocalConnection("localhost").run(script, timeout=60).stdout
+    finally:
+        for process in started.values():
+            process.kill()
+            process.wait()
+    found = probe.parse_facts(output, time.time()).jobs_here("localhost")
+    assert (found[live], found[left]) == ("running", "ended"), found
+    said = facts(jobs=f"GPUCLUSTER_JOB={live}@a running\nGPUCLUSTER_JOB={left}@a ended\n"
+                      f"GPUCLUSTER_JOB={left}@b ended\nGPUCLUSTER_JOB=old@c")
+    results = {r.host: r for r in REGISTRY["jobs"].run(
+        context(tmp_path, {"a": said, "b": said, "c": said}))}
+    assert results["a"].message == (f"job {live} still running; job {left} left processes "
+                                    f"behind (its torchrun ended)")
+    assert results["a"].remedy.startswith(f"let it finish, or end it: gpucluster stop {live}")
+    assert results["b"].message == f"job {left} left processes behind (its torchrun ended)"
+    assert results["b"].remedy == f"end them: gpucluster stop {left} (gpucluster jobs lists them)"
+    assert results["c"].message == "job old still running"  # a probe's line of before
 
 
 def test_torch_and_nccl_parity(tmp_path: Path) -> None:

@@ -183,13 +183,19 @@ def container_toolkit(context: Context) -> list[CheckResult]:
 def running_jobs(context: Context) -> list[CheckResult]:
     results = []
     for host in context.answering():
-        jobs = context.facts[host.name].running_jobs(host.name)
-        if jobs:
-            listed = ", ".join(jobs)
+        found = context.facts[host.name].jobs_here(host.name)
+        if found:
+            jobs = list(found)
+            running = [job for job, state in found.items() if state == "running"]
+            left = [job for job, state in found.items() if state == "ended"]
+            said = ([f"job {', '.join(running)} still running"] if running else []) + (
+                [f"job {', '.join(left)} left processes behind (its torchrun ended)"]
+                if left else [])
+            fix = (f"let it finish, or end it: gpucluster stop {running[0]}" if running
+                   else f"end them: gpucluster stop {left[0]}")
             results.append(CheckResult(
-                "jobs", host.name, Status.WARN, f"job {listed} still running",
-                f"let it finish, or end it: gpucluster stop {jobs[0]} (gpucluster jobs lists "
-                f"them)", {"jobs": jobs}))
+                "jobs", host.name, Status.WARN, "; ".join(said),
+                f"{fix} (gpucluster jobs lists them)", {"jobs": jobs, "ended": left}))
         else:
             results.append(CheckResult("jobs", host.name, Status.OK, "no gpucluster job running"))
     return results
