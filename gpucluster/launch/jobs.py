@@ -80,8 +80,9 @@ def new_job_id(now: float | None = None, taken: Iterable[str] = ()) -> str:
                  if JOB_ID.fullmatch(i) and i.startswith(f"{stamp}-")), default=-1) + 1
     if above > 0xFFFF:  # a second's ids used up to ffff: unsortable, still unique-ish
         return f"{stamp}-{secrets.token_hex(2)}"
-    # The second's first draw keeps the upper half free for the ones after it.
-    span = 0x8000 if above == 0 else min(0x800, 0x10000 - above)
+    # The second's first draw keeps the upper half free for the ones after it, each of
+    # which moves up by at most 0x100: room for 128 more in that second, at the least.
+    span = 0x8000 if above == 0 else min(0x100, 0x10000 - above)
     return f"{stamp}-{above + secrets.randbelow(span):04x}"
 
 

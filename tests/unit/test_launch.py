@@ -215,6 +215,11 @@ def test_jobs_started_in_one_second_sort_by_their_start(tmp_path: Path) -> None:
     assert store.ids() == started
     assert len({i[-4:] for i in started}) == 40
     assert all(JOB_ID.fullmatch(store.new_id(t)) for t in (1_800_000_000, 1_800_000_001))
+    # The worst first draw of a second (7fff) leaves room for 128 more, each above the last.
+    taken = [f"{started[0][:-4]}7fff"]
+    for _ in range(128):
+        taken.append(new_job_id(1_800_000_000, taken))
+        assert taken[-1] > taken[-2] and JOB_ID.fullmatch(taken[-1]), taken[-2:]
     # A second's ids used up to ffff (another controller's, say): still a well-formed id.
     full = f"{started[0][:-4]}ffff"
     assert JOB_ID.fullmatch(new_job_id(1_800_000_000, [full]))
