@@ -74,6 +74,9 @@ class AttemptReport:
     detail: str
     duration_s: float
     quarantined: dict[str, str] = field(default_factory=dict)  # node -> why
+    # Of those, the ones out of reach, where the attempt could not be stopped: its ranks
+    # may go on there (a network cut, not a dead node) until `gpucluster stop JOB`.
+    out_of_reach: tuple[str, ...] = ()
     # From the nodes' heartbeats: the first and last step the script wrote (None when it
     # writes none), and when the first and last progress arrived (controller clock).
     first_step: int | None = None
@@ -208,8 +211,9 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             return result
         previous_error = error
         try:
-            sick = _quarantine(session, attempt, nodes, policy, say)
-            result.attempts.append(dataclasses.replace(report, quarantined=sick))
+            sick, out_of_reach = _quarantine(session, attempt, nodes, policy, say)
+            result.attempts.append(dataclasses.replace(report, quarantined=sick,
+                                                       out_of_reach=out_of_reach))
             result.quarantined.update(sick)
             healthy = [h for h in healthy if h.name not in sick]
             joined = take_spares(session, inventory, spares, wanted - len(healthy), say,
@@ -308,13 +312,23 @@ def _with_progress(report: AttemptReport, outcome: JobOutcome) -> AttemptReport:
 
 
 def _quarantine(session: Session, attempt: Attempt, nodes: Inventory, policy: RecoveryPolicy,
-                say: Callable[[str], None]) -> dict[str, str]:
-    """The attempt's nodes that fail the health checks, each with why. One that still
-    answers is stopped there too: nothing of the attempt may go on."""
+                say: Callable[[str], None]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The attempt's nodes that fail the health checks, each with why, and those of them
+    out of reach. One that still answers is stopped there too: nothing of the attempt
+    may go on; on one out of reach it may, and the user is told how to end it."""
+    job = attempt.record.id if attempt.record is not None else "JOB"
     sick = health_findings(session, nodes)
     answering = [n for n, why in sick.items() if not why.startswith("ssh:")]
     if answering:
         attempt.stop(policy.grace_s, answering)
+    out_of_reach = tuple(n for n in sick if n not in answering)
     for node, why in sick.items():
-        say(f"{node} quarantined for the rest of the run: {why}")
-    return sick
+        say(f"{node} quarantined for the rest of the run: {why}"
+            + (f"; {left_running(job, node)}" if node in out_of_reach else ""))
+    return sick, out_of_reach
+
+
+def left_running(job: str, nodes: str) -> str:
+    """What to do about an attempt that nodes out of reach may still run."""
+    return (f"job {job} may still run on {nodes}, out of reach: gpucluster stop {job} ends "
+            f"it there once it answers")

@@ -310,6 +310,10 @@ def test_a_node_powered_off_mid_run_is_quarantined_and_the_job_resumes(
         first, second = payload["attempts"]
         assert first["ended"] == "node lost" and "node4" in first["detail"]
         assert list(first["quarantined"]) == ["node4"]
+        # Out of reach, the attempt could not be stopped there: said, with its stop.
+        assert first["out_of_reach"] == ["node4"]
+        assert (f"job {first['job']} may still run on node4, out of reach: gpucluster stop "
+                f"{first['job']} ends it there once it answers") in " ".join(stderr.split())
         assert second["ended"] == "succeeded" and second["nodes"] == cluster.nodes[:3]
         resumed = re.search(r"resumed from epoch (\d) \(attempt 2\)", stderr)
         assert resumed and int(resumed[1]) >= 1, stderr  # from a checkpoint, not epoch 0

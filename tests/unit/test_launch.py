@@ -1607,6 +1607,29 @@ def test_recovery_reports_the_step_each_attempt_resumed_at() -> None:
     assert touch_only.resumed(failed) == (None, None, 19.5)
 
 
+def test_a_quarantined_node_out_of_reach_is_named_with_the_stop_of_its_attempt() -> None:
+    """A network cut left attempt 1's ranks running on node2, said nowhere but `jobs`."""
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.recovery import print_recovery
+    from gpucluster.launch.recover import AttemptReport, RecoveryResult
+
+    cut = AttemptReport(1, "j1", ("node1", "node2", "node3"), "node lost", "node2: ...",
+                        30.0, quarantined={"node2": "ssh: unreachable", "node3": "xid: 79"},
+                        out_of_reach=("node2",))
+    out = io.StringIO()
+    print_recovery(Console(file=out, width=200), RecoveryResult("j1", [cut]))
+    assert out.getvalue().splitlines()[-1] == (
+        "    job j1 may still run on node2, out of reach: gpucluster stop j1 ends it there "
+        "once it answers")
+    stopped = io.StringIO()  # node3 answered: stopped there, nothing to say
+    print_recovery(Console(file=stopped, width=200), RecoveryResult("j1", [
+        dataclasses.replace(cut, out_of_reach=())]))
+    assert "may still run" not in stopped.getvalue()
+
+
 def test_recovery_bounds_nccl_waits() -> None:
     from gpucluster.launch.recover import COLLECTIVE_TIMEOUT, RecoveryPolicy, watchdog_env
 

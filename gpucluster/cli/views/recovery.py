@@ -11,7 +11,7 @@ from rich.markup import escape
 from gpucluster import hostrange
 from gpucluster.cli.views.launch import outcome_payload
 from gpucluster.launch.jobs import JobStore
-from gpucluster.launch.recover import AttemptReport, RecoveryResult
+from gpucluster.launch.recover import AttemptReport, RecoveryResult, left_running
 from gpucluster.wording import counted
 
 
@@ -30,6 +30,9 @@ def print_recovery(err: Console, result: RecoveryResult) -> None:
         previous = attempt
         for node, why in attempt.quarantined.items():
             err.print(f"    {node} quarantined: {escape(why)}")
+        if attempt.out_of_reach:
+            reach = hostrange.fold(list(attempt.out_of_reach))
+            err.print(f"    {escape(left_running(attempt.job, reach))}")
     if result.gave_up:
         err.print(f"[bold red]recovery gave up: {escape(result.gave_up)}[/]")
 
@@ -58,6 +61,7 @@ def recovery_payload(result: RecoveryResult, store: JobStore) -> dict[str, Any]:
         "attempts": [{"number": a.number, "job": a.job, "nodes": list(a.nodes),
                       "ended": a.ended, "detail": a.detail,
                       "duration_s": round(a.duration_s, 1), "quarantined": a.quarantined,
+                      "out_of_reach": list(a.out_of_reach),
                       "first_step": a.first_step, "last_step": a.last_step, **resumed(i, a)}
                      for i, a in enumerate(result.attempts)],
         "last": outcome_payload(result.outcome, store) if result.outcome else None,
