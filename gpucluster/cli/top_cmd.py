@@ -196,10 +196,17 @@ def _live(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,
                         refresh=True)
 
 
+DEFAULT_LISTEN = "127.0.0.1:9400"  # this machine only: the metrics name nodes, jobs, users
+
+
 def exporter(
     listen: Annotated[str, typer.Option(
         "--listen", metavar="ADDRESS:PORT",
-        help="Where to serve /metrics (keep it on a trusted network).")] = "127.0.0.1:9400",
+        help="Where to serve /metrics (keep it on a trusted network); a bare PORT is "
+             "127.0.0.1:PORT.")] = DEFAULT_LISTEN,
+    port: Annotated[int | None, typer.Option(
+        "--port", "-p", min=1, max=65535, metavar="PORT",
+        help="Serve on this port of --listen's address.")] = None,
     inventory: InventoryOption = None,
     hosts: HostsOption = None,
     group: GroupOption = None,
@@ -220,14 +227,18 @@ def exporter(
     from gpucluster.observe.streams import ClusterStreams
     from gpucluster.wording import endpoint
 
-    address, _, port = listen.rpartition(":")
+    if is_number(listen.strip()):  # dcgm-exporter's habit, minus its every-address default
+        listen = f"{DEFAULT_LISTEN.rpartition(':')[0]}:{listen.strip()}"
+    address, _, given_port = listen.rpartition(":")
     address = address.removeprefix("[").removesuffix("]")
-    if not address or not is_number(port) or not 1 <= int(port) <= 65535:
-        raise GpuclusterError(f"--listen {listen!r}: expected ADDRESS:PORT, the port from 1 "
-                              f"to 65535, e.g. 127.0.0.1:9400")
+    if not address or not is_number(given_port) or not 1 <= int(given_port) <= 65535:
+        raise GpuclusterError(f"--listen {listen!r}: expected ADDRESS:PORT (or a PORT alone, "
+                              f"for 127.0.0.1), the port from 1 to 65535, e.g. "
+                              f"127.0.0.1:9400")
+    port = port if port is not None else int(given_port)
     loaded = load_inventory(inventory)
     selected = loaded.select(hosts, group)
-    with listening(address, int(port)) as registry, \
+    with listening(address, port) as registry, \
             open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                          ask_sudo_pass) as session, \
             _sudo_checked(session, selected, "exporter"), \
@@ -236,7 +247,7 @@ def exporter(
         registry.register(ClusterCollector(streams, slurm))
         served = counted(len(selected), "node") + (" and Slurm's queue" if slurm else "")
         err = stderr_console()
-        err.print(f"serving http://{endpoint(address, int(port))}/metrics for {served}; "
+        err.print(f"serving http://{endpoint(address, port)}/metrics for {served}; "
                   f"Ctrl-C ends")
         if address in ("0.0.0.0", "::"):  # noqa: S104 - said to the user, not bound here
             err.print(f"[yellow]note: {address} serves every network this machine is on, "

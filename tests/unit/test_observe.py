@@ -295,18 +295,20 @@ def test_the_exporter_binds_first_and_says_why_it_cannot(tmp_path: Path) -> None
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
-def _local_exporter(tmp_path: Path, address: str) -> tuple[subprocess.Popen[str], int]:
+def _local_exporter(tmp_path: Path, address: str, *where: str
+                    ) -> tuple[subprocess.Popen[str], int]:
     """The exporter of this machine alone (a `localhost` inventory) on a free port of
-    `address`, run with faulthandler: SIGABRT dumps every thread's stack."""
+    `address`, run with faulthandler: SIGABRT dumps every thread's stack. `where`, if
+    given, says where to serve instead of `--listen address:port` ({port} filled in)."""
     inventory = tmp_path / "local.yaml"
     inventory.write_text("hosts: [localhost]\n")
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
+    told = [arg.format(port=port) for arg in where] or ["--listen", f"{address}:{port}"]
     return subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "gpucluster", "exporter", "-i",
-         str(inventory), "--listen", f"{address}:{port}"], stderr=subprocess.PIPE,
-        text=True, cwd=tmp_path), port
+         str(inventory), *told], stderr=subprocess.PIPE, text=True, cwd=tmp_path), port
 
 
 def _ended(exporter: subprocess.Popen[str], limit_s: float) -> int:
@@ -334,6 +336,24 @@ def test_the_exporter_on_every_network_says_so(tmp_path: Path) -> None:
         _ended(exporter, 20)
     assert said[0].startswith(f"serving http://0.0.0.0:{port}/metrics for 1 node"), said
     assert said[1].startswith("note: 0.0.0.0 serves every network this machine is on"), said
+
+
+def test_the_exporters_port_alone_serves_this_machine_only(tmp_path: Path) -> None:
+    """`--port 9477` and `--listen 9477` (dcgm-exporter's `-a :9400` habit) were errors;
+    both serve on 127.0.0.1, never every network."""
+    for where in (("--port", "{port}"), ("--listen", "{port}"),
+                  ("--listen", "127.0.0.1:1", "-p", "{port}")):
+        exporter, port = _local_exporter(tmp_path, "", *where)
+        hung = threading.Timer(30, exporter.kill)
+        hung.start()
+        try:
+            assert exporter.stderr is not None
+            said = exporter.stderr.readline()
+        finally:
+            hung.cancel()
+            exporter.terminate()
+            _ended(exporter, 20)
+        assert said.startswith(f"serving http://127.0.0.1:{port}/metrics for 1 node"), said
 
 
 def test_the_exporter_ends_on_a_sigterm_that_another_of_its_threads_took(
