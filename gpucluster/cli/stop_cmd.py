@@ -4,11 +4,12 @@ of it is left; a Slurm job through scancel."""
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gpucluster import hostrange
-from gpucluster.cli.launch_cmd import GraceOption, JobArgument, job_store
+from gpucluster.cli.launch_cmd import GraceOption, job_store
 from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
@@ -24,12 +25,21 @@ from gpucluster.cli.views import common
 from gpucluster.cli.views import launch as view
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 
+if TYPE_CHECKING:
+    from gpucluster.inventory import Inventory
+    from gpucluster.launch.jobs import JobStore
+
 # A stop still under way this long is said to be waiting (its workers saving on TERM)
 STOP_NOTICE_AFTER_S = 2.0
 
 
 def stop(
-    job: JobArgument = None,
+    jobs: Annotated[list[str] | None, typer.Argument(
+        metavar="[JOB]...", help="Job ids, unique parts of them, or 'last' (the default: "
+                                 "the newest job); slurm-ID for a Slurm job.")] = None,
+    every: Annotated[bool, typer.Option(
+        "--all", help="Every job launched from here that still has processes on a node "
+                      "(as gpucluster jobs lists them).")] = False,
     inventory: InventoryOption = None,
     grace: GraceOption = 10.0,
     json_output: JsonOption = False,
@@ -38,22 +48,65 @@ def stop(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """End a job on every node: TERM, then KILL after the grace period; confirms that
-    nothing of it is left. JOB slurm-ID cancels a Slurm job (scancel) and waits for Slurm
-    to end it."""
+    nothing of it is left. Several JOBs are stopped one after the other; --all stops
+    every job of ours still running. JOB slurm-ID cancels a Slurm job (scancel) and waits
+    for Slurm to end it."""
+    from gpucluster.launch.control import running_besides
+    from gpucluster.slurm.queue import slurm_job
+
+    if every and jobs:
+        raise GpuclusterError("--all with JOBs named: which is meant? (fix: gpucluster stop "
+                              "--all, or gpucluster stop JOB...)")
+    if len(jobs or []) > 1 and any(slurm_job(job) is not None for job in jobs or []):
+        raise GpuclusterError("a Slurm job among several: Slurm's jobs are stopped one at a "
+                              "time (fix: gpucluster stop slurm-ID on its own)")
+    loaded = load_inventory(inventory)
+    store = job_store(loaded)
+    if not every and len(jobs or []) <= 1:  # one job, as before: its payload alone
+        _stop_one(loaded, store, jobs[0] if jobs else None, grace, json_output,
+                  accept_new_host_keys, ask_pass, connect_timeout)
+        return
+    if every:
+        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+            jobs = list(running_besides(session, loaded, store, ""))
+        if not jobs:
+            stderr_console().print("no job launched from here has processes on the nodes: "
+                                   "nothing to stop")
+            if json_output:
+                common.print_json(stdout_console(), {"jobs": []})
+            return
+    payloads: list[dict[str, Any]] = []
+    failed = False
+    for job in jobs or []:
+        try:
+            payloads.append(_stop_one(loaded, store, job, grace, json_output,
+                                      accept_new_host_keys, ask_pass, connect_timeout,
+                                      alone=False))
+        except typer.Exit:
+            failed = True
+    if json_output:
+        common.print_json(stdout_console(), {"jobs": payloads})
+    if failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _stop_one(loaded: Inventory, store: JobStore, job: str | None, grace: float,
+              json_output: bool, accept_new_host_keys: bool, ask_pass: bool,
+              connect_timeout: float | None, alone: bool = True) -> dict[str, Any]:
+    """One job's stop, said (its JSON printed only when `alone`) and returned as JSON;
+    typer.Exit(1) where a node could not confirm it ended."""
     from gpucluster.launch import supervisor
     from gpucluster.launch.control import running_besides
     from gpucluster.launch.control import stop as stop_job
     from gpucluster.slurm.queue import slurm_job
 
-    loaded = load_inventory(inventory)
     slurm_id = slurm_job(job)
     if slurm_id is not None:
         from gpucluster.cli import slurm_jobs
 
         with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
             slurm_jobs.cancel(session, loaded, slurm_id, json_output)
-        return
-    store = job_store(loaded)
+        return {"job": f"slurm-{slurm_id}"}
     record = store.load(job)
     watcher = supervisor.supervisor_of(store, record.id)
     if watcher is not None:  # first, or it would start the next attempt
@@ -80,10 +133,12 @@ def stop(
         besides = None if job not in (None, "last") or watcher is not None or any(
             r.found for r in results.values()) else running_besides(session, loaded, store,
                                                                      record.id)
-    if json_output:
-        common.print_json(stdout_console(), view.stop_payload(record, results))
-    else:
+    payload = view.stop_payload(record, results)
+    if json_output and alone:
+        common.print_json(stdout_console(), payload)
+    elif not json_output:
         view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None,
                            still_running=besides)
     if not view.stopped_cleanly(results):
         raise typer.Exit(EXIT_FAILED)
+    return payload

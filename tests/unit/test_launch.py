@@ -730,6 +730,37 @@ def test_a_stop_of_the_newest_job_that_had_ended_names_an_older_one_still_runnin
         assert not (tmp_path / "terms").exists()  # the older job was not touched
 
 
+def test_stop_all_stops_every_job_still_running_and_several_jobs_in_turn(
+        tmp_path: Path) -> None:
+    """`stop --all`: each job launched from here with processes on a node (an ended one
+    is not stopped again); `stop A B`: each in turn, a line each."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+    from gpucluster.state import state_dir_for
+
+    with _job_saving_on_term(tmp_path) as (loaded, record):
+        store = JobStore(state_dir_for(loaded))
+        store.save(record)
+        ended = dataclasses.replace(record, id="20261129-130000-beef")
+        store.save(ended)
+        runner = CliRunner()
+        every = runner.invoke(app, ["stop", "-i", str(loaded.path), "--all", "--json"])
+        assert every.exit_code == 0, every.output
+        assert [job["job"] for job in json.loads(every.stdout)["jobs"]] == [record.id]
+        assert (tmp_path / "terms").exists()  # the running one was TERMed
+        again = runner.invoke(app, ["stop", "-i", str(loaded.path), "--all"])
+        assert again.exit_code == 0 and again.stdout == ""
+        assert "no job launched from here has processes on the nodes" in again.stderr
+    both = runner.invoke(app, ["stop", "-i", str(loaded.path), record.id[-4:], "beef"])
+    assert both.exit_code == 0, both.output
+    assert [line.split(":")[0] for line in both.stdout.splitlines()] == [
+        f"job {record.id} had already ended", f"job {ended.id} had already ended"]
+    mixed = runner.invoke(app, ["stop", "-i", str(loaded.path), "--all", "beef"])
+    assert isinstance(mixed.exception, GpuclusterError)  # main() makes it one line, exit 2
+    assert "--all with JOBs named" in str(mixed.exception)
+
+
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
         ) -> None:
     """A slow login only slows the start, and GPU counts that differ where the inventory
