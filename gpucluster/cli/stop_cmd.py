@@ -28,6 +28,7 @@ from gpucluster.errors import EXIT_FAILED, GpuclusterError
 if TYPE_CHECKING:
     from gpucluster.inventory import Inventory
     from gpucluster.launch.jobs import JobStore
+    from gpucluster.remote.session import Session
 
 # A stop still under way this long is said to be waiting (its workers saving on TERM)
 STOP_NOTICE_AFTER_S = 2.0
@@ -57,56 +58,41 @@ def stop(
     if every and jobs:
         raise GpuclusterError("--all with JOBs named: which is meant? (fix: gpucluster stop "
                               "--all, or gpucluster stop JOB...)")
-    if len(jobs or []) > 1 and any(slurm_job(job) is not None for job in jobs or []):
+    several = every or len(jobs or []) > 1
+    if several and any(slurm_job(job) is not None for job in jobs or []):
         raise GpuclusterError("a Slurm job among several: Slurm's jobs are stopped one at a "
                               "time (fix: gpucluster stop slurm-ID on its own)")
     loaded = load_inventory(inventory)
     store = job_store(loaded)
-    if not every and len(jobs or []) <= 1:  # one job, as before: its payload alone
-        _stop_one(loaded, store, jobs[0] if jobs else None, grace, json_output,
-                  accept_new_host_keys, ask_pass, connect_timeout)
-        return
-    if every:
-        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            jobs = list(running_besides(session, loaded, store, ""))
-        if not jobs:
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        named: list[str | None] = [*running_besides(session, loaded, store, "")] if every \
+            else [*jobs] if jobs else [None]
+        if not named:
             stderr_console().print("no job launched from here has processes on the nodes: "
                                    "nothing to stop")
-            if json_output:
-                common.print_json(stdout_console(), {"jobs": []})
-            return
-    payloads: list[dict[str, Any]] = []
-    failed = False
-    for job in jobs or []:
-        try:
-            payloads.append(_stop_one(loaded, store, job, grace, json_output,
-                                      accept_new_host_keys, ask_pass, connect_timeout,
-                                      alone=False))
-        except typer.Exit:
-            failed = True
-    if json_output:
-        common.print_json(stdout_console(), {"jobs": payloads})
-    if failed:
+        stopped = [_stop_one(session, loaded, store, job, grace, json_output,
+                             alone=not several) for job in named]
+    if json_output and several:
+        common.print_json(stdout_console(), {"jobs": [payload for payload, _ in stopped]})
+    if not all(clean for _, clean in stopped):
         raise typer.Exit(EXIT_FAILED)
 
 
-def _stop_one(loaded: Inventory, store: JobStore, job: str | None, grace: float,
-              json_output: bool, accept_new_host_keys: bool, ask_pass: bool,
-              connect_timeout: float | None, alone: bool = True) -> dict[str, Any]:
-    """One job's stop, said (its JSON printed only when `alone`) and returned as JSON;
-    typer.Exit(1) where a node could not confirm it ended."""
+def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | None,
+              grace: float, json_output: bool, alone: bool) -> tuple[dict[str, Any], bool]:
+    """One job's stop, said (as JSON only when `alone`): its JSON, and whether every node
+    confirmed that nothing of it is left."""
     from gpucluster.launch import supervisor
     from gpucluster.launch.control import running_besides
     from gpucluster.launch.control import stop as stop_job
     from gpucluster.slurm.queue import slurm_job
 
     slurm_id = slurm_job(job)
-    if slurm_id is not None:
+    if slurm_id is not None:  # alone: refused among several
         from gpucluster.cli import slurm_jobs
 
-        with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-            slurm_jobs.cancel(session, loaded, slurm_id, json_output)
-        return {"job": f"slurm-{slurm_id}"}
+        slurm_jobs.cancel(session, loaded, slurm_id, json_output)
+        return {"job": f"slurm-{slurm_id}"}, True
     record = store.load(job)
     watcher = supervisor.supervisor_of(store, record.id)
     if watcher is not None:  # first, or it would start the next attempt
@@ -115,30 +101,26 @@ def _stop_one(loaded: Inventory, store: JobStore, job: str | None, grace: float,
                                   f"{watcher}) did not end (fix: kill {watcher}, then stop "
                                   f"again)")
         stderr_console().print(f"gpucluster: ended the recovery supervisor (pid {watcher})")
-    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
-        # Said where the stop takes a while (its workers may save until the grace is
-        # over); started once any password has been asked for
-        waiting = threading.Timer(STOP_NOTICE_AFTER_S, stderr_console().print, [
-            f"gpucluster: job {record.id}: waiting for it to end on "
-            f"{hostrange.fold(record.hosts)} (TERM sent to its torchrun; KILL to what is "
-            f"left {grace:g} s after it)"])
-        waiting.daemon = True
-        waiting.start()
-        try:
-            results = stop_job(session, loaded, record, grace)
-        finally:
-            waiting.cancel()
-        # No job named, and the newest had already ended: the job meant may be an older
-        # one that still runs (the line names it; it is stopped only by its id).
-        besides = None if job not in (None, "last") or watcher is not None or any(
-            r.found for r in results.values()) else running_besides(session, loaded, store,
-                                                                     record.id)
+    # Said where the stop takes a while (its workers may save until the grace is over)
+    waiting = threading.Timer(STOP_NOTICE_AFTER_S, stderr_console().print, [
+        f"gpucluster: job {record.id}: waiting for it to end on "
+        f"{hostrange.fold(record.hosts)} (TERM sent to its torchrun; KILL to what is "
+        f"left {grace:g} s after it)"])
+    waiting.daemon = True
+    waiting.start()
+    try:
+        results = stop_job(session, loaded, record, grace)
+    finally:
+        waiting.cancel()
+    # No job named, and the newest had already ended: the job meant may be an older one
+    # that still runs (the line names it; it is stopped only by its id).
+    besides = None if job not in (None, "last") or watcher is not None or any(
+        r.found for r in results.values()) else running_besides(session, loaded, store,
+                                                                 record.id)
     payload = view.stop_payload(record, results)
     if json_output and alone:
         common.print_json(stdout_console(), payload)
     elif not json_output:
         view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None,
                            still_running=besides)
-    if not view.stopped_cleanly(results):
-        raise typer.Exit(EXIT_FAILED)
-    return payload
+    return payload, view.stopped_cleanly(results)
