@@ -761,6 +761,24 @@ def test_stop_all_stops_every_job_still_running_and_several_jobs_in_turn(
     assert "--all with JOBs named" in str(mixed.exception)
 
 
+def test_a_stop_that_names_several_jobs_still_running_names_stop_all() -> None:
+    import io
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import print_stopped
+    from gpucluster.launch.model import StopResult
+
+    out = io.StringIO()
+    ended = {"node1": StopResult("node1", found=0, how="none")}
+    print_stopped(Console(file=out, width=400), _record(), ended,
+                  still_running={"j1": ["node1"], "j2": ["node2", "node3"]})
+    assert out.getvalue() == (
+        f"job {_record().id} had already ended: nothing of it is left on node1; job j1 "
+        f"still runs on node1: gpucluster stop j1 ends it; job j2 still runs on node[2-3]: "
+        f"gpucluster stop j2 ends it (gpucluster stop --all ends them all)\n")
+
+
 def test_a_start_is_refused_by_failures_and_warnings_but_a_slow_login_or_uneven_gpus(
         ) -> None:
     """A slow login only slows the start, and GPU counts that differ where the inventory

@@ -157,6 +157,8 @@ def print_stopped(console: Console, record: JobRecord,
             others = "".join(f"; job {job} still runs on {hostrange.fold(list(nodes))}: "
                              f"gpucluster stop {job} ends it"
                              for job, nodes in (still_running or {}).items())
+            if len(still_running or {}) > 1:
+                others += " (gpucluster stop --all ends them all)"
             console.print(f"job {record.id} had already ended: nothing of it is left on "
                           f"{hostrange.fold(list(results))}{others}")
             return
