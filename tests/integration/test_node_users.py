@@ -325,8 +325,10 @@ def _typed_sudo_password(sandbox: Sandbox, tmp: Path, image: str, watched: str,
     inventory = str(sandbox.inventory)
     seen: list[str] = []
 
-    def typed(*args: str, answer: str = password) -> CliResult:
-        done = gpucluster(*args, "--ask-sudo-pass", stdin=f"{answer}\n", timeout=300)
+    def typed(command: str, *args: str, answer: str = password) -> CliResult:
+        # Right after the command's name: run's own options go before its COMMAND
+        done = gpucluster(command, "--ask-sudo-pass", *args, stdin=f"{answer}\n",
+                          timeout=300)
         seen.extend((done.stdout, done.stderr))
         return done
 
