@@ -683,6 +683,16 @@ def test_a_slurm_jobs_process_is_slurms_not_foreign_and_never_a_target() -> None
         compact.export_text()
     gpu = to_json(Snapshot(0.0, 1.0, (view("node1", sample),)))["nodes"][0]["gpus"][1]
     assert gpu["processes"][1]["slurm_job"] == "12" and not gpu["processes"][1]["foreign"]
+    # Under export sbatch's torchrun a Slurm job's worker has its rank: shown as a
+    # gpucluster job's (it read `slurm-2 pid 13304 (root)` on the sandbox).
+    raw["processes"][2].update(rank=5)
+    ranked = Snapshot(0.0, 1.0, (view("node1", parse_frame(json.dumps(raw))),))
+    shown = Console(width=240, record=True, file=io.StringIO())
+    shown.print(render(ranked, shown))
+    assert "slurm-12 rank 5 (bob)" in shown.export_text()
+    compact = Console(width=240, record=True, file=io.StringIO())
+    compact.print(render(ranked, compact, compact=True))
+    assert "ranks 2-3, slurm-12 rank 5" in compact.export_text()
     streams = _Streams()
     streams.nodes = {"node1": _Stream(sample, 0.3)}
     registry = CollectorRegistry(auto_describe=False)

@@ -466,6 +466,27 @@ def test_an_outcome_without_any_nodes_state_says_so(tmp_path: Path) -> None:
                                "n2": NodeState("n2", "exited", 0)})
     assert _text(lambda console: print_outcome(console, both, store)).startswith(
         f"job {record.id}: exited 0 on n[1-2]; logs in ")
+    assert "--debug" not in _text(lambda console: print_outcome(console, both, store))
+
+
+def test_a_debug_jobs_outcome_says_where_its_files_are_and_what_collects_them(
+        tmp_path: Path) -> None:
+    """NCCL_DEBUG_FILE and the flight recorder write on the nodes, not into the log."""
+    from gpucluster.cli.views.launch import print_outcome
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.model import JobOutcome, NodeState
+
+    record = JobRecord("20261130-120000-abcd", "t.py", [], ["n1"], "/c", "/w/jobs", 0.0,
+                       {"n1": 1}, debug=True)
+    shown = _text(lambda console: print_outcome(
+        console, JobOutcome(record, {"n1": NodeState("n1", "exited", 1)}),
+        JobStore(tmp_path)), width=300)
+    assert f"/w/jobs/{record.id}/NODE/nccl/ and /w/jobs/{record.id}/NODE/flight-recorder/ " \
+        f"on each node" in shown
+    assert f"gpucluster bundle {record.id} collects them" in shown
+    from gpucluster.launch.node_scripts import DEBUG_DIRS
+    written = (Path(__file__).parents[2] / "templates/launch/_debug_env.sh.j2").read_text()
+    assert all(f'"$GPC_JOB_DIR/{name}"' in written for name in DEBUG_DIRS)
 
 
 def test_inventory_show_says_once_what_every_host_shares(tmp_path: Path) -> None:

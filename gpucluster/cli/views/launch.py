@@ -23,6 +23,7 @@ from gpucluster.launch.model import (
     NodeState,
     StopResult,
 )
+from gpucluster.launch.node_scripts import DEBUG_DIRS
 from gpucluster.wording import ago, counted
 
 
@@ -95,6 +96,8 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
                        for label, nodes in by_state.items())
     err.print(f"job {record.id}: {states or 'no node sent its state (gpucluster jobs asks again)'}"
               f"; logs in {store.directory(record.id)}")
+    if record.debug:
+        _name_the_debug_files(err, record)
     _name_the_teardown_race(err, outcome, rendezvous_not_closed)
     for reason, nodes in hostrange.hosts_by((why, node) for node, why in
                                             outcome.copies_cut.items()).items():
@@ -103,6 +106,13 @@ def print_outcome(err: Console, outcome: JobOutcome, store: JobStore,
                   f"keep it whole (fix: make room, then gpucluster logs {record.id})[/]")
     if outcome.stopped:
         print_stopped(err, record, outcome.stopped)
+
+
+def _name_the_debug_files(err: Console, record: JobRecord) -> None:
+    """Where --debug's files are: on the nodes, which the job's log does not say."""
+    where = " and ".join(f"{record.dir_on_node('NODE')}/{name}/" for name in DEBUG_DIRS)
+    err.print(f"--debug: NCCL's and the flight recorder's files in {escape(where)} on each "
+              f"node (empty on gloo); gpucluster bundle {record.id} collects them")
 
 
 def _name_the_teardown_race(err: Console, outcome: JobOutcome,

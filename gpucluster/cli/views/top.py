@@ -105,8 +105,10 @@ def _who(processes: list[GpuProcess]) -> str:
         if p.job:
             shown.append(f"{p.job} rank {p.rank if p.rank is not None else '?'}")
         elif p.slurm_job:
-            # slurm-12: the name logs, stop and bundle take
-            shown.append(f"slurm-{p.slurm_job} pid {p.pid} ({p.user})")
+            # slurm-12: the name logs, stop and bundle take; its rank where torchrun
+            # (export sbatch's) gave one, the user since the queue is shared
+            held = f"rank {p.rank}" if p.rank is not None else f"pid {p.pid}"
+            shown.append(f"slurm-{p.slurm_job} {held} ({p.user})")
         else:
             shown.append(f"foreign pid {p.pid} ({p.user})")
     return ", ".join(shown) + (f" +{len(processes) - 3}" if len(processes) > 3 else "")
@@ -176,21 +178,18 @@ def _count(errors: int | None) -> str:
 def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
     """`20261202-112253-bd46 ranks 0-7, slurm 12, foreign 2`; `short`: `bd46 ranks 0-7,
     ...` (the id's last part names the job as well: gpucluster stop takes a unique part)."""
-    ranks: dict[str, set[int]] = {}
-    slurm: dict[str, None] = {}  # Slurm's jobs, in order
+    ranks: dict[str, set[int]] = {}  # gpucluster's jobs, then Slurm's (slurm-12)
     foreign = 0
-    for process in processes:
-        if process.job is None and process.slurm_job is not None:
-            slurm[process.slurm_job] = None
-        elif process.job is None:
+    for process in sorted(processes, key=lambda p: p.job is None):
+        job = process.job or (f"slurm-{process.slurm_job}" if process.slurm_job else None)
+        if job is None:
             foreign += 1
         else:
-            ranks.setdefault(process.job, set()).update(
+            ranks.setdefault(job, set()).update(
                 [process.rank] if process.rank is not None else [])
     names = {job: _short_job(job) if short else job for job in ranks}
     parts = [f"{names[job]} {'rank' if len(held) == 1 else 'ranks'} {spans(sorted(held))}"
              if held else names[job] for job, held in ranks.items()]
-    parts += [f"slurm-{job}" for job in slurm]
     return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
 
 
