@@ -21,16 +21,18 @@ PRESENT = ("running", "stopping", "leftover")  # states with processes of the jo
 
 
 def stop(session: Session, inventory: Inventory, record: JobRecord,
-         grace_s: float = DEFAULT_GRACE_S,
-         nodes: Sequence[str] | None = None) -> dict[str, StopResult]:
+         grace_s: float = DEFAULT_GRACE_S, nodes: Sequence[str] | None = None,
+         dump_stacks: bool = False) -> dict[str, StopResult]:
     """TERM the job on every node (its torchrun, which passes it on to its workers; what
     outlives torchrun after it), KILL what is left after `grace_s`, and report what was
-    found and whether anything survived."""
+    found and whether anything survived. `dump_stacks` (a hang): each worker is aborted
+    first, writing its Python stack into its log (hang_stacks)."""
     hosts = hosts_of(inventory, record, nodes)
 
     def stop_on(connection: Connection) -> StopResult:
         script = node_scripts.stop_script(record, connection.host, grace_s,
-                                          record.container_runtime.get(connection.host))
+                                          record.container_runtime.get(connection.host),
+                                          dump_stacks)
         result = connection.run(script, timeout=grace_s + 30)
         found_reports = reports.by_kind(result.stdout)
         how, found, left = ([*found_reports.get("stop", [""])[0].split(), "", "", ""])[:3]

@@ -127,7 +127,8 @@ class _Watch:
 
             def run() -> None:
                 outcome.stopped.update(stop(self.session, self.inventory, self.record, grace,
-                                            [h.name for h in self.hosts if h.name not in lost]))
+                                            [h.name for h in self.hosts if h.name not in lost],
+                                            dump_stacks=bool(outcome.hang)))
                 outcome.stopped.update({n: StopResult(n, 0, "unreachable", (),
                                                       "lost: not tried") for n in lost})
             thread = threading.Thread(target=run, daemon=True)

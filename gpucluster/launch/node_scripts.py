@@ -24,7 +24,8 @@ RANK_LINE_ENV_NAMES = ("PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLAT
 # What start sets for a job, passed into its container: those, the job's dirs,
 # torchrun's one-thread default...
 JOB_ENV_NAMES = (JOB_VARIABLE, *RANK_LINE_ENV_NAMES, "GPUCLUSTER_CHECKPOINT_DIR",
-                 "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS")
+                 "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS",
+                 "PYTHONFAULTHANDLER")
 # launch --debug: set on every rank unless the job's env sets them (templates/launch/start).
 DEBUG_ENV_NAMES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
                    "TORCH_DISTRIBUTED_DEBUG", "TORCH_FR_BUFFER_SIZE",
@@ -154,18 +155,23 @@ def follow_script(record: JobRecord, node: str, follow: bool,
 
 
 def stop_script(record: JobRecord, node: str, grace_s: float,
-                runtime: str | None = None) -> str:
-    return _stop_script(record, node, grace_s, engine_command(runtime) if runtime else None)
+                runtime: str | None = None, dump_stacks: bool = False) -> str:
+    """`dump_stacks`: a hang's stop, which aborts the workers first so that each writes
+    its Python stack into its rank's log (hang_stacks); not in a container, whose
+    processes are not the leader's grandchildren."""
+    return _stop_script(record, node, grace_s, engine_command(runtime) if runtime else None,
+                        dump_stacks and not record.image)
 
 
-def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | None) -> str:
+def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | None,
+                 dump_stacks: bool = False) -> str:
     # podman/docker containers are stopped by name; apptainer's processes are the
     # job's own, found by their marker like any other.
     container = ({"runtime": engine, "name": record.container_name()}
                  if record.image and engine and not is_image_file(record.image) else None)
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,
-                  grace_whole_s=math.ceil(grace_s),
+                  grace_whole_s=math.ceil(grace_s), dump_stacks=dump_stacks,
                   marker_pattern=_marker_pattern(record, node))
 
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 from gpucluster import hostrange
 from gpucluster.inventory import Host, Inventory
+from gpucluster.launch import hang_stacks
 from gpucluster.launch.attempt import Attempt
+from gpucluster.launch.hang_stacks import StackGroup
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.known_causes import error_lines, mended_by_restart
 from gpucluster.launch.model import (
@@ -77,6 +79,7 @@ class AttemptReport:
     # Of those, the ones out of reach, where the attempt could not be stopped: its ranks
     # may go on there (a network cut, not a dead node) until `gpucluster stop JOB`.
     out_of_reach: tuple[str, ...] = ()
+    stacks: tuple[StackGroup, ...] = ()  # a hang's: where each rank was (hang_stacks)
     # From the nodes' heartbeats: the first and last step the script wrote (None when it
     # writes none), and when the first and last progress arrived (controller clock).
     first_step: int | None = None
@@ -203,7 +206,7 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
         if ended in ("succeeded", "interrupted"):
             result.attempts.append(report)
             return result
-        say(f"attempt {number} ended: {ended}: {detail}")
+        report = _ended(report, store, record, say)
         error = signature(outcome) if ended == "worker error" else None
         result.gave_up = _the_scripts_fault(outcome, error, previous_error)
         if result.gave_up:
@@ -233,6 +236,18 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             result.outcome = dataclasses.replace(outcome, interrupted=True)
             return result
     return result
+
+
+def _ended(report: AttemptReport, store: JobStore, record: JobRecord,
+           say: Callable[[str], None]) -> AttemptReport:
+    """A failed attempt's end, said; a hang's with where each rank was."""
+    say(f"attempt {report.number} ended: {report.ended}: {report.detail}")
+    if report.ended != "hang":
+        return report
+    stacks = hang_stacks.read(store, record)
+    for line in hang_stacks.said(stacks, record.id):
+        say(line)
+    return dataclasses.replace(report, stacks=stacks)
 
 
 def _start_again(session: Session, inventory: Inventory, healthy: list[Host],

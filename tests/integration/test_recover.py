@@ -105,11 +105,20 @@ def test_a_stopped_rank_is_a_hang_that_is_recovered(cluster: Sandbox, project: P
                             check=False).returncode != 0:
         assert time.monotonic() < deadline, "node2 never saved epoch 1"
         time.sleep(0.05)
+    stopped = int(next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"RANK=")))
     os.kill(rank_pids(cluster, "node2")[0], signal.SIGSTOP)  # blocks every rank's step
     wait_for(process, r"attempt 1 ended: hang: no rank made progress", limit=60)
     code, payload, stderr = finish(process, 240)
     assert code == 0, stderr
     assert [a["ended"] for a in payload["attempts"]] == ["hang", "succeeded"]
+    # Where each rank was: the others' stacks (faulthandler, on the abort the hang's
+    # stop sent) in the script's step; the stopped rank, which could not die of it, none.
+    stacks = payload["attempts"][0]["stacks"]
+    assert stacks[-1] == {"ranks": [stopped], "where": None, "nodes": ["node2"]}, stacks
+    assert sorted(r for g in stacks[:-1] for r in g["ranks"]) == \
+        sorted(set(range(2 * len(payload["attempts"][0]["nodes"]))) - {stopped}), stacks
+    assert all(g["where"].startswith("train.py line ") for g in stacks[:-1]), stacks
+    assert f"rank {stopped} (node2): no stack: it did not die of SIGABRT" in stderr, stderr
     assert payload["attempts"][1]["nodes"] == cluster.nodes  # the stopped rank was killed
     assert re.search(r"resumed from epoch [1-7] \(attempt 2\)", stderr), stderr
     assert leftovers(cluster) == []

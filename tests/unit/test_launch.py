@@ -319,7 +319,8 @@ def _record() -> JobRecord:
                      "\"$HOME\"/'gpucluster/jobs'", 0.0, {"node1": 2, "node-2": 2})
 
 
-@pytest.mark.parametrize("script", ["start", "follow", "stop", "state", "start-container",
+@pytest.mark.parametrize("script", ["start", "follow", "stop", "stop-hang", "state",
+                                    "start-container",
                                     "stop-container", "start-peer-stop", "peer-stop",
                                     "watched-peer-stop"])
 def test_node_scripts_are_valid_shell(script: str) -> None:
@@ -331,6 +332,8 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
                                                              "", True, 29500),
         "follow": lambda: node_scripts.follow_script(record, "node-2", True),
         "stop": lambda: node_scripts.stop_script(record, "node-2", 2.5, "/usr/bin/podman"),
+        "stop-hang": lambda: node_scripts.stop_script(record, "node-2", 2.5, None,
+                                                      dump_stacks=True),
         "stop-container": lambda: node_scripts.stop_script(
             dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
             "/usr/bin/docker"),
@@ -573,6 +576,23 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
         _wait_for(exit_code.exists)
         assert exit_code.read_text().split()[0] == "143"
         assert state() == ("stopped", 143)
+
+
+def test_a_hangs_stop_aborts_each_worker_first_and_its_python_stack_lands_in_the_log(
+        tmp_path: Path) -> None:
+    """The stop of a hang: each worker (torchrun's child), not torchrun, gets ABRT, and
+    faulthandler (PYTHONFAULTHANDLER, which start sets) writes its stack into the log as
+    it dies: hang_stacks then says where each rank was."""
+    with _job_saving_on_term(tmp_path) as (_, record):
+        said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5,
+                                                                    dump_stacks=True)],
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+        assert said.split()[:2] == ["@@gpc", "stop"] and said.split()[4] == "-", said
+    log = (tmp_path / "jobs" / record.id / "node1" / "node.log").read_text()
+    assert log.count("Fatal Python error: Aborted") == 1, log  # the worker's alone
+    assert re.search(r'File ".*worker\.py", line \d+ in <module>', log), log
+    assert not (tmp_path / "terms").exists()  # it died of the abort, before any TERM
+    assert not list(tmp_path.glob("core*"))
 
 
 def test_a_stop_that_takes_a_while_says_what_it_waits_for(

@@ -631,3 +631,26 @@ def test_a_table_keeps_long_words_whole_where_they_fit_and_never_crops_them() ->
                                                     [("key", word, word)]), width=50)
     assert max(len(line) for line in text.splitlines()) <= 50
     assert text.count("x") == 60, text
+
+
+def test_an_aborted_ranks_stack_is_one_line_in_the_live_view() -> None:
+    """A hang's stop aborts every rank, and each writes faulthandler's dump of its
+    stacks: ten lines per rank, 640 on 64 ranks. The summary after it says where each
+    rank was; live, each dump is its first line and one that says what was left out."""
+    from gpucluster.launch.tee_lines import split_rank
+
+    captured = Path(__file__).parents[1] / "fixtures/torch/hang-stacks/node1.log"
+    out = io.StringIO()
+    printer = LinePrinter(out, full_logs="gpucluster logs J")
+    for line in captured.read_text().splitlines():
+        printer("node1", *split_rank(line))
+    printer.finish()
+    shown = out.getvalue().splitlines()
+    for rank in ("0", "1"):
+        at = shown.index(f"[node1/{rank}] Fatal Python error: Aborted")
+        assert shown[at + 1] == f"[node1/{rank}] (9 lines of its Python stack left out: " \
+                                f"gpucluster logs J prints them)", shown[at:at + 3]
+    assert not any("Extension modules" in line or 'File "' in line.split("] ", 1)[1]
+                   for line in shown if line.startswith("[node1/"))
+    # torchrun's own traceback after them is folded as before.
+    assert any("of torchrun's own traceback left out" in line for line in shown)

@@ -1,5 +1,6 @@
 """The live view of a job's lines: each whole, prefixed [node/rank], from every node's
-thread, with the backtraces torch and torchrun print folded into one line each."""
+thread, with the backtraces torch and torchrun print, and the Python stack of a rank
+aborted (a hang's stop), folded into one line each."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TextIO
 
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.cli.views.terminal_text import printable
+from gpucluster.launch.hang_stacks import ABORTED
 from gpucluster.launch.logsearch import where
 from gpucluster.launch.model import OutputClosed
 from gpucluster.launch.tee_lines import TRACEBACK_START, FailureSummary
@@ -25,6 +27,11 @@ _BACKTRACE_START = re.compile(r"Exception raised from .* \(most recent call firs
 _BACKTRACE_FRAME = re.compile(r"frame #[0-9]+: |<omitting python frames>$")
 # A Python traceback's frames, indented, up to its exception line.
 _PYTHON_FRAME = re.compile(r"\s")
+# The rest of faulthandler's dump after its first line (an aborted rank's: a hang's
+# stop): blank lines, a header per thread, its frames, the extension modules loaded.
+_FAULT_DUMP = re.compile(r"$|(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):"
+                         r'|  File "|  <no Python frame>|Extension modules: ')
+_FAULT_DUMP_END = re.compile(r"Extension modules: ")
 # What a node's torchrun agent says when the rendezvous store is gone as it closes it.
 _RENDEZVOUS_NOT_CLOSED = re.compile(r"has failed to shutdown the rendezvous ")
 BATCH_LINES = 1000  # not live: lines written at once
@@ -115,6 +122,8 @@ class LinePrinter:
                 fold = self._folds.get((node, rank))
                 if fold is not None and fold.frame.match(text):
                     fold.frames += 1
+                    if fold.last is not None and fold.last.match(text):
+                        self._say_frames(out, node, rank)  # its end: said in its place
                     continue
                 self._say_frames(out, node, rank)
             shown = printable(text)
@@ -127,6 +136,9 @@ class LinePrinter:
             if _BACKTRACE_START.search(text):
                 self._folds[(node, rank)] = _Fold(_BACKTRACE_FRAME, "C++ backtrace",
                                                   self.full_logs)
+            elif rank is not None and text == ABORTED:
+                self._folds[(node, rank)] = _Fold(_FAULT_DUMP, "its Python stack",
+                                                  self.full_logs, last=_FAULT_DUMP_END)
             elif rank is None and text == TRACEBACK_START:
                 self._folds[(node, rank)] = _Fold(_PYTHON_FRAME, "torchrun's own traceback",
                                                   self.full_logs)
@@ -166,9 +178,10 @@ class LinePrinter:
 class _Fold:
     """A backtrace being folded: what its frames look like, what they are, the command
     that prints them (its job's, though the note comes after another attempt began), how
-    many."""
+    many; the line that ends it, where it has one (else the rank's next other line)."""
 
     frame: re.Pattern[str]
     what: str
     full_logs: str
     frames: int = 0
+    last: re.Pattern[str] | None = None
