@@ -26,8 +26,11 @@ from gpucluster.cli.views import launch as view
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from gpucluster.inventory import Inventory
-    from gpucluster.launch.jobs import JobStore
+    from gpucluster.launch.jobs import JobRecord, JobStore
+    from gpucluster.launch.model import StopResult
     from gpucluster.remote.session import Session
 
 # A stop still under way this long is said to be waiting (its workers saving on TERM)
@@ -41,6 +44,10 @@ def stop(
     every: Annotated[bool, typer.Option(
         "--all", help="Every job launched from here that still has processes on a node "
                       "(as gpucluster jobs lists them).")] = False,
+    stacks: Annotated[bool, typer.Option(
+        "--stacks", help="For a job that hangs: abort each rank first, so that it writes "
+                         "its Python stack into its log (faulthandler), then say where "
+                         "each rank was.")] = False,
     inventory: InventoryOption = None,
     grace: GraceOption = 10.0,
     json_output: JsonOption = False,
@@ -51,7 +58,7 @@ def stop(
     """End a job on every node: TERM, then KILL after the grace period; confirms that
     nothing of it is left. Several JOBs are stopped one after the other; --all stops
     every job of ours still running. JOB slurm-ID cancels a Slurm job (scancel) and waits
-    for Slurm to end it."""
+    for Slurm to end it. --stacks says where each rank was as it stopped."""
     from gpucluster.launch.control import running_besides
     from gpucluster.slurm.queue import slurm_job
 
@@ -62,6 +69,9 @@ def stop(
     if several and any(slurm_job(job) is not None for job in jobs or []):
         raise GpuclusterError("a Slurm job among several: Slurm's jobs are stopped one at a "
                               "time (fix: gpucluster stop slurm-ID on its own)")
+    if stacks and any(slurm_job(job) is not None for job in jobs or []):
+        raise GpuclusterError("--stacks: Slurm's jobs are cancelled by Slurm, which sends "
+                              "no abort (fix: gpucluster stop slurm-ID without --stacks)")
     loaded = load_inventory(inventory)
     store = job_store(loaded)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
@@ -71,7 +81,7 @@ def stop(
             stderr_console().print("no job launched from here has processes on the nodes: "
                                    "nothing to stop")
         stopped = [_stop_one(session, loaded, store, job, grace, json_output,
-                             alone=not several) for job in named]
+                             alone=not several, stacks=stacks) for job in named]
     if json_output and several:
         common.print_json(stdout_console(), {"jobs": [payload for payload, _ in stopped]})
     if not all(clean for _, clean in stopped):
@@ -79,9 +89,11 @@ def stop(
 
 
 def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | None,
-              grace: float, json_output: bool, alone: bool) -> tuple[dict[str, Any], bool]:
+              grace: float, json_output: bool, alone: bool, stacks: bool = False
+              ) -> tuple[dict[str, Any], bool]:
     """One job's stop, said (as JSON only when `alone`): its JSON, and whether every node
-    confirmed that nothing of it is left."""
+    confirmed that nothing of it is left. `stacks`: each rank aborted first, and where
+    they were said after."""
     from gpucluster.launch import supervisor
     from gpucluster.launch.control import running_besides
     from gpucluster.launch.control import stop as stop_job
@@ -104,12 +116,13 @@ def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | N
     # Said where the stop takes a while (its workers may save until the grace is over)
     waiting = threading.Timer(STOP_NOTICE_AFTER_S, stderr_console().print, [
         f"gpucluster: job {record.id}: waiting for it to end on "
-        f"{hostrange.fold(record.hosts)} (TERM sent to its torchrun; KILL to what is "
-        f"left {grace:g} s after it)"])
+        f"{hostrange.fold(record.hosts)} ("
+        f"{'each rank aborted for its stack, then ' if stacks else ''}TERM sent to its "
+        f"torchrun; KILL to what is left {grace:g} s after it)"])
     waiting.daemon = True
     waiting.start()
     try:
-        results = stop_job(session, loaded, record, grace)
+        results = stop_job(session, loaded, record, grace, dump_stacks=stacks)
     finally:
         waiting.cancel()
     # No job named, and the newest had already ended: the job meant may be an older one
@@ -118,9 +131,28 @@ def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | N
         r.found for r in results.values()) else running_besides(session, loaded, store,
                                                                  record.id)
     payload = view.stop_payload(record, results)
+    said = _where_ranks_were(record, results) if stacks else None
+    if said is not None:
+        payload["stacks"] = said[0]
     if json_output and alone:
         common.print_json(stdout_console(), payload)
     elif not json_output:
         view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None,
                            still_running=besides)
+        for line in said[1] if said is not None else []:
+            stdout_console().print(line, markup=False, highlight=False)
     return payload, view.stopped_cleanly(results)
+
+
+def _where_ranks_were(record: JobRecord, results: Mapping[str, StopResult]
+                      ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Where each rank was as the stop aborted it: as JSON, and in lines."""
+    from gpucluster.launch import hang_stacks
+
+    if not any(result.found for result in results.values()):
+        return [], ["--stacks: nothing of the job ran any more: no rank to ask"]
+    groups = hang_stacks.read(results)
+    return hang_stacks.payload(groups), hang_stacks.said(groups, record.id, "it was stopped") \
+        or ["--stacks: no rank wrote its stack (a job in a container, one whose env turns "
+            "PYTHONFAULTHANDLER off, or one started by an older gpucluster, which did not "
+            "turn it on)"]

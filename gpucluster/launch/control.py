@@ -34,24 +34,32 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
                                           record.container_runtime.get(connection.host),
                                           dump_stacks)
         result = connection.run(script, timeout=grace_s + 30)
-        found_reports = reports.by_kind(result.stdout)
-        how, found, left = ([*found_reports.get("stop", [""])[0].split(), "", "", ""])[:3]
-        if not how:
-            return StopResult(connection.host, 0, "error", (),
-                              (result.stderr or result.stdout).strip()[-200:])
-        pids = tuple(int(p) for p in left.split(",") if p.isdigit())
-        count = int(found) if found.isdigit() else 0
-        containers = found_reports.get("container-left", [])
-        if containers:  # its processes may be invisible to us; the engine still runs it
-            return StopResult(connection.host, count, "error", pids,
-                              f"container {containers[0]} is still running")
-        return StopResult(connection.host, count, how, pids)
+        return stop_result(connection.host, result.stdout, result.stderr)
 
     done = session.map(hosts, stop_on)
     results = dict(done.values)
     for node, failure in done.failures.items():
         results[node] = StopResult(node, 0, "unreachable", (), failure.message)
     return results
+
+
+def stop_result(node: str, stdout: str, stderr: str = "") -> StopResult:
+    """What a node's stop script reported: `@@gpc stop HOW FOUND LEFT`, a container
+    left, and each aborted rank's stack (`@@gpc section stack RANK`)."""
+    found_reports = reports.by_kind(stdout)
+    how, found, left = ([*found_reports.get("stop", [""])[0].split(), "", "", ""])[:3]
+    if not how:
+        return StopResult(node, 0, "error", (), (stderr or stdout).strip()[-200:])
+    pids = tuple(int(p) for p in left.split(",") if p.isdigit())
+    count = int(found) if found.isdigit() else 0
+    containers = found_reports.get("container-left", [])
+    if containers:  # its processes may be invisible to us; the engine still runs it
+        return StopResult(node, count, "error", pids,
+                          f"container {containers[0]} is still running")
+    stacks = {int(rank): tuple(section.output.splitlines())
+              for name, section in reports.sections(stdout).items()
+              if (rank := name.removeprefix("stack ")) != name and rank.isdigit()}
+    return StopResult(node, count, how, pids, stacks=stacks)
 
 
 def elsewhere(inventory: Inventory, record: JobRecord,

@@ -1,12 +1,13 @@
 """Where each rank was when a hang was stopped. The stop of a hung job aborts each worker
 first (templates/launch/stop.sh), and Python's faulthandler, which start turns on
-(PYTHONFAULTHANDLER), writes its threads' stacks into the rank's log as it dies:
+(PYTHONFAULTHANDLER), writes its threads' stacks to the rank's stderr as it dies; the
+stop reports each dump from the rank's own file:
 
-    [3]:Fatal Python error: Aborted
-    [3]:
-    [3]:Current thread 0x00007f8767d59b80 (most recent call first):
-    [3]:  File "/srv/gpucluster/proj/train.py", line 128 in main
-    [3]:  File "/srv/gpucluster/proj/train.py", line 146 in <module>
+    Fatal Python error: Aborted
+
+    Current thread 0x00007f8767d59b80 (most recent call first):
+      File "/srv/gpucluster/proj/train.py", line 128 in main
+      File "/srv/gpucluster/proj/train.py", line 146 in <module>
 
 Ranks that stopped at the same place share a line; the one elsewhere, or without a
 stack (a rank that did not die of the abort: stopped, or stuck in the kernel), is
@@ -15,12 +16,12 @@ usually the one to look at."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpucluster.hostrange import spans
-from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.logsearch import LogLine, node_lines
+from gpucluster.launch.model import StopResult
 
 ABORTED = "Fatal Python error: Aborted"
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
@@ -45,39 +46,29 @@ class StackGroup:
     nodes: tuple[str, ...]
 
 
-def main_threads(lines: Iterable[LogLine]) -> dict[int, tuple[Frame, ...]]:
-    """Each rank's main thread's frames at its abort, innermost first: the thread whose
-    outermost frame is the script's `<module>` (else the one the signal landed in)."""
-    threads: dict[int, list[tuple[bool, list[Frame]]]] = {}
-    open_ranks: set[int] = set()
-    for line in lines:
-        if line.rank is None:
-            continue
-        if line.text == ABORTED:
-            threads[line.rank] = []
-            open_ranks.add(line.rank)
-        elif line.rank in open_ranks:
-            if (header := _THREAD.match(line.text)) is not None:
-                threads[line.rank].append((header[1] == "Current thread", []))
-            elif (frame := _FRAME.match(line.text)) is not None and threads[line.rank]:
-                threads[line.rank][-1][1].append(
-                    Frame(frame["path"], int(frame["line"]), frame["function"]))
-            elif line.text.startswith("Extension modules:"):
-                open_ranks.discard(line.rank)  # the dump's last line
-    chosen = {}
-    for rank, dumped in threads.items():
-        main = [frames for _, frames in dumped if frames and frames[-1].function == "<module>"]
-        current = [frames for is_current, frames in dumped if is_current and frames]
-        if main or current:
-            chosen[rank] = tuple((main or current)[0])
-    return chosen
+def main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
+    """A rank's main thread's frames in its dump, innermost first: the thread whose
+    outermost frame is the script's `<module>` (else the one the signal landed in);
+    None for no dump."""
+    threads: list[tuple[bool, list[Frame]]] = []
+    for text in dump:
+        if (header := _THREAD.match(text)) is not None:
+            threads.append((header[1] == "Current thread", []))
+        elif (frame := _FRAME.match(text)) is not None and threads:
+            threads[-1][1].append(Frame(frame["path"], int(frame["line"]), frame["function"]))
+        elif text.startswith("Extension modules:"):
+            break  # the dump's last line
+    main = [frames for _, frames in threads if frames and frames[-1].function == "<module>"]
+    current = [frames for is_current, frames in threads if is_current and frames]
+    return tuple((main or current)[0]) if main or current else None
 
 
-def where(frames: tuple[Frame, ...], code_dir: str) -> str:
+def where(frames: tuple[Frame, ...]) -> str:
     """`train.py line 128 in main, in backward (torch/_tensor.py line 623)`: the
-    innermost frame of the job's own code, then the innermost of all where that is
-    another (what the rank was waiting in)."""
-    own = next((f for f in frames if f.path.startswith(code_dir.rstrip("/") + "/")), None)
+    innermost frame of the job's own code (beside its script, or below), then the
+    innermost of all where that is another (what the rank was waiting in)."""
+    code_dir = _script_dir(frames)
+    own = next((f for f in frames if f.path.startswith(code_dir)), None)
     innermost = frames[0]
     if own is None:
         return _frame_text(innermost, code_dir)
@@ -88,45 +79,52 @@ def where(frames: tuple[Frame, ...], code_dir: str) -> str:
     return said
 
 
+def _script_dir(frames: tuple[Frame, ...]) -> str:
+    """`/srv/proj/`: the directory of the script the main thread began in (its outermost
+    `<module>` that is a file, runpy's being `<frozen runpy>`). The job record's code dir
+    may be a shell expression (`"$HOME"/gpucluster/proj`) that only the node expands.
+    Without a script file (`python -c`), a string no path starts with."""
+    script = next((f for f in reversed(frames)
+                   if f.function == "<module>" and not f.path.startswith("<")), None)
+    return script.path.rsplit("/", 1)[0] + "/" if script and "/" in script.path else "\0"
+
+
 def _frame_text(frame: Frame, code_dir: str) -> str:
     return f"{_short(frame.path, code_dir)} line {frame.line} in {frame.function}"
 
 
 def _short(path: str, code_dir: str) -> str:
-    """A path as a reader places it: the job's files from its code dir, a package's from
-    its site-packages."""
-    prefix = code_dir.rstrip("/") + "/"
-    return path[len(prefix):] if path.startswith(prefix) else _PACKAGES.sub("", path)
+    """A path as a reader places it: the job's files from its script's dir, a
+    package's from its site-packages."""
+    return path.removeprefix(code_dir) if path.startswith(code_dir) else _PACKAGES.sub("", path)
 
 
-def read(store: JobStore, record: JobRecord) -> tuple[StackGroup, ...]:
-    """From the controller's copies of the job's logs: the ranks grouped by where they
-    stopped, the largest group first, then those without a stack. Empty where no rank
-    left one (a job in a container, faulthandler turned off): nothing to compare."""
-    stacks: dict[int, tuple[Frame, ...]] = {}
-    rank_nodes: dict[int, str] = {}
-    for node in record.hosts:
-        lines = list(node_lines(store, record, node))
-        rank_nodes.update((line.rank, node) for line in lines if line.rank is not None)
-        stacks.update(main_threads(lines))
-    if not stacks:
+def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
+    """From the stop's reports (each node's aborted ranks and their dumps): the ranks
+    grouped by where they stopped, the largest group first, then those without a stack.
+    Empty where no rank left one (a job in a container, faulthandler turned off):
+    nothing to compare."""
+    places: dict[str | None, list[tuple[int, str]]] = {}
+    for node, result in stopped.items():
+        for rank, dump in result.stacks.items():
+            frames = main_thread(dump)
+            places.setdefault(where(frames) if frames else None, []).append((rank, node))
+    if set(places) <= {None}:
         return ()
-    world = sum(record.nproc_per_node.get(node, 0) for node in record.hosts)
-    places: dict[str | None, list[int]] = {}
-    for rank in range(max(world, max(rank_nodes, default=-1) + 1)):
-        frames = stacks.get(rank)
-        places.setdefault(where(frames, record.code_dir) if frames else None, []).append(rank)
-    ordered = sorted(places.items(), key=lambda item: (item[0] is None, -len(item[1])))
-    return tuple(StackGroup(tuple(ranks), place, tuple(dict.fromkeys(
-        rank_nodes[r] for r in ranks if r in rank_nodes))) for place, ranks in ordered)
+    ordered = sorted(places.items(), key=lambda item: (item[0] is None, -len(item[1]),
+                                                       min(item[1])))
+    return tuple(StackGroup(tuple(sorted(rank for rank, _ in members)), place,
+                            tuple(dict.fromkeys(node for _, node in sorted(members))))
+                 for place, members in ordered)
 
 
-def said(groups: tuple[StackGroup, ...], job: str) -> list[str]:
+def said(groups: tuple[StackGroup, ...], job: str, when: str = "the hang was stopped"
+         ) -> list[str]:
     """The lines that tell it, each group's ranks by number (and node where few)."""
     if not groups:
         return []
-    lines = [f"where each rank was when the hang was stopped (its whole stack: gpucluster "
-             f"logs {job} --rank R):"]
+    lines = [f"where each rank was when {when} (its whole stack: gpucluster logs {job} "
+             f"--rank R):"]
     for group in groups:
         ranks = f"{'rank' if len(group.ranks) == 1 else 'ranks'} {spans(list(group.ranks))}"
         if group.nodes and len(group.nodes) <= 2:
@@ -134,3 +132,8 @@ def said(groups: tuple[StackGroup, ...], job: str) -> list[str]:
         lines.append(f"  {ranks}: " + (group.where or "no stack: it did not die of SIGABRT "
                                        "(stopped, or stuck in the kernel or a driver call)"))
     return lines
+
+
+def payload(groups: tuple[StackGroup, ...]) -> list[dict[str, Any]]:
+    """As --json has them: `where` null for the ranks without a stack."""
+    return [{"ranks": list(g.ranks), "where": g.where, "nodes": list(g.nodes)} for g in groups]

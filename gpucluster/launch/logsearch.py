@@ -155,7 +155,7 @@ def _stamps(path: Path) -> list[float]:
     return stamps
 
 
-def node_lines(store: JobStore, record: JobRecord, node: str) -> Iterator[LogLine]:
+def _node_lines(store: JobStore, record: JobRecord, node: str) -> Iterator[LogLine]:
     """The node's lines, the rotated part first, their stamps never going back (so that
     a merge keeps each node's own order, and a tail of it is each node's last lines). A
     line without a stamp of its own (a node without bash, an older job) takes the
@@ -206,7 +206,7 @@ def merged(store: JobStore, records: Iterable[JobRecord], keep: LogFilter,
     only the `last` of them when given."""
     return in_time_order([line for record in records for node in record.hosts
                           if keep.nodes is None or node in keep.nodes
-                          for line in node_lines(store, record, node) if keep.keeps(line)],
+                          for line in _node_lines(store, record, node) if keep.keeps(line)],
                          last)
 
 

@@ -126,6 +126,9 @@ class StopResult:
     how: str  # none, term, kill, unreachable
     left: tuple[int, ...] = ()  # pids still there afterwards (should be none)
     detail: str = ""
+    # A stop that aborted the workers first (a hang's): each rank's faulthandler dump,
+    # empty for one that wrote none (hang_stacks reads them).
+    stacks: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def confirmed(self) -> bool:

@@ -206,7 +206,7 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
         if ended in ("succeeded", "interrupted"):
             result.attempts.append(report)
             return result
-        report = _ended(report, store, record, say)
+        report = _ended(report, outcome, say)
         error = signature(outcome) if ended == "worker error" else None
         result.gave_up = _the_scripts_fault(outcome, error, previous_error)
         if result.gave_up:
@@ -238,14 +238,14 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
     return result
 
 
-def _ended(report: AttemptReport, store: JobStore, record: JobRecord,
-           say: Callable[[str], None]) -> AttemptReport:
-    """A failed attempt's end, said; a hang's with where each rank was."""
+def _ended(report: AttemptReport, outcome: JobOutcome, say: Callable[[str], None]
+           ) -> AttemptReport:
+    """A failed attempt's end, said; a hang's with where each rank was (its stop's)."""
     say(f"attempt {report.number} ended: {report.ended}: {report.detail}")
     if report.ended != "hang":
         return report
-    stacks = hang_stacks.read(store, record)
-    for line in hang_stacks.said(stacks, record.id):
+    stacks = hang_stacks.read(outcome.stopped)
+    for line in hang_stacks.said(stacks, report.job):
         say(line)
     return dataclasses.replace(report, stacks=stacks)
 

@@ -1,55 +1,51 @@
-"""Where each rank was when a hang was stopped, from faulthandler's dumps in the real
-logs of a hang on the sandbox (tests/fixtures/torch/README.md)."""
+"""Where each rank was when a hang was stopped, from the faulthandler dumps that the
+stop script of a real hang on the sandbox reported (tests/fixtures/torch/README.md)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from gpucluster.launch import hang_stacks
+from gpucluster.launch.control import stop_result
 from gpucluster.launch.hang_stacks import Frame, StackGroup
-from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.logsearch import LogLine
+from gpucluster.launch.model import StopResult
 
 CAPTURED = Path(__file__).parents[1] / "fixtures/torch/hang-stacks"
-JOB = "20261207-061622-262c"
+JOB = "20261207-064430-4500"
 
 
-def _record(nodes: tuple[str, ...] = ("node1", "node2", "node3")) -> JobRecord:
-    return JobRecord(JOB, "train.py", [], list(nodes), "/srv/gpucluster/proj",
-                     "/srv/gpucluster/jobs", 1796624182.0, dict.fromkeys(nodes, 2))
+def _stopped() -> dict[str, StopResult]:
+    return {node: stop_result(node, (CAPTURED / f"stop-{node}.txt").read_text())
+            for node in ("node1", "node2", "node3")}
 
 
-def _store(tmp_path: Path) -> JobStore:
-    store = JobStore(tmp_path)
-    store.directory(JOB).mkdir(parents=True)
-    for log in CAPTURED.glob("*.log"):
-        shutil.copy(log, store.directory(JOB) / log.name)
-    return store
-
-
-def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward(
-        tmp_path: Path) -> None:
-    groups = hang_stacks.read(_store(tmp_path), _record())
+def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward() -> None:
+    stopped = _stopped()
+    assert {node: sorted(r.stacks) for node, r in stopped.items()} == {
+        "node1": [0, 1], "node2": [2, 3], "node3": [4, 5]}
+    assert stopped["node2"].stacks[3] == () and stopped["node2"].how == "kill"
+    groups = hang_stacks.read(stopped)
     assert groups == (
         StackGroup((0, 1, 2, 4, 5), "train.py line 128 in main, in _engine_run_backward "
                                     "(torch/autograd/graph.py line 979)",
                    ("node1", "node2", "node3")),
         StackGroup((3,), None, ("node2",)))
     said = hang_stacks.said(groups, JOB)
-    assert said[0].endswith(f"(its whole stack: gpucluster logs {JOB} --rank R):")
+    assert said[0] == f"where each rank was when the hang was stopped (its whole stack: " \
+                      f"gpucluster logs {JOB} --rank R):"
     assert said[1].startswith("  ranks 0-2,4-5: train.py line 128") and "(node" not in said[1]
     assert said[2] == "  rank 3 (node2): no stack: it did not die of SIGABRT (stopped, or " \
                       "stuck in the kernel or a driver call)"
+    assert hang_stacks.payload(groups)[1] == {"ranks": [3], "where": None, "nodes": ["node2"]}
 
 
-def test_no_stack_at_all_says_nothing(tmp_path: Path) -> None:
+def test_no_stack_at_all_says_nothing() -> None:
     """A job in a container, or with faulthandler turned off: nothing to compare."""
-    store = JobStore(tmp_path)
-    store.directory(JOB).mkdir(parents=True)
-    (store.directory(JOB) / "node1.log").write_text("[0]:epoch 1\n[1]:epoch 1\n")
-    assert hang_stacks.read(store, _record(("node1",))) == ()
+    silent = stop_result("node1", "@@gpc section stack 0\n@@gpc end 0\n@@gpc stop term 3 -\n")
+    assert silent.stacks == {0: ()}
+    assert hang_stacks.read({"node1": silent}) == ()
     assert hang_stacks.said((), JOB) == []
+    assert hang_stacks.read({"node1": stop_result("node1", "@@gpc stop term 3 -\n")}) == ()
 
 
 def test_the_main_thread_is_the_one_that_began_in_the_script_wherever_the_signal_landed(
@@ -65,15 +61,17 @@ def test_the_main_thread_is_the_one_that_began_in_the_script_wherever_the_signal
             '  File "/code/train.py", line 40 in <module>', "",
             "Extension modules: torch._C (total: 1)",
             '  File "/code/after.py", line 1 in not_the_dump']
-    lines = [LogLine(0.0, JOB, "node1", 7, text) for text in dump]
-    frames = hang_stacks.main_threads(lines)[7]
-    assert frames[0] == Frame("/venv/lib/python3.11/site-packages/torch/distributed/"
-                              "distributed_c10d.py", 2806, "all_reduce")
+    frames = hang_stacks.main_thread(dump)
+    assert frames is not None and frames[0] == Frame(
+        "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2806,
+        "all_reduce")
     assert len(frames) == 3  # the line after the dump's end is no frame of it
-    assert hang_stacks.where(frames, "/code") == \
+    assert hang_stacks.where(frames) == \
         "lib/step.py line 9 in step, in all_reduce (torch/distributed/distributed_c10d.py " \
         "line 2806)"
     # Stopped in the script's own code: that frame alone.
-    assert hang_stacks.where(frames[1:], "/code/") == "lib/step.py line 9 in step"
-    # torchrun's own lines (no rank) are never a rank's dump.
-    assert hang_stacks.main_threads([LogLine(0.0, JOB, "node1", None, t) for t in dump]) == {}
+    assert hang_stacks.where(frames[1:]) == "lib/step.py line 9 in step"
+    # No script file (python -c): the innermost frame, its path as it stands.
+    assert hang_stacks.where((Frame("/a/b.py", 3, "f"), Frame("<string>", 1, "<module>"))) \
+        == "/a/b.py line 3 in f"
+    assert hang_stacks.main_thread([]) is None

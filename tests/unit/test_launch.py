@@ -513,8 +513,21 @@ sys.exit(143)
 """
 
 
+# torchrun as far as a stop with --stacks needs it: the worker's rank in its environment,
+# its stderr in a file of torchrun's --log-dir by local rank.
+_LOGGING_TORCHRUN_STAND_IN = """
+import os, subprocess, sys
+logs = os.path.join(os.environ["GPC_JOB_DIR"], "torchrun", "j_x", "attempt_0", "0")
+os.makedirs(logs)
+with open(os.path.join(logs, "stderr.log"), "w") as stderr:
+    worker = subprocess.Popen([sys.executable, "worker.py"], start_new_session=True,
+                              stderr=stderr, env={**os.environ, "RANK": "3", "LOCAL_RANK": "0"})
+sys.exit(1 if worker.wait() else 0)
+"""
+
+
 @contextlib.contextmanager
-def _job_saving_on_term(tmp_path: Path
+def _job_saving_on_term(tmp_path: Path, torchrun: str = _TORCHRUN_STAND_IN
                         ) -> Iterator[tuple[inventory_module.Inventory, JobRecord]]:
     """A job started on this machine as node1 (`connection: local`) by the real start
     script: the torchrun stand-in and its worker, which saves for a second on TERM.
@@ -528,7 +541,7 @@ def _job_saving_on_term(tmp_path: Path
                                  jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
     (tmp_path / "worker.py").write_text(_WORKER_STAND_IN)
-    (tmp_path / "torchrun.py").write_text(_TORCHRUN_STAND_IN)
+    (tmp_path / "torchrun.py").write_text(torchrun)
     start = node_scripts.start_script(record, "node1", f"{sys.executable} torchrun.py",
                                       "", False, None)
     ran = subprocess.run(["sh", "-c", start], capture_output=True, text=True, timeout=20,
@@ -581,18 +594,52 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
 def test_a_hangs_stop_aborts_each_worker_first_and_its_python_stack_lands_in_the_log(
         tmp_path: Path) -> None:
     """The stop of a hang: each worker (torchrun's child), not torchrun, gets ABRT, and
-    faulthandler (PYTHONFAULTHANDLER, which start sets) writes its stack into the log as
-    it dies: hang_stacks then says where each rank was."""
-    with _job_saving_on_term(tmp_path) as (_, record):
+    faulthandler (PYTHONFAULTHANDLER, which start sets) writes its stack to its stderr
+    as it dies; the stop reports it by rank, from the rank's own file."""
+    from gpucluster.launch.control import stop_result
+
+    with _job_saving_on_term(tmp_path, _LOGGING_TORCHRUN_STAND_IN) as (_, record):
         said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5,
                                                                     dump_stacks=True)],
                               capture_output=True, text=True, timeout=30, check=True).stdout
-        assert said.split()[:2] == ["@@gpc", "stop"] and said.split()[4] == "-", said
-    log = (tmp_path / "jobs" / record.id / "node1" / "node.log").read_text()
-    assert log.count("Fatal Python error: Aborted") == 1, log  # the worker's alone
-    assert re.search(r'File ".*worker\.py", line \d+ in <module>', log), log
+    result = stop_result("node1", said)
+    assert result.confirmed and list(result.stacks) == [3], said
+    dump = result.stacks[3]
+    assert dump[0] == "Fatal Python error: Aborted", dump
+    assert any(re.match(r'  File ".*worker\.py", line 11 in <module>$', line) for line in dump)
     assert not (tmp_path / "terms").exists()  # it died of the abort, before any TERM
+    # torchrun was not aborted: it saw its worker die and exited 1 by itself.
+    exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
+    _wait_for(exit_code.exists)
+    assert exit_code.read_text().split()[0] == "1"
     assert not list(tmp_path.glob("core*"))
+
+
+def test_stop_with_stacks_says_where_each_rank_was(tmp_path: Path) -> None:
+    """`gpucluster stop --stacks` of a job that hangs (not under --recover): each rank
+    aborted first, its log fetched, and where it was said, in text and in JSON."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+    from gpucluster.state import state_dir_for
+
+    for json_output in (False, True):
+        with _job_saving_on_term(tmp_path, _LOGGING_TORCHRUN_STAND_IN) as (loaded, record):
+            state = state_dir_for(loaded)
+            JobStore(state).save(record)
+            result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
+                                              "--stacks", *(["--json"] if json_output else [])])
+        assert result.exit_code == 0, result.output
+        if json_output:
+            assert json.loads(result.stdout)["stacks"] == [
+                {"ranks": [3], "where": "worker.py line 11 in <module>", "nodes": ["node1"]}]
+        else:
+            assert result.stdout.splitlines()[-2:] == [
+                f"where each rank was when it was stopped (its whole stack: gpucluster logs "
+                f"{record.id} --rank R):", "  rank 3 (node1): worker.py line 11 in <module>"]
+        assert not (tmp_path / "terms").exists()  # aborted, not TERMed
+        shutil.rmtree(tmp_path / "jobs")  # the JSON run's stop reads files of its own
+        shutil.rmtree(state)
 
 
 def test_a_stop_that_takes_a_while_says_what_it_waits_for(

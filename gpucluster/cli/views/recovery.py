@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from gpucluster import hostrange
 from gpucluster.cli.views.launch import outcome_payload
+from gpucluster.launch import hang_stacks
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.recover import AttemptReport, RecoveryResult, left_running
 from gpucluster.wording import counted
@@ -62,8 +63,7 @@ def recovery_payload(result: RecoveryResult, store: JobStore) -> dict[str, Any]:
                       "ended": a.ended, "detail": a.detail,
                       "duration_s": round(a.duration_s, 1), "quarantined": a.quarantined,
                       "out_of_reach": list(a.out_of_reach),
-                      "stacks": [{"ranks": list(g.ranks), "where": g.where,
-                                  "nodes": list(g.nodes)} for g in a.stacks],
+                      "stacks": hang_stacks.payload(a.stacks),
                       "first_step": a.first_step, "last_step": a.last_step, **resumed(i, a)}
                      for i, a in enumerate(result.attempts)],
         "last": outcome_payload(result.outcome, store) if result.outcome else None,
