@@ -4,6 +4,9 @@ of it is left; a Slurm job through scancel."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -56,8 +59,8 @@ def stop(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """End a job on every node: TERM, then KILL after the grace period; confirms that
-    nothing of it is left. Several JOBs are stopped one after the other; --all stops
-    every job of ours still running. JOB slurm-ID cancels a Slurm job (scancel) and waits
+    nothing of it is left. Several JOBs are stopped at once; --all stops every job of
+    ours still running. JOB slurm-ID cancels a Slurm job (scancel) and waits
     for Slurm to end it. --stacks says where each rank was as it stopped."""
     from gpucluster.launch.control import running_besides
     from gpucluster.slurm.queue import slurm_job
@@ -80,20 +83,34 @@ def stop(
         if not named:
             stderr_console().print("no job launched from here has processes on the nodes: "
                                    "nothing to stop")
-        stopped = [_stop_one(session, loaded, store, job, grace, json_output,
-                             alone=not several, stacks=stacks) for job in named]
+        def stop_one(job: str | None) -> _Stopped:
+            return _stop_one(session, loaded, store, job, grace, json_output,
+                             alone=not several, stacks=stacks)
+
+        # Several at once, each in its own grace period; their lines in the order named
+        stopped = []
+        with ThreadPoolExecutor(max_workers=max(len(named), 1)) as pool:
+            for done in pool.map(stop_one, named):
+                done.show()
+                stopped.append(done)
     if json_output and several:
-        common.print_json(stdout_console(), {"jobs": [payload for payload, _ in stopped]})
-    if not all(clean for _, clean in stopped):
+        common.print_json(stdout_console(), {"jobs": [done.payload for done in stopped]})
+    if not all(done.clean for done in stopped):
         raise typer.Exit(EXIT_FAILED)
+
+
+@dataclass(frozen=True)
+class _Stopped:
+    payload: dict[str, Any]  # its JSON
+    clean: bool  # every node confirmed that nothing of it is left
+    show: Callable[[], None] = lambda: None  # says it
 
 
 def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | None,
               grace: float, json_output: bool, alone: bool, stacks: bool = False
-              ) -> tuple[dict[str, Any], bool]:
-    """One job's stop, said (as JSON only when `alone`): its JSON, and whether every node
-    confirmed that nothing of it is left. `stacks`: each rank aborted first, and where
-    they were said after."""
+              ) -> _Stopped:
+    """One job's stop, and how to say it (as JSON only when `alone`). `stacks`: each
+    rank aborted first, and where they were said after."""
     from gpucluster.launch import supervisor
     from gpucluster.launch.control import running_besides
     from gpucluster.launch.control import stop as stop_job
@@ -104,7 +121,7 @@ def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | N
         from gpucluster.cli import slurm_jobs
 
         slurm_jobs.cancel(session, loaded, slurm_id, json_output)
-        return {"job": f"slurm-{slurm_id}"}, True
+        return _Stopped({"job": f"slurm-{slurm_id}"}, True)
     record = store.load(job)
     watcher = supervisor.supervisor_of(store, record.id)
     if watcher is not None:  # first, or it would start the next attempt
@@ -134,14 +151,16 @@ def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | N
     said = _where_ranks_were(record, results) if stacks else None
     if said is not None:
         payload["stacks"] = said[0]
-    if json_output and alone:
-        common.print_json(stdout_console(), payload)
-    elif not json_output:
-        view.print_stopped(stdout_console(), record, results, by_supervisor=watcher is not None,
-                           still_running=besides)
-        for line in said[1] if said is not None else []:
-            stdout_console().print(line, markup=False, highlight=False)
-    return payload, view.stopped_cleanly(results)
+
+    def show() -> None:
+        if json_output and alone:
+            common.print_json(stdout_console(), payload)
+        elif not json_output:
+            view.print_stopped(stdout_console(), record, results,
+                               by_supervisor=watcher is not None, still_running=besides)
+            for line in said[1] if said is not None else []:
+                stdout_console().print(line, markup=False, highlight=False)
+    return _Stopped(payload, view.stopped_cleanly(results), show)
 
 
 def _where_ranks_were(record: JobRecord, results: Mapping[str, StopResult]

@@ -797,10 +797,10 @@ def test_a_stop_of_the_newest_job_that_had_ended_names_an_older_one_still_runnin
         assert not (tmp_path / "terms").exists()  # the older job was not touched
 
 
-def test_stop_all_stops_every_job_still_running_and_several_jobs_in_turn(
+def test_stop_all_stops_every_job_still_running_and_several_jobs_at_once(
         tmp_path: Path) -> None:
     """`stop --all`: each job launched from here with processes on a node (an ended one
-    is not stopped again); `stop A B`: each in turn, a line each."""
+    is not stopped again); `stop A B`: all at once, a line each in the order named."""
     from typer.testing import CliRunner
 
     from gpucluster.cli.main import app
