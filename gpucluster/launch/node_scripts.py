@@ -19,13 +19,14 @@ HEARTBEAT_S = 2
 CHECKPOINT_COPY_S = 3600.0
 SUDO_RUNTIME = "sudo:"  # how start reports an engine it runs through sudo
 # What templates/launch/_rank_lines sets for torchrun: output that streams live, each
-# rank's line behind its global rank (launch's and export sbatch's alike).
-RANK_LINE_ENV_NAMES = ("PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+# rank's line behind its global rank, a crashed rank's Python stack (launch's and export
+# sbatch's alike).
+RANK_LINE_ENV_NAMES = ("PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+                       "PYTHONFAULTHANDLER")
 # What start sets for a job, passed into its container: those, the job's dirs,
 # torchrun's one-thread default...
 JOB_ENV_NAMES = (JOB_VARIABLE, *RANK_LINE_ENV_NAMES, "GPUCLUSTER_CHECKPOINT_DIR",
-                 "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS",
-                 "PYTHONFAULTHANDLER")
+                 "GPUCLUSTER_HEARTBEAT_FILE", "GPUCLUSTER_ATTEMPT", "OMP_NUM_THREADS")
 # launch --debug: set on every rank unless the job's env sets them (templates/launch/start).
 DEBUG_ENV_NAMES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
                    "TORCH_DISTRIBUTED_DEBUG", "TORCH_FR_BUFFER_SIZE",

@@ -205,6 +205,9 @@ def test_the_sbatch_script_asks_for_every_node_and_rendezvous_at_the_first(
         "train.py", (), "/srv/gpucluster/proj", synced=True, image="ghcr.io/org/t:1"))
     assert '--name "gpucluster-slurm-$SLURM_JOB_ID" ' in imaged  # one container per job
     assert "-e PYTHONUNBUFFERED -e TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE " in imaged
+    # A rank that crashes prints its Python stack, as under launch; in the image too.
+    assert 'export PYTHONFAULTHANDLER="${PYTHONFAULTHANDLER-1}"' in text
+    assert "-e PYTHONFAULTHANDLER " in imaged
     assert " ghcr.io/org/t:1 torchrun " in imaged
 
 
