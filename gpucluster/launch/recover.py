@@ -19,9 +19,14 @@ from gpucluster import hostrange
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import hang_stacks
 from gpucluster.launch.attempt import Attempt
-from gpucluster.launch.hang_stacks import StackGroup
+from gpucluster.launch.attempt_report import (
+    AttemptReport,
+    classify,
+    failure_note,
+    signature,
+)
 from gpucluster.launch.jobs import JobRecord, JobStore
-from gpucluster.launch.known_causes import error_lines, mended_by_restart
+from gpucluster.launch.known_causes import mended_by_restart
 from gpucluster.launch.model import (
     DEFAULT_GRACE_S,
     JobOutcome,
@@ -67,37 +72,6 @@ def watchdog_env(policy: RecoveryPolicy) -> dict[str, str]:
             "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": bound, COLLECTIVE_TIMEOUT: bound}
 
 
-@dataclass(frozen=True)
-class AttemptReport:
-    number: int
-    job: str
-    nodes: tuple[str, ...]
-    ended: str  # succeeded, node lost, hang, worker error, interrupted
-    detail: str
-    duration_s: float
-    quarantined: dict[str, str] = field(default_factory=dict)  # node -> why
-    # Of those, the ones out of reach, where the attempt could not be stopped: its ranks
-    # may go on there (a network cut, not a dead node) until `gpucluster stop JOB`.
-    out_of_reach: tuple[str, ...] = ()
-    stacks: tuple[StackGroup, ...] = ()  # a hang's: where each rank was (hang_stacks)
-    # From the nodes' heartbeats: the first and last step the script wrote (None when it
-    # writes none), and when the first and last progress arrived (controller clock).
-    first_step: int | None = None
-    last_step: int | None = None
-    first_progress_at: float | None = None
-    last_progress_at: float | None = None
-
-    def resumed(self, previous: AttemptReport) -> tuple[int | None, int | None, float | None]:
-        """After `previous` failed: the step this attempt resumed at, the steps done
-        again, and the time without progress between the two."""
-        redone = (max(previous.last_step - self.first_step + 1, 0)
-                  if previous.last_step is not None and self.first_step is not None else None)
-        lost = (self.first_progress_at - previous.last_progress_at
-                if self.first_progress_at is not None and previous.last_progress_at is not None
-                else None)
-        return self.first_step, redone, lost
-
-
 @dataclass
 class RecoveryResult:
     run: str
@@ -112,43 +86,6 @@ class RecoveryResult:
         if self.outcome is None:
             return 1
         return self.outcome.exit_code if not self.gave_up else max(self.outcome.exit_code, 1)
-
-
-def classify(outcome: JobOutcome) -> tuple[str, str]:
-    """What ended the attempt, and in a few words how."""
-    if outcome.interrupted:
-        return "interrupted", "Ctrl-C"
-    if outcome.hang:
-        return "hang", outcome.hang
-    failure = outcome.first_failure
-    if failure is None:
-        return ("succeeded", "") if outcome.exit_code == 0 else ("worker error", "failed")
-    if failure.state.state in ("unreachable", "lost"):
-        return "node lost", f"{failure.node}: {failure.state.state}" + (
-            f" ({failure.state.detail})" if failure.state.detail else "")
-    if failure.state.state == "leftover":  # its torchrun, not a rank, ended first
-        return "worker error", f"{failure.node}: {failure.state.leftover_cause}"
-    rank = f"rank {failure.rank}" if failure.rank is not None else "a rank"
-    last = signature(outcome)[1]
-    if failure.killing_signal:  # it printed no error of its own: its last line is not one
-        how = f"killed by {failure.killing_signal}" + (f"; its last line: {last}" if last
-                                                      else "")
-        return "worker error", f"{rank} on {failure.node}: {how}"
-    return "worker error", f"{rank} on {failure.node}: {last or 'failed'}"
-
-
-def signature(outcome: JobOutcome) -> tuple[int | None, str]:
-    """A worker error's rank and last error line: the same line on two attempts in a row
-    is the script's bug, not a node's."""
-    failure = outcome.first_failure
-    if failure is None:
-        return None, ""
-    lines = [line.strip() for line in (failure.rank_tail or failure.tail) if line.strip()]
-    # The exception's line (a rank's stdout may still arrive after its traceback, even
-    # thousands of lines after), without torch's "[rankN]: " prefix, so that the same
-    # error on another rank reads the same.
-    errors = error_lines(failure.rank_error) or error_lines(lines)
-    return failure.rank, errors[-1] if errors else (lines[-1] if lines else "")
 
 
 def recover(session: Session, inventory: Inventory, store: JobStore, request: LaunchRequest,
@@ -206,7 +143,7 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
         if ended in ("succeeded", "interrupted"):
             result.attempts.append(report)
             return result
-        report = _ended(report, outcome, say)
+        report = _ended(report, outcome, store, say)
         error = signature(outcome) if ended == "worker error" else None
         result.gave_up = _the_scripts_fault(outcome, error, previous_error)
         if result.gave_up:
@@ -238,16 +175,17 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
     return result
 
 
-def _ended(report: AttemptReport, outcome: JobOutcome, say: Callable[[str], None]
-           ) -> AttemptReport:
-    """A failed attempt's end, said; a hang's with where each rank was (its stop's)."""
+def _ended(report: AttemptReport, outcome: JobOutcome, store: JobStore,
+           say: Callable[[str], None]) -> AttemptReport:
+    """A failed attempt's end, said, and noted for `jobs` while the run goes on; a
+    hang's with where each rank was (its stop's)."""
     say(f"attempt {report.number} ended: {report.ended}: {report.detail}")
-    if report.ended != "hang":
-        return report
-    stacks = hang_stacks.read(outcome.stopped)
-    for line in hang_stacks.said(stacks, report.job):
-        say(line)
-    return dataclasses.replace(report, stacks=stacks)
+    if report.ended == "hang":
+        report = dataclasses.replace(report, stacks=hang_stacks.read(outcome.stopped))
+        for line in hang_stacks.said(report.stacks, report.job):
+            say(line)
+    store.note_failure(report.job, failure_note(report))
+    return report
 
 
 def _start_again(session: Session, inventory: Inventory, healthy: list[Host],

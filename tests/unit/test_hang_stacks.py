@@ -75,3 +75,19 @@ def test_the_main_thread_is_the_one_that_began_in_the_script_wherever_the_signal
     assert hang_stacks.where((Frame("/a/b.py", 3, "f"), Frame("<string>", 1, "<module>"))) \
         == "/a/b.py line 3 in f"
     assert hang_stacks.main_thread([]) is None
+
+
+def test_jobs_notes_a_hangs_ranks_apart_from_the_rest() -> None:
+    """The line `jobs` shows for an attempt that hung, noted as the attempt ends: the
+    ranks elsewhere than most, or without a stack, beside the hang's words."""
+    from gpucluster.launch.attempt_report import AttemptReport, failure_note
+
+    hang = AttemptReport(1, JOB, ("node1", "node2", "node3"), "hang",
+                         "no rank made progress for 15s (--hang-timeout 15)", 70.0,
+                         stacks=hang_stacks.read(_stopped()))
+    assert failure_note(hang) == \
+        "hang: no rank made progress for 15s (--hang-timeout 15); rank 3: no stack"
+    lost = AttemptReport(1, JOB, ("node1",), "node lost", "node1: unreachable", 5.0)
+    assert failure_note(lost) == "node lost: node1: unreachable"
+    error = AttemptReport(1, JOB, ("node1",), "worker error", "rank 1 on node1: boom", 5.0)
+    assert failure_note(error) == "rank 1 on node1: boom"

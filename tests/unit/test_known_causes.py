@@ -285,9 +285,9 @@ def test_a_ranks_traceback_far_above_its_last_lines_is_still_what_it_died_of(
     15 MB left 11000 lines of its stdout after its traceback (seen on the sandbox). Its
     last lines were `step ...`, and neither the summary nor the cause named the error."""
     from gpucluster.cli.views.launch import outcome_payload, print_outcome
+    from gpucluster.launch.attempt_report import signature
     from gpucluster.launch.jobs import JobRecord, JobStore
     from gpucluster.launch.model import JobOutcome
-    from gpucluster.launch.recover import signature
 
     traceback = ["[rank3]: Traceback (most recent call last):",
                  '[rank3]:   File "/srv/proj/train.py", line 40, in <module>',

@@ -1674,8 +1674,8 @@ def test_nodes_syncing_into_one_shared_code_dir_never_expose_a_partial_file(
 
 
 def test_recovery_classifies_what_ended_an_attempt(tmp_path: Path) -> None:
+    from gpucluster.launch.attempt_report import classify, signature
     from gpucluster.launch.model import FirstFailure, JobOutcome, NodeState
-    from gpucluster.launch.recover import classify, signature
 
     record = JobRecord("20260101-000000-abcd", "t.py", [], ["n1", "n2"], "/c", "/j", 0.0,
                        {"n1": 1, "n2": 1})
@@ -1711,7 +1711,7 @@ def test_recovery_classifies_what_ended_an_attempt(tmp_path: Path) -> None:
 
 
 def test_recovery_reports_the_step_each_attempt_resumed_at() -> None:
-    from gpucluster.launch.recover import AttemptReport
+    from gpucluster.launch.attempt_report import AttemptReport
 
     failed = AttemptReport(1, "j1", ("n1",), "node lost", "", 30.0, first_step=1,
                            last_step=57, first_progress_at=100.0, last_progress_at=130.0)
@@ -1730,7 +1730,8 @@ def test_a_quarantined_node_out_of_reach_is_named_with_the_stop_of_its_attempt()
     from rich.console import Console
 
     from gpucluster.cli.views.recovery import print_recovery
-    from gpucluster.launch.recover import AttemptReport, RecoveryResult
+    from gpucluster.launch.attempt_report import AttemptReport
+    from gpucluster.launch.recover import RecoveryResult
 
     cut = AttemptReport(1, "j1", ("node1", "node2", "node3"), "node lost", "node2: ...",
                         30.0, quarantined={"node2": "ssh: unreachable", "node3": "xid: 79"},

@@ -11,8 +11,9 @@ from rich.markup import escape
 from gpucluster import hostrange
 from gpucluster.cli.views.launch import outcome_payload
 from gpucluster.launch import hang_stacks
+from gpucluster.launch.attempt_report import AttemptReport
 from gpucluster.launch.jobs import JobStore
-from gpucluster.launch.recover import AttemptReport, RecoveryResult, left_running
+from gpucluster.launch.recover import RecoveryResult, left_running
 from gpucluster.wording import counted
 
 
