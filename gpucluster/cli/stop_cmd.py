@@ -148,7 +148,7 @@ def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | N
         r.found for r in results.values()) else running_besides(session, loaded, store,
                                                                  record.id)
     payload = view.stop_payload(record, results)
-    said = _where_ranks_were(record, results) if stacks else None
+    said = _where_ranks_were(store, record, results) if stacks else None
     if said is not None:
         payload["stacks"] = said[0]
 
@@ -163,7 +163,8 @@ def _stop_one(session: Session, loaded: Inventory, store: JobStore, job: str | N
     return _Stopped(payload, view.stopped_cleanly(results), show)
 
 
-def _where_ranks_were(record: JobRecord, results: Mapping[str, StopResult]
+def _where_ranks_were(store: JobStore, record: JobRecord,
+                      results: Mapping[str, StopResult]
                       ) -> tuple[list[dict[str, Any]], list[str]]:
     """Where each rank was as the stop aborted it: as JSON, and in lines."""
     from gpucluster.launch import hang_stacks
@@ -171,7 +172,9 @@ def _where_ranks_were(record: JobRecord, results: Mapping[str, StopResult]
     if not any(result.found for result in results.values()):
         return [], ["--stacks: nothing of the job ran any more: no rank to ask"]
     groups = hang_stacks.read(results)
-    return hang_stacks.payload(groups), hang_stacks.said(groups, record.id, "it was stopped") \
-        or ["--stacks: no rank wrote its stack (a job in a container, one whose env turns "
-            "PYTHONFAULTHANDLER off, or one started by an older gpucluster, which did not "
-            "turn it on)"]
+    if not groups:
+        return [], ["--stacks: no rank wrote its stack (a job in a container, one whose env "
+                    "turns PYTHONFAULTHANDLER off, or one started by an older gpucluster, "
+                    "which did not turn it on)"]
+    kept = hang_stacks.write(store.directory(record.id), results)
+    return hang_stacks.payload(groups), hang_stacks.said(groups, kept, "it was stopped")

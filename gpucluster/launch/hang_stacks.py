@@ -18,12 +18,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpucluster.hostrange import spans
 from gpucluster.launch.model import StopResult
 
 ABORTED = "Fatal Python error: Aborted"
+STACKS_FILE = "stacks.txt"  # in the job's directory here, by write()
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(?P<path>.*)", line (?P<line>\d+) in (?P<function>.*)$')
 _PACKAGES = re.compile(r".*/(?:site|dist)-packages/")
@@ -118,13 +120,27 @@ def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
                  for place, members in ordered)
 
 
-def said(groups: tuple[StackGroup, ...], job: str, when: str = "the hang was stopped"
+def write(directory: Path, stopped: Mapping[str, StopResult]) -> Path:
+    """Every rank's whole dump, rank by rank, into `directory`/stacks.txt (the job's
+    directory here): the node's log may have lost lines of it (torchrun's tee)."""
+    dumps = sorted((rank, node, dump) for node, result in stopped.items()
+                   for rank, dump in result.stacks.items())
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / STACKS_FILE
+    path.write_text("".join(
+        f"== rank {rank} on {node}" + ("" if dump else ": no stack") + " ==\n"
+        + "".join(f"{line}\n" for line in dump) + "\n" for rank, node, dump in dumps),
+        encoding="utf-8")
+    return path
+
+
+def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was stopped"
          ) -> list[str]:
-    """The lines that tell it, each group's ranks by number (and node where few)."""
+    """The lines that tell it, each group's ranks by number (and node where few);
+    `kept`: the file with every rank's whole stack."""
     if not groups:
         return []
-    lines = [f"where each rank was when {when} (its whole stack: gpucluster logs {job} "
-             f"--rank R):"]
+    lines = [f"where each rank was when {when} (each rank's whole stack: {kept}):"]
     for group in groups:
         ranks = f"{'rank' if len(group.ranks) == 1 else 'ranks'} {spans(list(group.ranks))}"
         if group.nodes and len(group.nodes) <= 2:

@@ -276,6 +276,22 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     with tarfile.open(written) as archive:
         assert "ok/nodes/node1/dmesg.txt" in archive.getnames()
     assert written.stat().st_mode & 0o777 == 0o600
+    # A job's bundle: its record, the controller's copies of its logs, and where each
+    # rank was when a hang's stop (or stop --stacks) aborted it.
+    from gpucluster.launch.jobs import JobRecord
+
+    record = JobRecord("20261207-064430-4500", "train.py", [], ["node1"], "/c", "/j", 0.0,
+                       {"node1": 1})
+    store.save(record)
+    (store.directory(record.id) / "node1.log").write_text("[0]:epoch 1\n")
+    (store.directory(record.id) / "stacks.txt").write_text("== rank 0 on node1 ==\n")
+    with_job = tmp_path / "job.tar.gz"
+    write(dataclasses.replace(collected, record=record), store, Path("inv.yaml"), with_job)
+    with tarfile.open(with_job) as archive:
+        assert {"job/job.json", "job/logs/node1.log", "job/stacks.txt"} <= {
+            name.split("/", 1)[1] for name in archive.getnames()}
+        kept = archive.extractfile("job/job/stacks.txt")  # the archive's own dir first
+        assert kept is not None and kept.read() == b"== rank 0 on node1 ==\n"
     short = tmp_path / "short.tgz"
     write(collected, store, Path("inv.yaml"), short)
     with tarfile.open(short) as archive:

@@ -19,7 +19,8 @@ def _stopped() -> dict[str, StopResult]:
             for node in ("node1", "node2", "node3")}
 
 
-def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward() -> None:
+def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward(
+        tmp_path: Path) -> None:
     stopped = _stopped()
     assert {node: sorted(r.stacks) for node, r in stopped.items()} == {
         "node1": [0, 1], "node2": [2, 3], "node3": [4, 5]}
@@ -30,9 +31,17 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
                                     "(torch/autograd/graph.py line 979)",
                    ("node1", "node2", "node3")),
         StackGroup((3,), None, ("node2",)))
-    said = hang_stacks.said(groups, JOB)
-    assert said[0] == f"where each rank was when the hang was stopped (its whole stack: " \
-                      f"gpucluster logs {JOB} --rank R):"
+    kept = hang_stacks.write(tmp_path / "jobs" / JOB, stopped)
+    said = hang_stacks.said(groups, kept)
+    assert said[0] == f"where each rank was when the hang was stopped (each rank's whole " \
+                      f"stack: {tmp_path}/jobs/{JOB}/stacks.txt):"
+    # Every rank's whole dump, rank by rank, the stopped one's said to be none.
+    text = kept.read_text()
+    assert [line for line in text.splitlines() if line.startswith("==")] == [
+        "== rank 0 on node1 ==", "== rank 1 on node1 ==", "== rank 2 on node2 ==",
+        "== rank 3 on node2: no stack ==", "== rank 4 on node3 ==", "== rank 5 on node3 =="]
+    assert text.count("Fatal Python error: Aborted") == 5
+    assert text.count('"/srv/gpucluster/proj/train.py", line 128 in main') == 5
     assert said[1].startswith("  ranks 0-2,4-5: train.py line 128") and "(node" not in said[1]
     assert said[2] == "  rank 3 (node2): no stack: it did not die of SIGABRT (stopped, or " \
                       "stuck in the kernel or a driver call)"
@@ -44,7 +53,7 @@ def test_no_stack_at_all_says_nothing() -> None:
     silent = stop_result("node1", "@@gpc section stack 0\n@@gpc end 0\n@@gpc stop term 3 -\n")
     assert silent.stacks == {0: ()}
     assert hang_stacks.read({"node1": silent}) == ()
-    assert hang_stacks.said((), JOB) == []
+    assert hang_stacks.said((), Path("stacks.txt")) == []
     assert hang_stacks.read({"node1": stop_result("node1", "@@gpc stop term 3 -\n")}) == ()
 
 

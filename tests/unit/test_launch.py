@@ -634,9 +634,11 @@ def test_stop_with_stacks_says_where_each_rank_was(tmp_path: Path) -> None:
             assert json.loads(result.stdout)["stacks"] == [
                 {"ranks": [3], "where": "worker.py line 11 in <module>", "nodes": ["node1"]}]
         else:
+            kept = JobStore(state).directory(record.id) / "stacks.txt"
             assert result.stdout.splitlines()[-2:] == [
-                f"where each rank was when it was stopped (its whole stack: gpucluster logs "
-                f"{record.id} --rank R):", "  rank 3 (node1): worker.py line 11 in <module>"]
+                f"where each rank was when it was stopped (each rank's whole stack: {kept}):",
+                "  rank 3 (node1): worker.py line 11 in <module>"]
+            assert kept.read_text().startswith("== rank 3 on node1 ==\nFatal Python error")
         assert not (tmp_path / "terms").exists()  # aborted, not TERMed
         shutil.rmtree(tmp_path / "jobs")  # the JSON run's stop reads files of its own
         shutil.rmtree(state)
