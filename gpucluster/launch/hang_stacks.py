@@ -41,7 +41,7 @@ class Frame:
 @dataclass(frozen=True)
 class StackGroup:
     """Ranks that stopped at the same place (`where`), or, with `where` None, without a
-    stack; `nodes`: where they ran, as far as their lines tell."""
+    stack; `nodes`: where they ran, as their nodes' stops reported them."""
 
     ranks: tuple[int, ...]
     where: str | None
