@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from gpucluster.hostrange import spans
+
 WARNING = "warning: "  # a progress line (on_phase) that starts so is one to heed
 
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`3 nodes`, `1 node`: a one-server cluster is where many users start."""
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def ranks_named(numbers: Iterable[int]) -> str:
+    """`rank 3`, `ranks 0-2,4`: global ranks as the views name them."""
+    held = sorted(numbers)
+    return f"{'rank' if len(held) == 1 else 'ranks'} {spans(held)}"
 
 
 def endpoint(address: str, port: int) -> str:

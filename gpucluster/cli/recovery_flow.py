@@ -117,18 +117,10 @@ def run(session: Session, inventory: Inventory, store: JobStore, request: Launch
 
 
 def _note_failures(store: JobStore, result: RecoveryResult) -> None:
-    """Each failed attempt's job gets its failure in a line, for `jobs`: the last one's
-    worker error as a plain launch's (with its likely cause), the others as the run
-    noted them as each ended."""
-    from gpucluster.launch.attempt_report import failure_note
+    """Each failed attempt's line for `jobs` was noted as it ended (recover); the last
+    one's worker error is noted again as a plain launch's, with its likely cause."""
     from gpucluster.launch.failure import in_a_line
 
     last = result.outcome.first_failure if result.outcome is not None else None
-    for attempt in result.attempts:
-        if attempt.ended in ("succeeded", "interrupted"):
-            continue
-        if attempt.ended == "worker error" and attempt is result.attempts[-1] \
-                and last is not None:
-            store.note_failure(attempt.job, in_a_line(last))
-        else:
-            store.note_failure(attempt.job, failure_note(attempt))
+    if result.attempts and result.attempts[-1].ended == "worker error" and last is not None:
+        store.note_failure(result.attempts[-1].job, in_a_line(last))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpucluster.hostrange import spans
 from gpucluster.launch.hang_stacks import StackGroup
 from gpucluster.launch.known_causes import error_lines
 from gpucluster.launch.model import JobOutcome
+from gpucluster.wording import ranks_named
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,5 @@ def failure_note(report: AttemptReport) -> str:
         return report.detail
     note = f"{report.ended}: {report.detail}"
     for group in report.stacks[1:3]:  # the first is where most ranks were
-        ranks = f"{'rank' if len(group.ranks) == 1 else 'ranks'} {spans(list(group.ranks))}"
-        note += f"; {ranks}: {group.where or 'no stack'}"
+        note += f"; {ranks_named(group.ranks)}: {group.where or 'no stack'}"
     return note

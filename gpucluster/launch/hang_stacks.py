@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucluster.hostrange import spans
 from gpucluster.launch.model import StopResult
+from gpucluster.wording import ranks_named
 
 ABORTED = "Fatal Python error: Aborted"
 STACKS_FILE = "stacks.txt"  # in the job's directory here, by write()
@@ -142,7 +142,7 @@ def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was s
         return []
     lines = [f"where each rank was when {when} (each rank's whole stack: {kept}):"]
     for group in groups:
-        ranks = f"{'rank' if len(group.ranks) == 1 else 'ranks'} {spans(list(group.ranks))}"
+        ranks = ranks_named(group.ranks)
         if group.nodes and len(group.nodes) <= 2:
             ranks += f" ({', '.join(group.nodes)})"
         lines.append(f"  {ranks}: " + (group.where or "no stack: it did not die of SIGABRT "

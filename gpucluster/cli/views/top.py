@@ -14,6 +14,7 @@ from gpucluster.observe.model import GpuProcess, NodeSample
 from gpucluster.observe.slowest import Slowest
 from gpucluster.observe.slurm_queue import QueueReading
 from gpucluster.observe.snapshot import NodeView, Snapshot
+from gpucluster.wording import ranks_named
 
 _HOT_C = 85  # a GPU temperature worth a colour
 _BARS = "▁▂▃▄▅▆▇█"  # a GPU's utilisation in one character, for a line per node
@@ -188,7 +189,7 @@ def _node_jobs(processes: tuple[GpuProcess, ...], short: bool = False) -> str:
             ranks.setdefault(job, set()).update(
                 [process.rank] if process.rank is not None else [])
     names = {job: _short_job(job) if short else job for job in ranks}
-    parts = [f"{names[job]} {'rank' if len(held) == 1 else 'ranks'} {spans(sorted(held))}"
+    parts = [f"{names[job]} {ranks_named(held)}"
              if held else names[job] for job, held in ranks.items()]
     return ", ".join(parts + ([f"foreign {foreign}"] if foreign else []))
 
