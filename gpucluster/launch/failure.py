@@ -15,7 +15,13 @@ from gpucluster.launch.known_causes import (
     known_cause,
 )
 from gpucluster.launch.model import FirstFailure, NodeState
-from gpucluster.launch.tee_lines import RANK_PREFIX, TRACEBACK_START, split_rank, unglued
+from gpucluster.launch.tee_lines import (
+    RANK_PREFIX,
+    TRACEBACK_START,
+    rejoined,
+    split_rank,
+    unglued,
+)
 
 FAILURE_TAIL_LINES = 12
 SUMMARY_CHARS = 160  # of the error line in_a_line quotes: a line of the jobs table
@@ -91,7 +97,8 @@ def failure_in(node: str, state: NodeState, node_lines: Iterable[str]) -> FirstF
     rank = re.match(r"\d+", fields.get("rank", ""))
     worker = re.match(r"-?\d+", fields.get("exitcode", ""))
     prefix = f"[{rank.group()}]:" if rank else None
-    rank_lines = [split_rank(line)[1] for line in lines if prefix and line.startswith(prefix)]
+    rank_lines = rejoined([split_rank(line)[1] for line in lines
+                           if prefix and line.startswith(prefix)])
     worker_exit = int(worker.group()) if worker else None
     # A rank killed by a signal printed no error: a traceback of its is one it lived on after.
     error = last_traceback(rank_lines) if worker_exit is None or worker_exit > 0 else []

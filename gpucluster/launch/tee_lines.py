@@ -23,6 +23,29 @@ _TORCH_LOG_AT = re.compile(r":\d+\] ")
 _HEADER_AT_END = re.compile(r"(?<=\S)\[(\d+)\]:$")
 
 
+# An exception's type as Python prints it before its message: `OSError`,
+# `torch.OutOfMemoryError`, `mypkg.errors.ShardMissing` (a module's own types by name).
+_EXCEPTION_TYPE = r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Warning|Fault)"
+_CUT_TYPE = re.compile(_EXCEPTION_TYPE)
+_CUT_AFTER_COLON = re.compile(_EXCEPTION_TYPE + ": ")
+
+
+def rejoined(lines: list[str]) -> list[str]:
+    """A rank's lines with its exception line whole again. Python writes an exception's
+    type, `: ` and its message apart (unbuffered, as launch runs the ranks), and the tee,
+    reading the rank's file as it grows, may write what it found so far as a line: a CI
+    run's rank 2 ended `OSError`, then `: [Errno 122] Disk quota exceeded: ...`, and its
+    error read as `OSError`."""
+    whole: list[str] = []
+    for line in lines:
+        if whole and ((line.startswith(": ") and _CUT_TYPE.fullmatch(whole[-1]))
+                      or _CUT_AFTER_COLON.fullmatch(whole[-1])):
+            whole[-1] += line
+        else:
+            whole.append(line)
+    return whole
+
+
 class FailureSummary:
     """One node's torchrun failure summary, which numbers each failure "[0]:" on a line of
     its own, as its tee heads a rank's empty line: inside the summary (from its

@@ -357,3 +357,27 @@ def test_every_cause_no_restart_mends_is_a_signatures_name() -> None:
     from gpucluster.launch.known_causes import NOT_MENDED_BY_RESTART, SIGNATURES
 
     assert {signature.name for signature in SIGNATURES} >= NOT_MENDED_BY_RESTART
+
+
+def test_an_exception_line_the_tee_cut_in_two_is_read_whole(tmp_path: Path) -> None:
+    """Python writes an exception's type, ': ' and its message apart; torchrun's tee,
+    reading the rank's file as it grows, wrote `OSError` as a line of its own and the
+    message as the next (a CI run), and the job's failure read `OSError`."""
+    from gpucluster.launch.failure import in_a_line
+    from gpucluster.launch.tee_lines import rejoined
+
+    log = tmp_path / "node3.log"
+    for cut in (["[2]:OSError", "[2]:: [Errno 122] Disk quota exceeded: /data/shard-2"],
+                ["[2]:OSError: ", "[2]:[Errno 122] Disk quota exceeded: /data/shard-2"]):
+        log.write_text("\n".join([
+            "[2]:Traceback (most recent call last):", '[2]:  File "main.py", line 4',
+            *cut, "Root Cause (first observed failure):", "[0]:",
+            "  host      : node3", "  rank      : 2 (local_rank: 0)",
+            "  exitcode  : 1 (pid: 2028)"]) + "\n")
+        failure = failure_of("node3", NodeState("node3", "exited", exit_code=1), log)
+        assert in_a_line(failure) == \
+            "rank 2 on node3: OSError: [Errno 122] Disk quota exceeded: /data/shard-2"
+    # Only an exception's type is joined so: a line that merely ends a sentence is not.
+    assert rejoined(["done", ": next"]) == ["done", ": next"]
+    assert rejoined(["torch.OutOfMemoryError", ": CUDA out of memory"]) == [
+        "torch.OutOfMemoryError: CUDA out of memory"]
