@@ -25,9 +25,14 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
          dump_stacks: bool = False) -> dict[str, StopResult]:
     """TERM the job on every node (its torchrun, which passes it on to its workers; what
     outlives torchrun after it), KILL what is left after `grace_s`, and report what was
-    found and whether anything survived. `dump_stacks` (a hang): each worker is aborted
-    first, writing its Python stack into its log (hang_stacks)."""
+    found and whether anything survived. `dump_stacks` (a hang): every worker on every
+    node is first stopped where it is, then each aborted, writing its Python stack
+    (hang_stacks)."""
     hosts = hosts_of(inventory, record, nodes)
+
+    if dump_stacks and not record.image:  # every worker held where it hangs, then aborted
+        session.map(hosts, lambda connection: connection.run(
+            node_scripts.freeze_script(record, connection.host), timeout=30))
 
     def stop_on(connection: Connection) -> StopResult:
         script = node_scripts.stop_script(record, connection.host, grace_s,

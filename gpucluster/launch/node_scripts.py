@@ -176,6 +176,13 @@ def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | Non
                   marker_pattern=_marker_pattern(record, node))
 
 
+def freeze_script(record: JobRecord, node: str) -> str:
+    """A hang's stop, first round on every node: each worker stopped where it is, so
+    that none leaves the hung collective before it is aborted (stop.sh, dump_stacks)."""
+    return render("launch/freeze.sh.j2", job_id=record.id, node=node,
+                  jobs_dir=record.jobs_dir, marker_pattern=_marker_pattern(record, node))
+
+
 @dataclass(frozen=True)
 class PeerStop:
     """What a node keeps in its job dir at start so that, if its torchrun fails, it

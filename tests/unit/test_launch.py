@@ -319,7 +319,7 @@ def _record() -> JobRecord:
                      "\"$HOME\"/'gpucluster/jobs'", 0.0, {"node1": 2, "node-2": 2})
 
 
-@pytest.mark.parametrize("script", ["start", "follow", "stop", "stop-hang", "state",
+@pytest.mark.parametrize("script", ["start", "follow", "stop", "stop-hang", "freeze", "state",
                                     "start-container",
                                     "stop-container", "start-peer-stop", "peer-stop",
                                     "watched-peer-stop"])
@@ -334,6 +334,7 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
         "stop": lambda: node_scripts.stop_script(record, "node-2", 2.5, "/usr/bin/podman"),
         "stop-hang": lambda: node_scripts.stop_script(record, "node-2", 2.5, None,
                                                       dump_stacks=True),
+        "freeze": lambda: node_scripts.freeze_script(record, "node-2"),
         "stop-container": lambda: node_scripts.stop_script(
             dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
             "/usr/bin/docker"),
