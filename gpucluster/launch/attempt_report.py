@@ -87,5 +87,6 @@ def failure_note(report: AttemptReport) -> str:
         return report.detail
     note = f"{report.ended}: {report.detail}"
     for group in report.stacks[1:3]:  # the first is where most ranks were
-        note += f"; {ranks_named(group.ranks)}: {group.where or 'no stack'}"
+        without = "no stack" + (f" ({group.why})" if group.why else "")
+        note += f"; {ranks_named(group.ranks)}: {group.where or without}"
     return note

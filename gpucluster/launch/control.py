@@ -50,7 +50,8 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
 
 def stop_result(node: str, stdout: str, stderr: str = "") -> StopResult:
     """What a node's stop script reported: `@@gpc stop HOW FOUND LEFT`, a container
-    left, and each aborted rank's stack (`@@gpc section stack RANK`)."""
+    left, and each aborted rank's stack (`@@gpc section stack RANK FATE`: how it ended,
+    died, stopped or alive)."""
     found_reports = reports.by_kind(stdout)
     how, found, left = ([*found_reports.get("stop", [""])[0].split(), "", "", ""])[:3]
     if not how:
@@ -61,10 +62,13 @@ def stop_result(node: str, stdout: str, stderr: str = "") -> StopResult:
     if containers:  # its processes may be invisible to us; the engine still runs it
         return StopResult(node, count, "error", pids,
                           f"container {containers[0]} is still running")
-    stacks = {int(rank): tuple(section.output.splitlines())
-              for name, section in reports.sections(stdout).items()
-              if (rank := name.removeprefix("stack ")) != name and rank.isdigit()}
-    return StopResult(node, count, how, pids, stacks=stacks)
+    stacks, fates = {}, {}
+    for name, section in reports.sections(stdout).items():
+        kind, rank, fate = ([*name.split(maxsplit=2), "", ""])[:3]
+        if kind == "stack" and rank.isdigit():
+            stacks[int(rank)] = tuple(section.output.splitlines())
+            fates[int(rank)] = fate
+    return StopResult(node, count, how, pids, stacks=stacks, stack_fates=fates)
 
 
 def elsewhere(inventory: Inventory, record: JobRecord,

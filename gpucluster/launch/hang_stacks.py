@@ -11,7 +11,7 @@ stop reports each dump from the rank's own file:
 
 Ranks that stopped at the same place share a line; the one elsewhere, or without a
 stack (a rank that did not die of the abort: stopped, or stuck in the kernel), is
-usually the one to look at."""
+usually the one to look at. The stop says how each rank without a stack ended (`why`)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,16 @@ STACKS_FILE = "stacks.txt"  # in the job's directory here, by write()
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(?P<path>.*)", line (?P<line>\d+) in (?P<function>.*)$')
 _PACKAGES = re.compile(r".*/(?:site|dist)-packages/")
+# A rank without a stack, by how the stop saw it end (stop.sh's fate; "" where it did not say)
+_NO_STACK = {
+    "stopped": "no stack: it was stopped (SIGSTOP, a debugger) and could not take the abort",
+    "alive": "no stack: still alive 3 s after the abort (stuck in the kernel or a driver "
+             "call)",
+    "died": "no stack: it died without writing one (of another signal, or with "
+            "faulthandler off)",
+    "": "no stack: it did not die of SIGABRT (stopped, or stuck in the kernel or a driver "
+        "call)",
+}
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,13 @@ class Frame:
 @dataclass(frozen=True)
 class StackGroup:
     """Ranks that stopped at the same place (`where`), or, with `where` None, without a
-    stack; `nodes`: where they ran, as their nodes' stops reported them."""
+    stack, and `why` (stopped, alive, died; "" unsaid); `nodes`: where they ran, as their
+    nodes' stops reported them."""
 
     ranks: tuple[int, ...]
     where: str | None
     nodes: tuple[str, ...]
+    why: str | None = None
 
 
 def main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
@@ -106,18 +118,24 @@ def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
     grouped by where they stopped, the largest group first, then those without a stack.
     Empty where no rank left one (a job in a container, faulthandler turned off):
     nothing to compare."""
-    places: dict[str | None, list[tuple[int, str]]] = {}
+    places: dict[tuple[str | None, str | None], list[tuple[int, str]]] = {}
     for node, result in stopped.items():
         for rank, dump in result.stacks.items():
             frames = main_thread(dump)
-            places.setdefault(where(frames) if frames else None, []).append((rank, node))
-    if set(places) <= {None}:
+            place = (where(frames), None) if frames else \
+                (None, _known(result.stack_fates.get(rank, "")))
+            places.setdefault(place, []).append((rank, node))
+    if all(place is None for place, _ in places):
         return ()
-    ordered = sorted(places.items(), key=lambda item: (item[0] is None, -len(item[1]),
+    ordered = sorted(places.items(), key=lambda item: (item[0][0] is None, -len(item[1]),
                                                        min(item[1])))
     return tuple(StackGroup(tuple(sorted(rank for rank, _ in members)), place,
-                            tuple(dict.fromkeys(node for _, node in sorted(members))))
-                 for place, members in ordered)
+                            tuple(dict.fromkeys(node for _, node in sorted(members))), why)
+                 for (place, why), members in ordered)
+
+
+def _known(fate: str) -> str:
+    return fate if fate in _NO_STACK else ""
 
 
 def write(directory: Path, stopped: Mapping[str, StopResult]) -> Path:
@@ -145,11 +163,12 @@ def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was s
         ranks = ranks_named(group.ranks)
         if group.nodes and len(group.nodes) <= 2:
             ranks += f" ({', '.join(group.nodes)})"
-        lines.append(f"  {ranks}: " + (group.where or "no stack: it did not die of SIGABRT "
-                                       "(stopped, or stuck in the kernel or a driver call)"))
+        lines.append(f"  {ranks}: " + (group.where or _NO_STACK[group.why or ""]))
     return lines
 
 
 def payload(groups: tuple[StackGroup, ...]) -> list[dict[str, Any]]:
-    """As --json has them: `where` null for the ranks without a stack."""
-    return [{"ranks": list(g.ranks), "where": g.where, "nodes": list(g.nodes)} for g in groups]
+    """As --json has them: `where` null for the ranks without a stack, and `why` theirs
+    (stopped, alive, died; "" unsaid), null for the others."""
+    return [{"ranks": list(g.ranks), "where": g.where, "nodes": list(g.nodes), "why": g.why}
+            for g in groups]

@@ -127,8 +127,10 @@ class StopResult:
     left: tuple[int, ...] = ()  # pids still there afterwards (should be none)
     detail: str = ""
     # A stop that aborted the workers first (a hang's): each rank's faulthandler dump,
-    # empty for one that wrote none (hang_stacks reads them).
+    # empty for one that wrote none (hang_stacks reads them), and how the rank ended:
+    # died, stopped or alive (empty: a node script that did not say).
     stacks: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    stack_fates: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def confirmed(self) -> bool:

@@ -30,7 +30,7 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
         StackGroup((0, 1, 2, 4, 5), "train.py line 128 in main, in _engine_run_backward "
                                     "(torch/autograd/graph.py line 979)",
                    ("node1", "node2", "node3")),
-        StackGroup((3,), None, ("node2",)))
+        StackGroup((3,), None, ("node2",), ""))  # these stops did not say how it ended
     kept = hang_stacks.write(tmp_path / "jobs" / JOB, stopped)
     said = hang_stacks.said(groups, kept)
     assert said[0] == f"where each rank was when the hang was stopped (each rank's whole " \
@@ -45,7 +45,31 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
     assert said[1].startswith("  ranks 0-2,4-5: train.py line 128") and "(node" not in said[1]
     assert said[2] == "  rank 3 (node2): no stack: it did not die of SIGABRT (stopped, or " \
                       "stuck in the kernel or a driver call)"
-    assert hang_stacks.payload(groups)[1] == {"ranks": [3], "where": None, "nodes": ["node2"]}
+    assert hang_stacks.payload(groups)[1] == {"ranks": [3], "where": None, "nodes": ["node2"],
+                                              "why": ""}
+
+
+def test_each_rank_without_a_stack_is_said_by_how_it_ended() -> None:
+    """The stop says how each aborted rank ended; those without a stack are grouped by
+    it: stopped before the stop (the hang), still alive (stuck), or died without one."""
+    dump = (CAPTURED / "stop-node1.txt").read_text().split("@@gpc end 0")[0]
+    dump = dump.split("\n", 1)[1]  # rank 0's, without its section line
+    stopped = stop_result("node1", "".join(
+        f"@@gpc section stack {rank} {fate}\n{text}@@gpc end 0\n"
+        for rank, fate, text in ((0, "died", dump), (1, "stopped", ""), (2, "alive", ""),
+                                 (3, "died", ""), (4, "stopped", ""), (5, "odd", "")))
+        + "@@gpc stop kill 6 -\n")
+    assert stopped.stack_fates == {0: "died", 1: "stopped", 2: "alive", 3: "died",
+                                   4: "stopped", 5: "odd"}
+    groups = hang_stacks.read({"node1": stopped})
+    assert [(g.ranks, g.why) for g in groups] == [
+        ((0,), None), ((1, 4), "stopped"), ((2,), "alive"), ((3,), "died"), ((5,), "")]
+    said = hang_stacks.said(groups, Path("stacks.txt"))
+    assert said[2] == "  ranks 1,4 (node1): no stack: it was stopped (SIGSTOP, a debugger) " \
+                      "and could not take the abort"
+    assert said[3].startswith("  rank 2 (node1): no stack: still alive 3 s after the abort")
+    assert said[4].startswith("  rank 3 (node1): no stack: it died without writing one")
+    assert said[5].startswith("  rank 5 (node1): no stack: it did not die of SIGABRT")
 
 
 def test_no_stack_at_all_says_nothing() -> None:

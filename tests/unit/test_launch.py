@@ -554,10 +554,13 @@ def _job_saving_on_term(tmp_path: Path, torchrun: str = _TORCHRUN_STAND_IN
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, 9)
-        with contextlib.suppress(ProcessLookupError, OSError, ValueError):
-            # in a session of its own: a test failing before its stop left it holding
-            # node1's marker for a minute, and the next tests' starts found node1 busy
-            os.kill(int((tmp_path / "worker.pid").read_text()), 9)
+        # in a session of its own: a test failing before its stop left it holding node1's
+        # marker for a minute, and the next tests' starts found node1 busy
+        pids = (tmp_path / "worker.pid").read_text().split() \
+            if (tmp_path / "worker.pid").exists() else []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
         for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
             with contextlib.suppress(OSError):
                 Path(cgroup.read_text().strip()).rmdir()
@@ -633,7 +636,8 @@ def test_stop_with_stacks_says_where_each_rank_was(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         if json_output:
             assert json.loads(result.stdout)["stacks"] == [
-                {"ranks": [3], "where": "worker.py line 11 in <module>", "nodes": ["node1"]}]
+                {"ranks": [3], "where": "worker.py line 11 in <module>", "nodes": ["node1"],
+                 "why": None}]
         else:
             kept = JobStore(state).directory(record.id) / "stacks.txt"
             assert result.stdout.splitlines()[-2:] == [
@@ -643,6 +647,59 @@ def test_stop_with_stacks_says_where_each_rank_was(tmp_path: Path) -> None:
         assert not (tmp_path / "terms").exists()  # aborted, not TERMed
         shutil.rmtree(tmp_path / "jobs")  # the JSON run's stop reads files of its own
         shutil.rmtree(state)
+
+
+# torchrun as a hang's stop meets it: two workers with no TERM handler of their own, the
+# second stopped (SIGSTOP) before the stop comes, watched as torchrun watches them (here
+# every 2 ms, torchrun's every 100): once one has failed, the others get TERM.
+_WATCHING_TORCHRUN_STAND_IN = """
+import os, signal, subprocess, sys, time
+code = "import os, time\\nopen('ready-' + os.environ['LOCAL_RANK'], 'w').close()\\n" \\
+       "time.sleep(60)\\n"
+workers = []
+for local in (0, 1, 2):
+    logs = os.path.join(os.environ["GPC_JOB_DIR"], "torchrun", "j_x", "attempt_0", str(local))
+    os.makedirs(logs)
+    with open(os.path.join(logs, "stderr.log"), "w") as stderr:
+        workers.append(subprocess.Popen(
+            [sys.executable, "-c", code], start_new_session=True, stderr=stderr,
+            env={**os.environ, "RANK": str(3 + local), "LOCAL_RANK": str(local)}))
+with open("worker.pid", "w") as out: out.write(" ".join(str(w.pid) for w in workers))
+while not all(os.path.exists(f"ready-{local}") for local in (0, 1, 2)):
+    time.sleep(0.01)
+os.kill(workers[2].pid, signal.SIGSTOP)  # the hang
+open("ready", "w").close()
+while all(w.poll() is None for w in workers):
+    time.sleep(0.002)
+for w in workers:
+    if w.poll() is None:
+        os.killpg(w.pid, signal.SIGTERM)
+for w in workers:
+    w.wait(10)
+sys.exit(1)
+"""
+
+
+def test_a_hangs_stop_holds_torchrun_so_that_each_worker_dies_of_its_abort(
+        tmp_path: Path) -> None:
+    """torchrun TERMs its other workers as soon as one dies: a hang's stop that aborted
+    them one after the other lost the second's stack (killed by that TERM while still
+    frozen; a CI run, rank 5 of 8). torchrun is held until each has taken its abort;
+    the rank stopped before the stop is said to be stopped."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+    from gpucluster.state import state_dir_for
+
+    with _job_saving_on_term(tmp_path, _WATCHING_TORCHRUN_STAND_IN) as (loaded, record):
+        JobStore(state_dir_for(loaded)).save(record)
+        result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
+                                          "--stacks", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stacks"] == [
+        {"ranks": [3, 4], "where": "<string> line 3 in <module>", "nodes": ["node1"],
+         "why": None},
+        {"ranks": [5], "where": None, "nodes": ["node1"], "why": "stopped"}], result.output
 
 
 def test_a_stop_that_takes_a_while_says_what_it_waits_for(
