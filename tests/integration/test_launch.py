@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gpucluster import hostrange
-from tests.cli import gpucluster
+from tests.cli import gpucluster, read_to_end
 from tests.sandbox import TRAIN, Sandbox, busybox_image, start_sandbox
 
 pytestmark = pytest.mark.sandbox
@@ -111,8 +111,8 @@ def kill_workers(node: str, agent: bool = False) -> list[str]:
 
 def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, str, str, float]:
     started = time.monotonic()
-    stdout, stderr = process.communicate(timeout=limit)
-    return process.returncode, stdout, stderr, time.monotonic() - started
+    done = read_to_end(process, limit)
+    return done.code, done.stdout, done.stderr, time.monotonic() - started
 
 
 def test_ranks_meet_at_cluster_addresses_even_where_names_do_not_resolve(
@@ -704,10 +704,7 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         assert re.search(r"^\[node\d/1\] rank 1/6 on node\d ready$", kept, re.MULTILINE) and \
             re.search(r"^\[node\d/4\] rank 4/6 on node\d ready$", kept, re.MULTILINE), kept
         assert all(re.match(r"\[node\d/[14]\] ", line) for line in kept.splitlines()), kept
-        # Read on through the buffer readline() filled: communicate() reads the pipe
-        # under it, and the lines buffered after `first` would be lost.
-        code = tailing.wait(timeout=30)
-        tailed, stderr = tailing.stdout.read(), tailing.stderr.read()  # type: ignore[union-attr]
+        code, tailed, stderr, _ = finish(tailing, 30)  # on from the lines after `first`
         assert code == 1 and f"job {job}: stopped on node[1-3]" in stderr, stderr
         # Each node's lines in it are the end of that node's whole log: none twice, none
         # missed between the tail and the live part (only rank 0 prints its epochs).

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.procfs import gone
-from tests.cli import gpucluster
+from tests.cli import gpucluster, read_to_end
 from tests.sandbox import Sandbox, start_sandbox
 
 pytestmark = pytest.mark.sandbox
@@ -61,8 +61,8 @@ def wait_for(process: subprocess.Popen[str], pattern: str, limit: float = 120) -
 
 
 def finish(process: subprocess.Popen[str], limit: float) -> tuple[int, dict, str]:
-    stdout, stderr = process.communicate(timeout=limit)
-    return process.returncode, json.loads(stdout), stderr
+    done = read_to_end(process, limit)
+    return done.code, json.loads(done.stdout), done.stderr
 
 
 def leftovers(cluster: Sandbox) -> list[str]:
@@ -122,7 +122,8 @@ def test_a_stopped_rank_is_a_hang_that_is_recovered(cluster: Sandbox, project: P
     assert len(stacks[0]["ranks"]) >= 4, stacks  # most ranks, where the hang held them
     assert sorted(r for g in stacks for r in g["ranks"]) == \
         list(range(2 * len(payload["attempts"][0]["nodes"]))), stacks
-    assert "no stack: it was stopped (SIGSTOP, a debugger)" in stderr, stderr
+    assert f"rank {stopped} (node2): no stack: it was stopped (SIGSTOP, a debugger)" \
+        in stderr, stderr
     assert payload["attempts"][1]["nodes"] == cluster.nodes  # the stopped rank was killed
     assert re.search(r"resumed from epoch [1-7] \(attempt 2\)", stderr), stderr
     assert leftovers(cluster) == []
