@@ -26,8 +26,12 @@ from gpucluster.wording import ranks_named
 
 ABORTED = "Fatal Python error: Aborted"
 STACKS_FILE = "stacks.txt"  # in the job's directory here, by write()
-_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
-_FRAME = re.compile(r'^  File "(?P<path>.*)", line (?P<line>\d+) in (?P<function>.*)$')
+# faulthandler's dump after its first line: blank lines, a header per thread, its frames
+# (or `<no Python frame>`), then the extension modules loaded, its last line (DUMP_END).
+_THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+_FRAME = re.compile(r'  File "(?P<path>.*)", line (?P<line>\d+) in (?P<function>.*)$')
+DUMP_END = re.compile(r"Extension modules: ")
+DUMP_LINE = re.compile(rf"$|{_THREAD.pattern}|  File \"|  <no Python frame>|{DUMP_END.pattern}")
 _PACKAGES = re.compile(r".*/(?:site|dist)-packages/")
 # A rank without a stack, by how the stop saw it end (stop.sh's fate; "" where it did not say)
 _NO_STACK = {
@@ -70,8 +74,8 @@ def main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
             threads.append((header[1] == "Current thread", []))
         elif (frame := _FRAME.match(text)) is not None and threads:
             threads[-1][1].append(Frame(frame["path"], int(frame["line"]), frame["function"]))
-        elif text.startswith("Extension modules:"):
-            break  # the dump's last line
+        elif DUMP_END.match(text):
+            break
     main = [frames for _, frames in threads if frames and frames[-1].function == "<module>"]
     current = [frames for is_current, frames in threads if is_current and frames]
     return tuple((main or current)[0]) if main or current else None

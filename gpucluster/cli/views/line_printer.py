@@ -15,7 +15,7 @@ from typing import TextIO
 
 from gpucluster.cli.views.common import discard_writes
 from gpucluster.cli.views.terminal_text import printable
-from gpucluster.launch.hang_stacks import ABORTED
+from gpucluster.launch.hang_stacks import ABORTED, DUMP_END, DUMP_LINE
 from gpucluster.launch.logsearch import where
 from gpucluster.launch.model import OutputClosed
 from gpucluster.launch.tee_lines import TRACEBACK_START, FailureSummary
@@ -27,11 +27,6 @@ _BACKTRACE_START = re.compile(r"Exception raised from .* \(most recent call firs
 _BACKTRACE_FRAME = re.compile(r"frame #[0-9]+: |<omitting python frames>$")
 # A Python traceback's frames, indented, up to its exception line.
 _PYTHON_FRAME = re.compile(r"\s")
-# The rest of faulthandler's dump after its first line (an aborted rank's: a hang's
-# stop): blank lines, a header per thread, its frames, the extension modules loaded.
-_FAULT_DUMP = re.compile(r"$|(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):"
-                         r'|  File "|  <no Python frame>|Extension modules: ')
-_FAULT_DUMP_END = re.compile(r"Extension modules: ")
 # What a node's torchrun agent says when the rendezvous store is gone as it closes it.
 _RENDEZVOUS_NOT_CLOSED = re.compile(r"has failed to shutdown the rendezvous ")
 BATCH_LINES = 1000  # not live: lines written at once
@@ -137,8 +132,9 @@ class LinePrinter:
                 self._folds[(node, rank)] = _Fold(_BACKTRACE_FRAME, "C++ backtrace",
                                                   self.full_logs)
             elif rank is not None and text == ABORTED:
-                self._folds[(node, rank)] = _Fold(_FAULT_DUMP, "its Python stack",
-                                                  self.full_logs, last=_FAULT_DUMP_END)
+                # an aborted rank's (a hang's stop): the rest of faulthandler's dump
+                self._folds[(node, rank)] = _Fold(DUMP_LINE, "its Python stack",
+                                                  self.full_logs, last=DUMP_END)
             elif rank is None and text == TRACEBACK_START:
                 self._folds[(node, rank)] = _Fold(_PYTHON_FRAME, "torchrun's own traceback",
                                                   self.full_logs)
