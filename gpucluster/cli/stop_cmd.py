@@ -173,8 +173,8 @@ def _where_ranks_were(store: JobStore, record: JobRecord,
         return [], ["--stacks: nothing of the job ran any more: no rank to ask"]
     groups = hang_stacks.read(results)
     if not groups:
-        return [], ["--stacks: no rank wrote its stack (a job in a container, one whose env "
-                    "turns PYTHONFAULTHANDLER off, or one started by an older gpucluster, "
+        return [], ["--stacks: no rank wrote its stack (a job in an apptainer image, one whose "
+                    "env turns PYTHONFAULTHANDLER off, or one started by an older gpucluster, "
                     "which did not turn it on)"]
     kept = hang_stacks.write(store.directory(record.id), results)
     return hang_stacks.payload(groups), hang_stacks.said(groups, kept, "it was stopped")

@@ -30,9 +30,12 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
     (hang_stacks)."""
     hosts = hosts_of(inventory, record, nodes)
 
-    if dump_stacks and not record.image:  # every worker held where it hangs, then aborted
-        session.map(hosts, lambda connection: connection.run(
-            node_scripts.freeze_script(record, connection.host), timeout=30))
+    if dump_stacks:  # every worker held where it hangs, then aborted
+        runtimes = record.container_runtime
+        held = [host for host in hosts if node_scripts.stacks_reachable(
+            record, runtimes.get(host.name))]
+        session.map(held, lambda connection: connection.run(node_scripts.freeze_script(
+            record, connection.host, runtimes.get(connection.host)), timeout=30))
 
     def stop_on(connection: Connection) -> StopResult:
         script = node_scripts.stop_script(record, connection.host, grace_s,

@@ -120,7 +120,7 @@ def _short(path: str, code_dir: str) -> str:
 def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
     """From the stop's reports (each node's aborted ranks and their dumps): the ranks
     grouped by where they stopped, the largest group first, then those without a stack.
-    Empty where no rank left one (a job in a container, faulthandler turned off):
+    Empty where no rank left one (a job under apptainer, faulthandler turned off):
     nothing to compare."""
     places: dict[tuple[str | None, str | None], list[tuple[int, str]]] = {}
     for node, result in stopped.items():

@@ -158,29 +158,44 @@ def follow_script(record: JobRecord, node: str, follow: bool,
 def stop_script(record: JobRecord, node: str, grace_s: float,
                 runtime: str | None = None, dump_stacks: bool = False) -> str:
     """`dump_stacks`: a hang's stop, which aborts the workers first so that each writes
-    its Python stack into its rank's log (hang_stacks); not in a container, whose
-    processes are not the leader's grandchildren."""
-    return _stop_script(record, node, grace_s, engine_command(runtime) if runtime else None,
-                        dump_stacks and not record.image)
+    its Python stack into its rank's log (hang_stacks); where stacks_reachable."""
+    engine = engine_command(runtime) if runtime else None
+    return _stop_script(record, node, grace_s, engine,
+                        dump_stacks and stacks_reachable(record, engine))
+
+
+def stacks_reachable(record: JobRecord, engine: str | None) -> bool:
+    """Whether a hang's stop can find the job's workers on a node to abort them: the
+    leader's grandchildren, or a podman or docker container's first process's children
+    (`engine`: the one start found there). Not under apptainer, whose starter stands
+    between the leader and torchrun."""
+    return not record.image or (engine is not None and not is_image_file(record.image))
 
 
 def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | None,
                  dump_stacks: bool = False) -> str:
-    # podman/docker containers are stopped by name; apptainer's processes are the
-    # job's own, found by their marker like any other.
-    container = ({"runtime": engine, "name": record.container_name()}
-                 if record.image and engine and not is_image_file(record.image) else None)
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
-                  jobs_dir=record.jobs_dir, grace_s=grace_s, container=container,
+                  jobs_dir=record.jobs_dir, grace_s=grace_s,
+                  container=_container(record, engine),
                   grace_whole_s=math.ceil(grace_s), dump_stacks=dump_stacks,
                   marker_pattern=_marker_pattern(record, node))
 
 
-def freeze_script(record: JobRecord, node: str) -> str:
-    """A hang's stop, first round on every node: each worker stopped where it is, so
-    that none leaves the hung collective before it is aborted (stop.sh, dump_stacks)."""
+def _container(record: JobRecord, engine: str | None) -> dict[str, str] | None:
+    """podman/docker containers are stopped by name; apptainer's processes are the
+    job's own, found by their marker like any other."""
+    return ({"runtime": engine, "name": record.container_name()}
+            if record.image and engine and not is_image_file(record.image) else None)
+
+
+def freeze_script(record: JobRecord, node: str, runtime: str | None = None) -> str:
+    """A hang's stop, first round on every node: each worker and its torchrun stopped
+    where they are, so that none leaves the hung collective before it is aborted
+    (stop.sh, dump_stacks). `runtime`: a container's engine, as start recorded it."""
+    engine = engine_command(runtime) if runtime else None
     return render("launch/freeze.sh.j2", job_id=record.id, node=node,
-                  jobs_dir=record.jobs_dir, marker_pattern=_marker_pattern(record, node))
+                  jobs_dir=record.jobs_dir, container=_container(record, engine),
+                  marker_pattern=_marker_pattern(record, node))
 
 
 @dataclass(frozen=True)

@@ -1108,7 +1108,29 @@ if [ -n "${FAKE_WORKER:-}" ]; then
   trap 'sleep 0.3; kill -TERM -$worker; wait $worker; exit 143' TERM
   wait $worker
 fi
+if [ -n "${FAKE_HANG:-}" ]; then
+  # As torchrun with one rank that hangs (fake-rank): its stderr in torchrun's --log-dir
+  # by attempt and local rank, its RANK its node's number less one.
+  previous= logs=
+  for word; do [ "$previous" = --log-dir ] && logs=$word; previous=$word; done
+  mkdir -p "$logs/fake/attempt_0/0"
+  node=${GPUCLUSTER_JOB##*@node}
+  RANK=$((node - 1)) LOCAL_RANK=0 setsid fake-rank 2> "$logs/fake/attempt_0/0/stderr.log" &
+  worker=$!
+  trap 'kill -TERM -$worker; wait $worker; exit 143' TERM
+  wait $worker
+  exit $?
+fi
 sleep "${FAKE_SLEEP:-0}"
+"""
+# A rank stuck in a wait, standing in for a Python one: on ABRT (a hang's stop) it writes
+# what faulthandler would (the image has no Python) and dies of it.
+FAKE_RANK = """#!/bin/sh
+trap 'printf "%s\\n" "Fatal Python error: Aborted" "" \\
+  "Current thread 0x00007f0000000001 (most recent call first):" \\
+  "  File \\"/srv/hang.py\\", line 7 in wait" "  File \\"/srv/hang.py\\", line 9 in <module>" \\
+  "" "Extension modules: none (total: 0)" >&2; trap - ABRT; kill -ABRT $$' ABRT
+while :; do sleep 0.1; done
 """
 
 
@@ -1116,7 +1138,8 @@ sleep "${FAKE_SLEEP:-0}"
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real podman image: busybox, and a stand-in torchrun."""
     with busybox_image(tmp_path_factory.mktemp("rootfs"), "localhost/gpclnch-fake:1",
-                       {"bin/torchrun": FAKE_TORCHRUN.encode()}) as reference:
+                       {"bin/torchrun": FAKE_TORCHRUN.encode(),
+                        "bin/fake-rank": FAKE_RANK.encode()}) as reference:
         yield reference
 
 
@@ -1165,6 +1188,30 @@ def test_container_job_runs_in_the_pushed_image_and_stops(cluster: Sandbox, proj
     for node in cluster.nodes:
         assert re.findall(rf"^\[{node}\] worker: (.*)$", logs, re.MULTILINE) == [
             "TERM", "saved"], logs
+    left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
+    assert f"gpucluster-{job}" not in left.stdout
+    assert job_processes(cluster) == {}
+
+    # A hang's stacks from containers: each rank found as its container's torchrun's
+    # child, held, aborted, its dump read from the job dir the container shares; the
+    # rank stopped on node2 said to be stopped.
+    started = gpucluster("launch", "-i", str(inventory), "-d", "--container", "--env",
+                         "FAKE_HANG=1", "train.py", cwd=str(project))
+    assert started.code == 0, started.stderr
+    job = started.stdout.strip()
+    deadline = time.monotonic() + 30
+    while not (ranks := node_processes(cluster, lambda _, cmdline: b"fake-rank" in cmdline)) \
+            or len(ranks) < 3:
+        assert time.monotonic() < deadline, ranks
+        time.sleep(0.2)
+    os.kill(int(ranks["node2"][0].split()[0]), signal.SIGSTOP)
+    stopped = gpucluster("stop", "-i", str(inventory), job, "--stacks", "--json",
+                         "--grace", "5")
+    assert stopped.code == 0, stopped.stdout + stopped.stderr
+    assert stopped.json()["stacks"] == [
+        {"ranks": [0, 2], "where": "hang.py line 7 in wait", "nodes": ["node1", "node3"],
+         "why": None},
+        {"ranks": [1], "where": None, "nodes": ["node2"], "why": "stopped"}], stopped.stdout
     left = gpucluster("run", "-i", str(inventory), "podman ps -a --format '{{.Names}}'")
     assert f"gpucluster-{job}" not in left.stdout
     assert job_processes(cluster) == {}

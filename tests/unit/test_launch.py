@@ -320,7 +320,8 @@ def _record() -> JobRecord:
 
 
 @pytest.mark.parametrize("script", ["start", "follow", "stop", "stop-hang", "freeze", "state",
-                                    "start-container",
+                                    "start-container", "freeze-container",
+                                    "stop-hang-container",
                                     "stop-container", "start-peer-stop", "peer-stop",
                                     "watched-peer-stop"])
 def test_node_scripts_are_valid_shell(script: str) -> None:
@@ -335,6 +336,12 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
         "stop-hang": lambda: node_scripts.stop_script(record, "node-2", 2.5, None,
                                                       dump_stacks=True),
         "freeze": lambda: node_scripts.freeze_script(record, "node-2"),
+        "freeze-container": lambda: node_scripts.freeze_script(
+            dataclasses.replace(record, image="busybox:latest"), "node-2",
+            "sudo:/usr/bin/podman"),
+        "stop-hang-container": lambda: node_scripts.stop_script(
+            dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
+            "/usr/bin/podman", dump_stacks=True),
         "stop-container": lambda: node_scripts.stop_script(
             dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
             "/usr/bin/docker"),
