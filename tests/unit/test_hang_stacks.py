@@ -30,7 +30,7 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
         StackGroup((0, 1, 2, 4, 5), "train.py line 128 in main, in _engine_run_backward "
                                     "(torch/autograd/graph.py line 979)",
                    ("node1", "node2", "node3")),
-        StackGroup((3,), None, ("node2",), ""))  # these stops did not say how it ended
+        StackGroup((3,), None, ("node2",), "stopped"))
     kept = hang_stacks.write(tmp_path / "jobs" / JOB, stopped)
     said = hang_stacks.said(groups, kept)
     assert said[0] == f"where each rank was when the hang was stopped (each rank's whole " \
@@ -43,33 +43,35 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
     assert text.count("Fatal Python error: Aborted") == 5
     assert text.count('"/srv/gpucluster/proj/train.py", line 128 in main') == 5
     assert said[1].startswith("  ranks 0-2,4-5: train.py line 128") and "(node" not in said[1]
-    assert said[2] == "  rank 3 (node2): no stack: it did not die of SIGABRT (stopped, or " \
-                      "stuck in the kernel or a driver call)"
+    assert said[2] == "  rank 3 (node2): no stack: it was stopped (SIGSTOP, a debugger) and " \
+                      "could not take the abort"
     assert hang_stacks.payload(groups)[1] == {"ranks": [3], "where": None, "nodes": ["node2"],
-                                              "why": ""}
+                                              "why": "stopped"}
 
 
 def test_each_rank_without_a_stack_is_said_by_how_it_ended() -> None:
     """The stop says how each aborted rank ended; those without a stack are grouped by
-    it: stopped before the stop (the hang), still alive (stuck), or died without one."""
+    it: stopped before the stop (the hang), still alive (stuck), or died without one;
+    a node script from before said nothing (rank 5), an unknown word is taken so."""
     dump = (CAPTURED / "stop-node1.txt").read_text().split("@@gpc end 0")[0]
     dump = dump.split("\n", 1)[1]  # rank 0's, without its section line
     stopped = stop_result("node1", "".join(
-        f"@@gpc section stack {rank} {fate}\n{text}@@gpc end 0\n"
-        for rank, fate, text in ((0, "died", dump), (1, "stopped", ""), (2, "alive", ""),
-                                 (3, "died", ""), (4, "stopped", ""), (5, "odd", "")))
-        + "@@gpc stop kill 6 -\n")
+        f"@@gpc section stack {rank}{fate}\n{text}@@gpc end 0\n"
+        for rank, fate, text in ((0, " died", dump), (1, " stopped", ""), (2, " alive", ""),
+                                 (3, " died", ""), (4, " stopped", ""), (5, "", ""),
+                                 (6, " odd", "")))
+        + "@@gpc stop kill 7 -\n")
     assert stopped.stack_fates == {0: "died", 1: "stopped", 2: "alive", 3: "died",
-                                   4: "stopped", 5: "odd"}
+                                   4: "stopped", 5: "", 6: "odd"}
     groups = hang_stacks.read({"node1": stopped})
     assert [(g.ranks, g.why) for g in groups] == [
-        ((0,), None), ((1, 4), "stopped"), ((2,), "alive"), ((3,), "died"), ((5,), "")]
+        ((0,), None), ((1, 4), "stopped"), ((5, 6), ""), ((2,), "alive"), ((3,), "died")]
     said = hang_stacks.said(groups, Path("stacks.txt"))
     assert said[2] == "  ranks 1,4 (node1): no stack: it was stopped (SIGSTOP, a debugger) " \
                       "and could not take the abort"
-    assert said[3].startswith("  rank 2 (node1): no stack: still alive 3 s after the abort")
-    assert said[4].startswith("  rank 3 (node1): no stack: it died without writing one")
-    assert said[5].startswith("  rank 5 (node1): no stack: it did not die of SIGABRT")
+    assert said[3].startswith("  ranks 5-6 (node1): no stack: it did not die of SIGABRT")
+    assert said[4].startswith("  rank 2 (node1): no stack: still alive 3 s after the abort")
+    assert said[5].startswith("  rank 3 (node1): no stack: it died without writing one")
 
 
 def test_no_stack_at_all_says_nothing() -> None:
@@ -119,7 +121,7 @@ def test_jobs_notes_a_hangs_ranks_apart_from_the_rest() -> None:
                          "no rank made progress for 15s (--hang-timeout 15)", 70.0,
                          stacks=hang_stacks.read(_stopped()))
     assert failure_note(hang) == \
-        "hang: no rank made progress for 15s (--hang-timeout 15); rank 3: no stack"
+        "hang: no rank made progress for 15s (--hang-timeout 15); rank 3: no stack (stopped)"
     lost = AttemptReport(1, JOB, ("node1",), "node lost", "node1: unreachable", 5.0)
     assert failure_note(lost) == "node lost: node1: unreachable"
     error = AttemptReport(1, JOB, ("node1",), "worker error", "rank 1 on node1: boom", 5.0)
