@@ -170,25 +170,29 @@ def states(session: Session, inventory: Inventory, records: Sequence[JobRecord],
     by_node = {n: [r for r in records if n in askable[r.id]] for n in names}
     jobs_dirs = {r.jobs_dir for r in records}
 
-    def ask(connection: Connection) -> tuple[list[str], list[str]]:
-        state_lines, left_lines = [], []
+    def ask(connection: Connection) -> dict[str, list[str]]:
+        lines: dict[str, list[str]] = {"job": [], "peer-left": [], "quiet": []}
         for jobs_dir in sorted(jobs_dirs):
             mine = [r for r in by_node[connection.host] if r.jobs_dir == jobs_dir]
             if mine:
                 output = connection.run(node_scripts.state_script(mine, connection.host,
                                                                   jobs_dir), timeout=30)
                 said = reports.by_kind(output.stdout)
-                state_lines += said.get("job", [])
-                left_lines += said.get("peer-left", [])
-        return state_lines, left_lines
+                for kind, kept in lines.items():
+                    kept.extend(said.get(kind, []))
+        return lines
 
     answers = session.map([inventory.host(n) for n in names], ask)
-    for node, (state_lines, left_lines) in answers.values.items():
-        for line in state_lines:
+    for node, lines in answers.values.items():
+        quiet = {job_id: max(0, int(seconds)) for job_id, _, seconds in
+                 (line.partition(" ") for line in lines["quiet"])
+                 if seconds.lstrip("-").isdigit()}  # "JOB SECONDS"
+        for line in lines["job"]:
             job_id, _, rest = line.partition(" ")
             if job_id in table:
-                table[job_id][node] = parse_state(node, rest)
-        for line in left_lines:  # "JOB PEER WHY (gpucluster stop JOB ends it there)"
+                table[job_id][node] = dataclasses.replace(parse_state(node, rest),
+                                                          quiet_s=quiet.get(job_id))
+        for line in lines["peer-left"]:  # "JOB PEER WHY (gpucluster stop JOB ends it there)"
             job_id, peer, why = [*line.split(" ", 2), "", ""][:3]
             if node in table.get(job_id, {}):
                 state = table[job_id][node]

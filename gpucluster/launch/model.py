@@ -79,6 +79,9 @@ class NodeState:
     # Its torchrun failed and its stop of the others (stop_peers.sh) left some running:
     # (peer, why) in that script's words: `Host key verification failed.`
     peers_left: tuple[tuple[str, str], ...] = ()
+    # `jobs`: seconds since the job's newest output or heartbeat here (node clock), while
+    # processes of it are here
+    quiet_s: int | None = None
 
     @property
     def failed(self) -> bool:

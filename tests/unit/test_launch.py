@@ -1853,6 +1853,45 @@ def test_jobs_names_a_node_the_inventory_no_longer_lists() -> None:
     assert "stopped: n[1-2], not in this inventory: n3" in console.export_text()
 
 
+def test_jobs_says_how_long_a_running_job_has_been_quiet(tmp_path: Path) -> None:
+    """A hang is quiet: no output, no heartbeat. The node's state script says for how
+    long, by the node's clock, from the newer of the job's node.log and heartbeat file;
+    `jobs` says so once it is a minute, with how to see where each rank was."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from gpucluster.cli.views.launch import jobs_payload, print_jobs
+    from gpucluster.launch.control import states
+    from gpucluster.remote.ssh import SshOptions
+
+    with _job_saving_on_term(tmp_path) as (loaded, record):
+        def state() -> NodeState:
+            return states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
+                          [record])[record.id]["node1"]
+
+        job = tmp_path / "jobs" / record.id / "node1"
+        assert state().quiet_s in (0, 1, 2, 3)  # node.log made as it started
+        os.utime(job / "node.log", (time.time() - 300, time.time() - 300))
+        (job / "heartbeat").touch()
+        os.utime(job / "heartbeat", (time.time() - 90, time.time() - 90))
+        quiet = state()
+        assert quiet.state == "running" and quiet.quiet_s in (90, 91, 92), quiet
+        console = Console(width=300, record=True, file=io.StringIO())
+        print_jobs(console, [record], {record.id: {"node1": quiet}}, {}, {})
+        assert f"quiet for 1m: no output or heartbeat on any node (a hang? gpucluster stop " \
+               f"--stacks {record.id} ends it and says where each rank was)" in \
+               console.export_text()
+        assert jobs_payload([record], {record.id: {"node1": quiet}}, {}, {})["jobs"][0][
+            "quiet_s"] == quiet.quiet_s
+        # Under a recovery supervisor, whose --hang-timeout ends a hang: no hint.
+        console = Console(width=300, record=True, file=io.StringIO())
+        print_jobs(console, [record], {record.id: {"node1": quiet}}, {record.id: 4242}, {})
+        assert "no output or heartbeat on any node\n" in console.export_text().replace(
+            " │\n", "\n").replace("  ", ""), console.export_text()
+
+
 def test_jobs_in_80_columns_shows_a_recovery_runs_whole_id() -> None:
     """It was cut to `20261206-061848…`: the id `jobs` names the run by."""
     import io

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -202,6 +202,11 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
             summary += f"\nfirst failure: {printable(failures[record.id])}"
         if not supervisors.get(record.id) and (half := _failed_while_running(record, states)):
             summary += f"\n{half}"
+        if (quiet := quiet_for(table[record.id].values())) is not None and quiet >= QUIET_SAID_S:
+            summary += f"\nquiet for {ago(quiet)}: no output or heartbeat on any node"
+            if not supervisors.get(record.id):  # launch --recover's --hang-timeout ends it
+                summary += f" (a hang? gpucluster stop --stacks {record.id} ends it and " \
+                           f"says where each rank was)"
         # `5m ago`: the id already says when (its local date and time), and a column of
         # full dates left an 80-column terminal a state column 18 wide, folding each state
         rows.append((record.id, record.command(),
@@ -251,6 +256,18 @@ def stop_payload(record: JobRecord, results: Mapping[str, StopResult]) -> dict[s
     }
 
 
+# `jobs` says a running job is quiet once it has been for this long (a hang is quiet)
+QUIET_SAID_S = 60
+
+
+def quiet_for(states: Iterable[NodeState]) -> int | None:
+    """Seconds since the job's newest output or heartbeat on any node where it runs;
+    None where none said."""
+    said = [state.quiet_s for state in states
+            if state.quiet_s is not None and state.state == "running"]
+    return min(said) if said else None
+
+
 def jobs_payload(records: Sequence[JobRecord],
                  table: Mapping[str, Mapping[str, NodeState]],
                  supervisors: Mapping[str, int | None],
@@ -263,6 +280,7 @@ def jobs_payload(records: Sequence[JobRecord],
         "supervisor": supervisors.get(r.id),
         "nodes": {n: state_payload(s) for n, s in table[r.id].items()},
         "first_failure": failures.get(r.id),
+        "quiet_s": quiet_for(table[r.id].values()),
     } for r in records]}
 
 
