@@ -149,8 +149,14 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
         "gpucluster_gpu_process_memory_used_mib", "GPU memory held by each process, with "
         "its gpucluster job and rank (empty for a foreign process).",
         labels=["Hostname", "gpu", "UUID", "pid", "user", "job_id", "rank"])
+    quiet = GaugeMetricFamily(
+        "gpucluster_job_quiet_seconds", "Seconds since a running gpucluster job's newest "
+        "output or heartbeat on the node (a hang is quiet while NCCL keeps its GPUs busy).",
+        labels=["Hostname", "job_id"])
     for node in nodes:
         assert node.sample is not None
+        for job_id, seconds in sorted(node.sample.quiet.items()):
+            quiet.add_metric([node.host, job_id], seconds)
         for gpu in node.sample.gpus:
             held = node.sample.processes_on(gpu)
             for slurm_job in dict.fromkeys(p.slurm_job for p in held if p.slurm_job):
@@ -165,7 +171,7 @@ def _job_families(nodes: list[NodeView]) -> Iterator[Metric]:
                     memory.add_metric([node.host, str(gpu.index), gpu.uuid, str(process.pid),
                                        process.user, process.job or "", rank],
                                       float(process.used_mib))
-    yield from (job, slurm, memory)
+    yield from (job, slurm, memory, quiet)
 
 
 def _slurm_families(reading: QueueReading) -> Iterator[Metric]:

@@ -81,6 +81,8 @@ class NodeSample:
     error: str  # nvidia-smi's, when no GPU answered
     xid: tuple[tuple[str, int | None], ...] | None  # (bus, code) since the sampler began
     extra: dict[str, Any] = field(default_factory=dict)
+    # job -> seconds since its newest output or heartbeat on the node (gpucluster.quiet)
+    quiet: dict[str, float] = field(default_factory=dict)
 
     def processes_on(self, gpu: Gpu) -> list[GpuProcess]:
         return [p for p in self.processes if p.gpu_uuid == gpu.uuid]
@@ -141,10 +143,12 @@ def parse_frame(line: str) -> NodeSample | None:
         rates = {str(k): (int(v[0]), int(v[1])) for k, v in raw["rates"].items()}
         load = raw.get("load") or [None]
         xid = raw.get("xid")
+        quiet = {str(job): float(s) for job, s in (raw.get("quiet") or {}).items()
+                 if isinstance(s, (int, float))}
         return NodeSample(float(raw["t"]), tuple(sorted(gpus, key=lambda g: g.index)),
                           processes, raw.get("interface"), rates, _float(load[0]),
                           _int(raw.get("cpus")), str(raw.get("error") or ""),
                           tuple((str(b), _int(c)) for b, c in xid) if xid is not None
-                          else None)
+                          else None, quiet=quiet)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None

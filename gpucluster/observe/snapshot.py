@@ -12,6 +12,7 @@ from gpucluster.observe.model import Gpu, GpuProcess, NodeSample
 from gpucluster.observe.slowest import IDLE_UTIL, Slowest, job_of, slowest_per_job
 from gpucluster.observe.slurm_queue import QueuePoller, QueueReading
 from gpucluster.observe.streams import ClusterStreams, stale_after
+from gpucluster.quiet import QUIET_SAID_S
 
 SCHEMA = 1
 
@@ -40,6 +41,9 @@ class Summary:
     busy_gpus: tuple[int, int] = (0, 0)  # GPUs at IDLE_UTIL or more, of all sampled
     # node, GPU, the reasons its clocks are held down (gpucluster.clock_events.SLOWDOWNS)
     slowed: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
+    # jobs quiet for QUIET_SAID_S or more on every node sampled, the longest first: job,
+    # seconds (the least of its nodes')
+    quiet: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,18 @@ class Snapshot:
                        for g in n.sample.gpus if g.slowdowns)
         return Summary(slowest_per_job((n.host, n.sample) for n in fresh if n.sample),
                        max(links, key=lambda x: x[2]) if links else None,
-                       tuple(_idle_in_jobs(fresh)), (working, len(gpus)), slowed)
+                       tuple(_idle_in_jobs(fresh)), (working, len(gpus)), slowed,
+                       _quiet_jobs(fresh))
+
+
+def _quiet_jobs(nodes: list[NodeView]) -> tuple[tuple[str, float], ...]:
+    least: dict[str, float] = {}
+    for node in nodes:
+        assert node.sample is not None
+        for job, seconds in node.sample.quiet.items():
+            least[job] = min(seconds, least.get(job, seconds))
+    return tuple(sorted(((job, s) for job, s in least.items() if s >= QUIET_SAID_S),
+                        key=lambda item: -item[1]))
 
 
 def _idle_in_jobs(nodes: list[NodeView]) -> list[tuple[str, int, str]]:
@@ -143,6 +158,7 @@ def to_json(snapshot: Snapshot) -> dict[str, Any]:
                                   for h, g, j in summary.idle_in_jobs],
             "slowed_gpus": [{"host": h, "gpu": g, "reasons": list(reasons)}
                             for h, g, reasons in summary.slowed],
+            "quiet_jobs": [{"job": j, "quiet_s": s} for j, s in summary.quiet],
         },
         "slurm": _slurm_json(snapshot.slurm),
     }

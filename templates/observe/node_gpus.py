@@ -70,7 +70,8 @@ def owner(pid):
         with open(f"/proc/{pid}/environ", "rb") as handle:
             for entry in handle.read().split(b"\0"):
                 name, _, value = entry.decode(errors="replace").partition("=")
-                if name in ("GPUCLUSTER_JOB", "RANK", "LOCAL_RANK", "SLURM_JOB_ID"):
+                if name in ("GPUCLUSTER_JOB", "RANK", "LOCAL_RANK", "SLURM_JOB_ID",
+                            "GPC_JOB_DIR"):
                     environ[name] = value
         readable = True
     except OSError:
@@ -79,7 +80,24 @@ def owner(pid):
             "job": environ.get("GPUCLUSTER_JOB", "").split("@")[0] or None,
             "rank": number(environ.get("RANK", "-")),
             "local_rank": number(environ.get("LOCAL_RANK", "-")),
-            "slurm_job": environ.get("SLURM_JOB_ID") or None}
+            "slurm_job": environ.get("SLURM_JOB_ID") or None,
+            "job_dir": environ.get("GPC_JOB_DIR") or None}
+
+
+def quiet(owners):
+    """Each job's seconds since its newest output or heartbeat here: the newer of its
+    node.log and heartbeat file, in the job dir its processes carry (gpucluster/quiet.py)."""
+    found, now = {}, time.time()
+    for info in owners:
+        job, job_dir = info.get("job"), info.get("job_dir")
+        if job and job_dir and job not in found:
+            times = []
+            for name in ("node.log", "heartbeat"):
+                with contextlib.suppress(OSError):
+                    times.append(os.stat(f"{job_dir}/{name}").st_mtime)
+            if times:
+                found[job] = round(max(0.0, now - max(times)), 1)
+    return found
 
 
 def job_running(jobs_dir, job, node):
@@ -434,6 +452,7 @@ def frames(loops, interval_ms, peer, typed_sudo):
             "processes": [{"gpu_uuid": u, "pid": int(p), "used_mib": number(m),
                            **owners[p]} for u, p, m in running],
             "xid": xid.events if xid.readable else None,
+            "quiet": quiet(owners.values()),
         }
         sys.stdout.write(json.dumps(frame) + "\n")
         sys.stdout.flush()

@@ -143,6 +143,31 @@ def test_the_summary_line_counts_busy_gpus_even_on_one_node() -> None:
         "asks a password, passwordless sudo, or sysctl kernel.dmesg_restrict=0)")
 
 
+def _quiet_frame(quiet: dict[str, float]) -> NodeSample | None:
+    return parse_frame(json.dumps({**json.loads(frame((99, 99), rx=0)), "quiet": quiet}))
+
+
+def test_a_job_quiet_on_every_node_is_said_by_top_and_served_by_the_exporter() -> None:
+    """A hang keeps the GPUs busy (NCCL waits spinning) and prints nothing: a job
+    quiet for a minute on every node is said, by the least of its nodes' readings."""
+    from gpucluster.cli.views.top import summary_line
+
+    other = "20261130-130000-9f9f"
+    snapshot = Snapshot(0.0, 1.0, (view("node1", _quiet_frame({JOB: 300.0, other: 400.0})),
+                                   view("node2", _quiet_frame({JOB: 75.5, other: 20.0}))))
+    assert snapshot.summary.quiet == ((JOB, 75.5),)  # the other printed 20 s ago on node2
+    assert summary_line(snapshot).plain.endswith(
+        " | job abcd quiet for 1m: no output or heartbeat on any node")
+    assert to_json(snapshot)["summary"]["quiet_jobs"] == [{"job": JOB, "quiet_s": 75.5}]
+
+    streams = SimpleNamespace(interval_s=1.0, inventory=SimpleNamespace(hosts=[]),
+                              nodes={"node1": _Stream(_quiet_frame({JOB: 300.0}), 0.3)})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(streams))  # type: ignore[arg-type]
+    assert f'gpucluster_job_quiet_seconds{{Hostname="node1",job_id="{JOB}"}} 300.0' in \
+        generate_latest(registry).decode()
+
+
 def test_gpus_whose_clocks_are_held_down_are_named_with_the_reason_and_a_remedy() -> None:
     """A thermal slowdown halves a GPU's clocks: its rank becomes the straggler. The
     power cap alone (how a busy GPU runs) is not named."""
@@ -422,9 +447,15 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     """The node script itself, with the simulated nvidia-smi on its PATH."""
     state = _fake_nvidia_smi(tmp_path, 2)
     # a worker that computes, so that its GPU works (the simulation follows its CPU)
+    # its job dir's newest output or heartbeat 90 s ago: the job's quiet
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    for name, age in (("node.log", 300), ("heartbeat", 90)):
+        (job_dir / name).touch()
+        os.utime(job_dir / name, (time.time() - age, time.time() - age))
     worker = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\n"
                                "while time.time() < end: pass"],
-                              env={**os.environ, "LOCAL_RANK": "1",
+                              env={**os.environ, "LOCAL_RANK": "1", "GPC_JOB_DIR": str(job_dir),
                                    "GPUCLUSTER_JOB": f"{JOB}@here", "RANK": "7"})
     sampler = _sampler(300, f"{tmp_path}:{os.environ['PATH']}")
     try:
@@ -444,6 +475,7 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     mine = [p for p in last.processes if p.pid == worker.pid]
     assert [(p.job, p.rank, p.local_rank, p.gpu_uuid[-1]) for p in mine] == \
         [(JOB, 7, 1, "1")]
+    assert list(last.quiet) == [JOB] and 90 <= last.quiet[JOB] < 95, last.quiet
     # DCGM exporter's other gauges, as the H200 capture has them idle, boosted when busy
     idle, working = last.gpus
     assert (idle.sm_clock, idle.mem_clock, idle.mem_temp, idle.enc_util) == (345, 3201, 32, 0)

@@ -24,6 +24,7 @@ from gpucluster.launch.model import (
     StopResult,
 )
 from gpucluster.launch.node_scripts import DEBUG_DIRS
+from gpucluster.quiet import QUIET_SAID_S, quiet_words
 from gpucluster.wording import ago, counted
 
 
@@ -203,7 +204,7 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
         if not supervisors.get(record.id) and (half := _failed_while_running(record, states)):
             summary += f"\n{half}"
         if (quiet := quiet_for(table[record.id].values())) is not None and quiet >= QUIET_SAID_S:
-            summary += f"\nquiet for {ago(quiet)}: no output or heartbeat on any node"
+            summary += f"\n{quiet_words(quiet)}"
             if not supervisors.get(record.id):  # launch --recover's --hang-timeout ends it
                 summary += f" (a hang? gpucluster stop --stacks {record.id} ends it and " \
                            f"says where each rank was)"
@@ -254,10 +255,6 @@ def stop_payload(record: JobRecord, results: Mapping[str, StopResult]) -> dict[s
         "nodes": {n: {"found": r.found, "how": r.how, "left": list(r.left), "detail": r.detail}
                   for n, r in sorted(results.items())},
     }
-
-
-# `jobs` says a running job is quiet once it has been for this long (a hang is quiet)
-QUIET_SAID_S = 60
 
 
 def quiet_for(states: Iterable[NodeState]) -> int | None:

@@ -14,6 +14,7 @@ from gpucluster.observe.model import GpuProcess, NodeSample
 from gpucluster.observe.slowest import Slowest
 from gpucluster.observe.slurm_queue import QueueReading
 from gpucluster.observe.snapshot import NodeView, Snapshot
+from gpucluster.quiet import quiet_words
 from gpucluster.wording import ranks_named
 
 _HOT_C = 85  # a GPU temperature worth a colour
@@ -45,6 +46,8 @@ def summary_line(snapshot: Snapshot) -> Text:
         more = len(summary.idle_in_jobs) - 4
         parts.append(f"idle GPUs of running jobs: {idle}" + (f" +{more}" if more > 0 else ""))
     parts.extend(_slowed_parts(summary.slowed))
+    for job, seconds in summary.quiet[:2]:  # a hang (NCCL keeps its GPUs busy meanwhile)
+        parts.append(f"job {_short_job(job)} {quiet_words(seconds)}")
     if snapshot.slurm is not None:
         parts.append(_slurm_part(snapshot.slurm))
     stale = [n.host for n in snapshot.nodes if n.stale]
