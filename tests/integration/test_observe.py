@@ -104,7 +104,8 @@ def test_top_once_json_shows_every_gpu_and_attributes_each_rank(cluster: Sandbox
                                     "enc_util_pct", "dec_util_pct", "clock_events",
                                     "processes"}
     assert set(snapshot["summary"]) == {"slowest_node", "slowest_nodes", "busiest_link",
-                                        "idle_gpus_in_jobs", "slowed_gpus"}
+                                        "idle_gpus_in_jobs", "slowed_gpus", "quiet_jobs"}
+    assert snapshot["summary"]["quiet_jobs"] == []  # it prints an epoch every few seconds
     # The job runs on every node: only its own nodes are compared, under its name.
     assert {s["job"] for s in snapshot["summary"]["slowest_nodes"]} <= {job}
     assert {(s["host"], s["gpu"], tuple(s["reasons"])) for s in
