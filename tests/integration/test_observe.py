@@ -341,6 +341,9 @@ def _check_own_dashboard(port: int, cluster: Sandbox, job: str) -> None:
         assert sorted(int(s["metric"]["rank"]) for s in answers[title]) == list(range(6)), \
             (title, answers[title])
     assert answers["Nodes up"][0]["value"][1] == "3", answers["Nodes up"]
+    quiet = answers["Seconds without output or heartbeat"]  # each node's, a few seconds
+    assert sorted(s["metric"]["Hostname"] for s in quiet) == cluster.nodes and \
+        all(float(s["value"][1]) < 60 for s in quiet), quiet
     assert answers["GPUs in jobs"][0]["value"][1] == "6", answers["GPUs in jobs"]
     assert answers["GPUs held down"][0]["value"][1] == str(GPUS), answers["GPUs held down"]
     assert {s["metric"]["Hostname"] for s in answers["GPU utilisation"]} == set(cluster.nodes)
