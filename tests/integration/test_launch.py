@@ -793,8 +793,9 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         entry = next(j for j in listed["jobs"] if j["id"] == job)
         assert set(entry) == {"id", "script", "module", "args", "hosts", "started_at",
                               "image", "run", "attempt", "supervisor", "nodes",
-                              "first_failure"}
+                              "first_failure", "quiet_s"}
         assert entry["first_failure"] is None
+        assert 0 <= entry["quiet_s"] < 60  # it has just started, and prints as it goes
         assert (entry["script"], entry["module"]) == ("train.py", False)
         assert (entry["run"], entry["attempt"]) == (job, 1)
         assert {n["state"] for n in entry["nodes"].values()} == {"running"}
