@@ -24,7 +24,7 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
     stopped = _stopped()
     assert {node: sorted(r.stacks) for node, r in stopped.items()} == {
         "node1": [0, 1], "node2": [2, 3], "node3": [4, 5]}
-    assert stopped["node2"].stacks[3] == () and stopped["node2"].how == "kill"
+    assert stopped["node2"].stacks[3] == () and stopped["node2"].how == "term"
     groups = hang_stacks.read(stopped)
     assert groups == (
         StackGroup((0, 1, 2, 4, 5), "train.py line 128 in main, in _engine_run_backward "

@@ -602,6 +602,19 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
         assert state() == ("stopped", 143)
 
 
+def test_a_stop_continues_a_stopped_worker_so_that_it_takes_its_term(tmp_path: Path) -> None:
+    """A worker stopped by a signal (Ctrl-Z, SIGSTOP) keeps the TERM torchrun passes on
+    pending: the stop waited its grace, then KILLed it, and its save on TERM never ran.
+    Continued once the TERM is out, it saves and ends; no KILL."""
+    with _job_saving_on_term(tmp_path) as (_, record):
+        os.kill(int((tmp_path / "worker.pid").read_text()), signal.SIGSTOP)
+        said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+    assert said.split()[:3] == ["@@gpc", "stop", "term"], said
+    assert said.split()[4] == "-"  # nothing left
+    assert (tmp_path / "terms").read_text() == "TERM\nsaved\n"
+
+
 def test_a_hangs_stop_aborts_each_worker_first_and_its_python_stack_lands_in_the_log(
         tmp_path: Path) -> None:
     """The stop of a hang: each worker (torchrun's child), not torchrun, gets ABRT, and
