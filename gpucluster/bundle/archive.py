@@ -16,7 +16,7 @@ from gpucluster.bundle.collect import SINFO_HEADING, Collected, doctor_json, scr
 from gpucluster.bundle.slurm_job import SUMMARY_LINES, SlurmJob
 from gpucluster.doctor.model import Status
 from gpucluster.launch.failure import first_traceback, root_cause
-from gpucluster.launch.hang_stacks import STACKS_FILE
+from gpucluster.launch.hang_stacks import STACKS_FILES
 from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.logsearch import where
 from gpucluster.launch.model import FirstFailure, JobOutcome
@@ -84,7 +84,8 @@ def summary(collected: Collected, inventory_path: Path) -> str:
         lines.append("- `job/job.json`: the job's record (its environment with secret values "
                      "masked); `job/logs/`: the controller's copy of every node's log; "
                      "`job/stacks.txt`, after a hang's stop or `stop --stacks`: where each "
-                     "rank was")
+                     "rank was; `job/stacks-TIME.txt`: where each was at each look of "
+                     "`gpucluster stacks`")
     if collected.slurm_job is not None:
         lines.append("- `slurm-job/scontrol.txt`: Slurm's record of the job; "
                      "`slurm-job/output.log`: the end of its output file (8 MiB at most)")
@@ -260,9 +261,9 @@ def _write_tar(collected: Collected, store: JobStore, inventory_path: Path, part
             add("job/job.json", _json(dataclasses.asdict(record)))
             for path in sorted(store.directory(record.id).glob("*.log*")):
                 add(f"job/logs/{path.name}", scrub(path.read_bytes()))
-            stacks = store.directory(record.id) / STACKS_FILE
-            if stacks.is_file():
-                add(f"job/{STACKS_FILE}", scrub(stacks.read_bytes()))
+            # a hang's stop's, and each `gpucluster stacks` look's (stacks-TIME.txt)
+            for stacks in sorted(store.directory(record.id).glob(STACKS_FILES)):
+                add(f"job/{stacks.name}", scrub(stacks.read_bytes()))
 
 
 def _json(value: Any) -> bytes:

@@ -26,6 +26,7 @@ from gpucluster.cli import (
     run_cmd,
     sandbox_cmd,
     smoke_cmd,
+    stacks_cmd,
     stop_cmd,
     top_cmd,
 )
@@ -72,6 +73,7 @@ app.command("launch", cls=ScriptCommand)(launch_cmd.launch)
 app.command("jobs")(launch_cmd.jobs)
 app.command("logs")(logs_cmd.logs)
 app.command("stop")(stop_cmd.stop)
+app.command("stacks")(stacks_cmd.stacks)
 app.command("prune")(prune_cmd.prune)
 app.command("top")(top_cmd.top)
 app.command("exporter")(top_cmd.exporter)

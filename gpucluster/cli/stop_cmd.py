@@ -176,5 +176,6 @@ def _where_ranks_were(store: JobStore, record: JobRecord,
         return [], ["--stacks: no rank wrote its stack (a job in an apptainer image, one whose "
                     "env turns PYTHONFAULTHANDLER off, or one started by an older gpucluster, "
                     "which did not turn it on)"]
-    kept = hang_stacks.write(store.directory(record.id), results)
+    kept = hang_stacks.write(store.directory(record.id),
+                             {node: result.stacks for node, result in results.items()})
     return hang_stacks.payload(groups), hang_stacks.said(groups, kept, "it was stopped")

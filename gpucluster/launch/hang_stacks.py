@@ -16,7 +16,7 @@ usually the one to look at. The stop says how each rank without a stack ended (`
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from gpucluster.wording import ranks_named
 
 ABORTED = "Fatal Python error: Aborted"
 STACKS_FILE = "stacks.txt"  # in the job's directory here, by write()
+STACKS_FILES = "stacks*.txt"  # that, and each live look's (live_stacks: stacks-TIME.txt)
 # faulthandler's dump after its first line: blank lines, a header per thread, its frames
 # (or `<no Python frame>`), then the extension modules loaded, its last line (DUMP_END).
 _THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
@@ -33,6 +34,7 @@ _FRAME = re.compile(r'  File "(?P<path>.*)", line (?P<line>\d+) in (?P<function>
 DUMP_END = re.compile(r"Extension modules: ")
 DUMP_LINE = re.compile(rf"$|{_THREAD.pattern}|  File \"|  <no Python frame>|{DUMP_END.pattern}")
 _PACKAGES = re.compile(r".*/(?:site|dist)-packages/")
+_SYSTEM_LIBRARY = re.compile(r"(?:/usr)?/lib(?:64)?/(?:[^/]+/)?(?:libc|libpthread|libstdc\+\+)[.-]")
 # A rank without a stack, by how the stop saw it end (stop.sh's fate; "" where it did not say)
 _NO_STACK = {
     "stopped": "no stack: it was stopped (SIGSTOP, a debugger) and could not take the abort",
@@ -48,7 +50,7 @@ _NO_STACK = {
 @dataclass(frozen=True)
 class Frame:
     path: str
-    line: int
+    line: int  # 0: a native frame's, which names its library alone
     function: str
 
 
@@ -87,14 +89,23 @@ def where(frames: tuple[Frame, ...]) -> str:
     innermost of all where that is another (what the rank was waiting in)."""
     code_dir = _script_dir(frames)
     own = next((f for f in frames if f.path.startswith(code_dir)), None)
-    innermost = frames[0]
+    innermost = next((f for f in frames if not _system(f)), frames[0])
     if own is None:
         return _frame_text(innermost, code_dir)
     said = _frame_text(own, code_dir)
     if innermost is not own:
-        said += f", in {innermost.function} ({_short(innermost.path, code_dir)} line " \
-                f"{innermost.line})"
+        said += f", in {innermost.function} ({_place(innermost, code_dir)})"
     return said
+
+
+def _system(frame: Frame) -> bool:
+    """A native frame (py-spy --native) that says nothing of where the rank waits: one
+    py-spy could not name (`0x7fe38091ff16`: ranks in one place would split by the
+    address they were read at), or in the C library or the C++ runtime, where every wait
+    ends (`pthread_cond_wait`), below the frame that says what it waits for
+    (`c10d::Reducer::finalize_backward`)."""
+    return not frame.line and (frame.function.startswith("0x")
+                               or _SYSTEM_LIBRARY.match(frame.path) is not None)
 
 
 def _script_dir(frames: tuple[Frame, ...]) -> str:
@@ -108,7 +119,16 @@ def _script_dir(frames: tuple[Frame, ...]) -> str:
 
 
 def _frame_text(frame: Frame, code_dir: str) -> str:
-    return f"{_short(frame.path, code_dir)} line {frame.line} in {frame.function}"
+    if not frame.line:  # a native frame (py-spy --native): its library
+        return f"{frame.function} ({_place(frame, code_dir)})"
+    return f"{_place(frame, code_dir)} in {frame.function}"
+
+
+def _place(frame: Frame, code_dir: str) -> str:
+    """`torch/_tensor.py line 623`; a native frame's library alone, by its name."""
+    if not frame.line:
+        return frame.path.rsplit("/", 1)[-1]
+    return f"{_short(frame.path, code_dir)} line {frame.line}"
 
 
 def _short(path: str, code_dir: str) -> str:
@@ -122,15 +142,19 @@ def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
     grouped by where they stopped, the largest group first, then those without a stack.
     Empty where no rank left one (a job under apptainer, faulthandler turned off):
     nothing to compare."""
+    groups = grouped((rank, node, where(frames) if (frames := main_thread(dump)) else None,
+                      _known(result.stack_fates.get(rank, "")))
+                     for node, result in stopped.items() for rank, dump in result.stacks.items())
+    return groups if any(group.where for group in groups) else ()
+
+
+def grouped(ranks: Iterable[tuple[int, str, str | None, str]]) -> tuple[StackGroup, ...]:
+    """Each (rank, node, where it is or None, why it has no stack) grouped by where,
+    the largest group first, then those without a stack by why."""
     places: dict[tuple[str | None, str | None], list[tuple[int, str]]] = {}
-    for node, result in stopped.items():
-        for rank, dump in result.stacks.items():
-            frames = main_thread(dump)
-            place = (where(frames), None) if frames else \
-                (None, _known(result.stack_fates.get(rank, "")))
-            places.setdefault(place, []).append((rank, node))
-    if all(place is None for place, _ in places):
-        return ()
+    for rank, node, place_of_rank, why in ranks:
+        place = (place_of_rank, None) if place_of_rank else (None, why)
+        places.setdefault(place, []).append((rank, node))
     ordered = sorted(places.items(), key=lambda item: (item[0][0] is None, -len(item[1]),
                                                        min(item[1])))
     return tuple(StackGroup(tuple(sorted(rank for rank, _ in members)), place,
@@ -142,13 +166,14 @@ def _known(fate: str) -> str:
     return fate if fate in _NO_STACK else ""
 
 
-def write(directory: Path, stopped: Mapping[str, StopResult]) -> Path:
-    """Every rank's whole dump, rank by rank, into `directory`/stacks.txt (the job's
+def write(directory: Path, dumps_by_node: Mapping[str, Mapping[int, Sequence[str]]],
+          name: str = STACKS_FILE) -> Path:
+    """Every rank's whole dump, rank by rank, into `directory`/`name` (the job's
     directory here): the node's log may have lost lines of it (torchrun's tee)."""
-    dumps = sorted((rank, node, dump) for node, result in stopped.items()
-                   for rank, dump in result.stacks.items())
+    dumps = sorted((rank, node, dump) for node, by_rank in dumps_by_node.items()
+                   for rank, dump in by_rank.items())
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / STACKS_FILE
+    path = directory / name
     path.write_text("".join(
         f"== rank {rank} on {node}" + ("" if dump else ": no stack") + " ==\n"
         + "".join(f"{line}\n" for line in dump) + "\n" for rank, node, dump in dumps),
@@ -156,18 +181,20 @@ def write(directory: Path, stopped: Mapping[str, StopResult]) -> Path:
     return path
 
 
-def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was stopped"
-         ) -> list[str]:
+def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was stopped",
+         no_stack: Mapping[str, str] = _NO_STACK,
+         heading: str = "where each rank was when {when}") -> list[str]:
     """The lines that tell it, each group's ranks by number (and node where few);
-    `kept`: the file with every rank's whole stack."""
+    `kept`: the file with every rank's whole stack; `no_stack`: what a rank without one
+    is said to be, by its why."""
     if not groups:
         return []
-    lines = [f"where each rank was when {when} (each rank's whole stack: {kept}):"]
+    lines = [heading.format(when=when) + f" (each rank's whole stack: {kept}):"]
     for group in groups:
         ranks = ranks_named(group.ranks)
         if group.nodes and len(group.nodes) <= 2:
             ranks += f" ({', '.join(group.nodes)})"
-        lines.append(f"  {ranks}: " + (group.where or _NO_STACK[group.why or ""]))
+        lines.append(f"  {ranks}: " + (group.where or no_stack[group.why or ""]))
     return lines
 
 

@@ -198,6 +198,17 @@ def freeze_script(record: JobRecord, node: str, runtime: str | None = None) -> s
                   marker_pattern=_marker_pattern(record, node))
 
 
+def stacks_script(record: JobRecord, node: str, runtime: str | None, native: bool,
+                  timeout_s: float) -> str:
+    """Where each worker is now, read by py-spy without stopping the job (live_stacks);
+    where stacks_reachable. `timeout_s`: each read's."""
+    engine = engine_command(runtime) if runtime else None
+    return render("launch/stacks.sh.j2", job_id=record.id, node=node,
+                  jobs_dir=record.jobs_dir, container=_container(record, engine),
+                  native=native, timeout_s=math.ceil(timeout_s),
+                  marker_pattern=_marker_pattern(record, node))
+
+
 @dataclass(frozen=True)
 class PeerStop:
     """What a node keeps in its job dir at start so that, if its torchrun fails, it

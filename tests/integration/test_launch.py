@@ -693,9 +693,30 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         first = tailing.stdout.readline()
         assert first, tailing.stderr.read() if tailing.stderr else ""  # the tail came
         time.sleep(6)  # ...and more lines after it (an epoch a second or two)
+        # Where each rank is now, read by py-spy, the job left running: a rank stopped
+        # (SIGSTOP) is said to be; the others, waiting for it, are in train.py's main.
+        pid = int(node_processes(cluster, lambda environ, cmdline: b"train.py" in cmdline
+                                 and b"torchrun" not in cmdline and re.search(
+                                     rb"(?:^|\0)LOCAL_RANK=0\0", environ) is not None
+                                 )["node2"][0].split()[0])
+        rank = int(re.findall(rb"(?:^|\0)RANK=(\d+)\0",
+                              Path(f"/proc/{pid}/environ").read_bytes())[0])
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(3)
+        looked = gpucluster("stacks", "-i", inventory, job, "--json")
+        assert looked.code == 0, looked.stdout + looked.stderr
+        groups = looked.json()["stacks"]
+        held = [g for g in groups if g["where"].endswith(
+            " (its process is stopped: SIGSTOP, Ctrl-Z or a debugger)")]
+        assert [(g["ranks"], g["nodes"]) for g in held] == [([rank], ["node2"])], groups
+        assert sorted(r for g in groups for r in g["ranks"]) == list(range(6)), groups
+        assert all(re.match(r"train\.py line \d+ in main", g["where"]) for g in groups), groups
+        assert Path(looked.json()["kept"]).is_file()
+        assert set(job_processes(cluster)) == {"node1", "node2", "node3"}  # still running
         stopped = gpucluster("stop", "-i", inventory, job, "--grace", "5")
         assert stopped.code == 0, stopped.stderr
         assert f"job {job} stopped: nothing of it is left on node[1-3]" in stopped.stdout
+        assert "KILL" not in stopped.stdout  # the stopped rank was continued to take TERM
         code, _, stderr, _ = finish(follower, 30)
         assert f"job {job}: stopped on node[1-3]" in stderr
         assert code == 1  # a stopped job did not succeed

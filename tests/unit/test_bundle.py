@@ -285,10 +285,12 @@ def test_the_archives_path_is_checked_before_collecting_and_never_left_half_writ
     store.save(record)
     (store.directory(record.id) / "node1.log").write_text("[0]:epoch 1\n")
     (store.directory(record.id) / "stacks.txt").write_text("== rank 0 on node1 ==\n")
+    (store.directory(record.id) / "stacks-20261207-123134.txt").write_text("== rank 1 ==\n")
     with_job = tmp_path / "job.tar.gz"
     write(dataclasses.replace(collected, record=record), store, Path("inv.yaml"), with_job)
     with tarfile.open(with_job) as archive:
-        assert {"job/job.json", "job/logs/node1.log", "job/stacks.txt"} <= {
+        assert {"job/job.json", "job/logs/node1.log", "job/stacks.txt",
+                "job/stacks-20261207-123134.txt"} <= {
             name.split("/", 1)[1] for name in archive.getnames()}
         kept = archive.extractfile("job/job/stacks.txt")  # the archive's own dir first
         assert kept is not None and kept.read() == b"== rank 0 on node1 ==\n"

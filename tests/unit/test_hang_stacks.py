@@ -31,7 +31,8 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
                                     "(torch/autograd/graph.py line 979)",
                    ("node1", "node2", "node3")),
         StackGroup((3,), None, ("node2",), "stopped"))
-    kept = hang_stacks.write(tmp_path / "jobs" / JOB, stopped)
+    kept = hang_stacks.write(tmp_path / "jobs" / JOB,
+                             {node: result.stacks for node, result in stopped.items()})
     said = hang_stacks.said(groups, kept)
     assert said[0] == f"where each rank was when the hang was stopped (each rank's whole " \
                       f"stack: {tmp_path}/jobs/{JOB}/stacks.txt):"

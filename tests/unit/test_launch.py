@@ -15,7 +15,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,12 @@ from gpucluster.nproc import GpuCount, check_fit, check_nproc
 from gpucluster.remote.session import Session
 from gpucluster.torchrun import TorchrunSpec, command_line, torchrun_argv
 from tests.cli import gpucluster
+from tests.local_job import (
+    LOGGING_TORCHRUN_STAND_IN,
+    job_record,
+    local_job,
+    wait_for,
+)
 from tests.stand_ins import stand_in
 
 
@@ -184,7 +190,7 @@ def test_a_file_that_vanishes_before_the_shared_tar_is_made_starts_and_stops_not
     files = workdir.local_files(project)
     (project / "b.py").unlink()
     store = JobStore(tmp_path / "state")
-    record = dataclasses.replace(_record(), hosts=["node1"])
+    record = dataclasses.replace(job_record(), hosts=["node1"])
     store.save(record)
     stops: list[str] = []
     monkeypatch.setattr(start, "stop", lambda *args, **kwargs: stops.append("stop"))
@@ -313,19 +319,13 @@ def test_a_torchrun_killed_by_sigkill_is_named_as_a_worker_killed_so_is(tmp_path
     assert plain.cause is None and in_a_line(plain) == "node2: exited 3"
 
 
-def _record() -> JobRecord:
-    return JobRecord("20261129-120000-abcd", "train.py", ["--lr", "0.1; rm -rf /"],
-                     ["node1", "node-2"], "\"$HOME\"/'gpucluster/my proj'",
-                     "\"$HOME\"/'gpucluster/jobs'", 0.0, {"node1": 2, "node-2": 2})
-
-
 @pytest.mark.parametrize("script", ["start", "follow", "stop", "stop-hang", "freeze", "state",
                                     "start-container", "freeze-container",
                                     "stop-hang-container",
                                     "stop-container", "start-peer-stop", "peer-stop",
-                                    "watched-peer-stop"])
+                                    "watched-peer-stop", "stacks", "stacks-container"])
 def test_node_scripts_are_valid_shell(script: str) -> None:
-    record = _record()
+    record = job_record()
     text = {
         "start": lambda: node_scripts.start_script(record, "node-2", "torchrun x", "", False,
                                                    None),
@@ -346,6 +346,10 @@ def test_node_scripts_are_valid_shell(script: str) -> None:
             dataclasses.replace(record, image="busybox:latest"), "node-2", 2.5,
             "/usr/bin/docker"),
         "state": lambda: node_scripts.state_script([record], "node-2", record.jobs_dir),
+        "stacks": lambda: node_scripts.stacks_script(record, "node-2", None, True, 20),
+        "stacks-container": lambda: node_scripts.stacks_script(
+            dataclasses.replace(record, image="busybox:latest"), "node-2",
+            "sudo:/usr/bin/podman", False, 20),
         "start-peer-stop": lambda: node_scripts.start_script(
             dataclasses.replace(record, image="busybox:latest"), "node1", "torchrun x", "",
             True, 29500, peer_stop=node_scripts.peer_stop(record, "node1", ["node-2"], 5)),
@@ -369,7 +373,7 @@ def test_a_started_jobs_leader_carries_its_marker_when_recorded(tmp_path: Path) 
     carries it), 3 starts of 60 had a bare look."""
     import shlex
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+    record = dataclasses.replace(job_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
     look = ('looked=carries; for _ in 1 2 3 4 5 6 7 8 9 10; do '
             'grep -q -s -z -x -F -e "GPUCLUSTER_JOB=$GPUCLUSTER_JOB" "/proc/$leader/environ" '
@@ -412,7 +416,7 @@ def _two_nodes_one_failing(tmp_path: Path, after_s: int = 0
     mesh would there. Yields the record, the jobs' dir and the `ssh` calls' file."""
     import shlex
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
+    record = dataclasses.replace(job_record(), jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
     bin_dir = tmp_path / "bin"
     stand_in(bin_dir, "ssh", 'for last; do :; done\necho "$@" >> "${0%/*}/calls"\n'
@@ -438,12 +442,6 @@ def _two_nodes_one_failing(tmp_path: Path, after_s: int = 0
                 Path(cgroup.read_text().strip()).rmdir()
 
 
-def _wait_for(done: Callable[[], bool], limit_s: float = 15) -> None:
-    deadline = time.monotonic() + limit_s
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
 def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
         tmp_path: Path) -> None:
     """launch -d: node1's torchrun fails by itself, so node1 runs node-2's kept stop on
@@ -451,7 +449,7 @@ def test_a_detached_node_whose_torchrun_fails_stops_the_job_on_its_peers(
     stopped as asked, stops no one in turn."""
     with _two_nodes_one_failing(tmp_path) as (record, jobs, calls_file):
         report = jobs / "node1" / "stop-peers.log"
-        _wait_for(lambda: all((jobs / node / "exit_code").exists()
+        wait_for(lambda: all((jobs / node / "exit_code").exists()
                               for node in ("node1", "node-2"))
                   and report.exists() and "node-2: " in report.read_text())
         assert (jobs / "node1" / "exit_code").read_text().split()[0] == "3"
@@ -474,12 +472,12 @@ def test_a_watched_node_whose_torchrun_fails_waits_for_its_launchers_stop(
     within the wait, and node1 stops no one; where none comes (the launcher's machine
     asleep), node1 stops node-2 itself once the wait is over."""
     with _two_nodes_one_failing(tmp_path, after_s=2) as (record, jobs, calls_file):
-        _wait_for((jobs / "node1" / "exit_code").exists)
+        wait_for((jobs / "node1" / "exit_code").exists)
         if launcher_stops:
             stop = node_scripts.stop_script(record, "node1", 1, None)
             subprocess.run(["sh", "-c", stop], capture_output=True, timeout=20, check=True)
         report = jobs / "node1" / "stop-peers.log"
-        _wait_for(lambda: report.exists() and len(report.read_text().splitlines()) > 1)
+        wait_for(lambda: report.exists() and len(report.read_text().splitlines()) > 1)
         lines = report.read_text().splitlines()
         assert lines[0] == (f"torchrun exited 3 on node1: stopping job {record.id} on "
                             f"node-2 unless its launcher does within 2 s")
@@ -488,89 +486,10 @@ def test_a_watched_node_whose_torchrun_fails_waits_for_its_launchers_stop(
             assert not calls_file.exists()
             assert not (jobs / "node-2" / "exit_code").exists()  # node-2 runs on
         else:
-            _wait_for(lambda: "node-2: " in report.read_text())
+            wait_for(lambda: "node-2: " in report.read_text())
             assert report.read_text().splitlines()[1:] == [
                 "no stop from its launcher in 2 s: stopping it here", "node-2: stopped"]
             assert (jobs / "node-2" / "stop_requested").exists()
-
-
-# torchrun as it stops: TERM is passed on to the worker's process group (a session of its
-# own), which it waits for; the worker notes each TERM, then "saves" for a second.
-_WORKER_STAND_IN = """
-import os, signal, sys, time
-def term(*_):
-    with open("terms", "a") as out: out.write("TERM\\n")
-    time.sleep(1)
-    with open("terms", "a") as out: out.write("saved\\n")
-    sys.exit(0)
-signal.signal(signal.SIGTERM, term)
-with open("worker.pid", "w") as out: out.write(str(os.getpid()))
-open("ready", "w").close()
-time.sleep(60)
-"""
-_TORCHRUN_STAND_IN = """
-import os, signal, subprocess, sys, time
-worker = subprocess.Popen([sys.executable, "worker.py"], start_new_session=True)
-stopping = []
-signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-while worker.poll() is None and not stopping:
-    time.sleep(0.05)
-os.killpg(worker.pid, signal.SIGTERM)
-worker.wait(10)
-sys.exit(143)
-"""
-
-
-# torchrun as far as a stop with --stacks needs it: the worker's rank in its environment,
-# its stderr in a file of torchrun's --log-dir by local rank.
-_LOGGING_TORCHRUN_STAND_IN = """
-import os, subprocess, sys
-logs = os.path.join(os.environ["GPC_JOB_DIR"], "torchrun", "j_x", "attempt_0", "0")
-os.makedirs(logs)
-with open(os.path.join(logs, "stderr.log"), "w") as stderr:
-    worker = subprocess.Popen([sys.executable, "worker.py"], start_new_session=True,
-                              stderr=stderr, env={**os.environ, "RANK": "3", "LOCAL_RANK": "0"})
-sys.exit(1 if worker.wait() else 0)
-"""
-
-
-@contextlib.contextmanager
-def _job_saving_on_term(tmp_path: Path, torchrun: str = _TORCHRUN_STAND_IN
-                        ) -> Iterator[tuple[inventory_module.Inventory, JobRecord]]:
-    """A job started on this machine as node1 (`connection: local`) by the real start
-    script: the torchrun stand-in and its worker, which saves for a second on TERM.
-    Yields once the worker is ready."""
-    import shlex
-    import sys
-
-    inventory = tmp_path / "c.yaml"
-    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
-    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
-                                 jobs_dir=shlex.quote(str(tmp_path / "jobs")),
-                                 code_dir=shlex.quote(str(tmp_path)))
-    (tmp_path / "worker.py").write_text(_WORKER_STAND_IN)
-    (tmp_path / "torchrun.py").write_text(torchrun)
-    start = node_scripts.start_script(record, "node1", f"{sys.executable} torchrun.py",
-                                      "", False, None)
-    ran = subprocess.run(["sh", "-c", start], capture_output=True, text=True, timeout=20,
-                         check=True)
-    leader = int(ran.stdout.split("@@gpc started ")[1].split()[0])
-    try:
-        _wait_for((tmp_path / "ready").exists)
-        yield inventory_module.load(inventory), record
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader, 9)
-        # in a session of its own: a test failing before its stop left it holding node1's
-        # marker for a minute, and the next tests' starts found node1 busy
-        pids = (tmp_path / "worker.pid").read_text().split() \
-            if (tmp_path / "worker.pid").exists() else []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), 9)
-        for cgroup in (tmp_path / "jobs").glob("*/*/cgroup"):  # made where root runs it
-            with contextlib.suppress(OSError):
-                Path(cgroup.read_text().strip()).rmdir()
 
 
 def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
@@ -581,7 +500,7 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
     from gpucluster.launch.control import states
     from gpucluster.remote.ssh import SshOptions
 
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         def state() -> tuple[str, int | None]:
             found = states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
                            [record])[record.id]["node1"]
@@ -590,14 +509,14 @@ def test_a_stop_terms_torchrun_which_passes_it_on_to_each_worker_once(
         assert state() == ("running", None)
         with subprocess.Popen(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                               stdout=subprocess.PIPE, text=True) as stopping:
-            _wait_for((tmp_path / "terms").exists)
+            wait_for((tmp_path / "terms").exists)
             assert state() == ("stopping", None)  # the worker saves for a second
             said, _ = stopping.communicate(timeout=20)
         assert said.split()[:3] == ["@@gpc", "stop", "term"], said
         assert said.split()[4] == "-"  # nothing left
         assert (tmp_path / "terms").read_text() == "TERM\nsaved\n"
         exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
-        _wait_for(exit_code.exists)
+        wait_for(exit_code.exists)
         assert exit_code.read_text().split()[0] == "143"
         assert state() == ("stopped", 143)
 
@@ -606,7 +525,7 @@ def test_a_stop_continues_a_stopped_worker_so_that_it_takes_its_term(tmp_path: P
     """A worker stopped by a signal (Ctrl-Z, SIGSTOP) keeps the TERM torchrun passes on
     pending: the stop waited its grace, then KILLed it, and its save on TERM never ran.
     Continued once the TERM is out, it saves and ends; no KILL."""
-    with _job_saving_on_term(tmp_path) as (_, record):
+    with local_job(tmp_path) as (_, record):
         os.kill(int((tmp_path / "worker.pid").read_text()), signal.SIGSTOP)
         said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                               capture_output=True, text=True, timeout=30, check=True).stdout
@@ -622,7 +541,7 @@ def test_a_hangs_stop_aborts_each_worker_first_and_its_python_stack_lands_in_the
     as it dies; the stop reports it by rank, from the rank's own file."""
     from gpucluster.launch.control import stop_result
 
-    with _job_saving_on_term(tmp_path, _LOGGING_TORCHRUN_STAND_IN) as (_, record):
+    with local_job(tmp_path, LOGGING_TORCHRUN_STAND_IN) as (_, record):
         said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5,
                                                                     dump_stacks=True)],
                               capture_output=True, text=True, timeout=30, check=True).stdout
@@ -634,7 +553,7 @@ def test_a_hangs_stop_aborts_each_worker_first_and_its_python_stack_lands_in_the
     assert not (tmp_path / "terms").exists()  # it died of the abort, before any TERM
     # torchrun was not aborted: it saw its worker die and exited 1 by itself.
     exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
-    _wait_for(exit_code.exists)
+    wait_for(exit_code.exists)
     assert exit_code.read_text().split()[0] == "1"
     assert not list(tmp_path.glob("core*"))
 
@@ -648,7 +567,7 @@ def test_stop_with_stacks_says_where_each_rank_was(tmp_path: Path) -> None:
     from gpucluster.state import state_dir_for
 
     for json_output in (False, True):
-        with _job_saving_on_term(tmp_path, _LOGGING_TORCHRUN_STAND_IN) as (loaded, record):
+        with local_job(tmp_path, LOGGING_TORCHRUN_STAND_IN) as (loaded, record):
             state = state_dir_for(loaded)
             JobStore(state).save(record)
             result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
@@ -711,7 +630,7 @@ def test_a_hangs_stop_holds_torchrun_so_that_each_worker_dies_of_its_abort(
     from gpucluster.cli.main import app
     from gpucluster.state import state_dir_for
 
-    with _job_saving_on_term(tmp_path, _WATCHING_TORCHRUN_STAND_IN) as (loaded, record):
+    with local_job(tmp_path, _WATCHING_TORCHRUN_STAND_IN) as (loaded, record):
         JobStore(state_dir_for(loaded)).save(record)
         result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
                                           "--stacks", "--json"])
@@ -733,7 +652,7 @@ def test_a_stop_that_takes_a_while_says_what_it_waits_for(
     from gpucluster.state import state_dir_for
 
     monkeypatch.setattr(stop_cmd, "STOP_NOTICE_AFTER_S", 0.2)
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         JobStore(state_dir_for(loaded)).save(record)
         result = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), record.id,
                                           "--grace", "5"])
@@ -750,7 +669,7 @@ def test_the_leaders_own_commands_after_torchrun_outlive_a_stray_term(tmp_path: 
     import shlex
     import sys
 
-    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+    record = dataclasses.replace(job_record(), hosts=["node1"], nproc_per_node={"node1": 1},
                                  jobs_dir=shlex.quote(str(tmp_path / "jobs")),
                                  code_dir=shlex.quote(str(tmp_path)))
     (tmp_path / "torchrun.py").write_text("import sys, time\ntime.sleep(0.5)\nsys.exit(3)\n")
@@ -764,14 +683,14 @@ def test_the_leaders_own_commands_after_torchrun_outlive_a_stray_term(tmp_path: 
                          check=True, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"})
     leader = int(ran.stdout.split("@@gpc started ")[1].split()[0])
     try:
-        _wait_for((tmp_path / "moving").exists)
+        wait_for((tmp_path / "moving").exists)
         children = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat")
                     if _parent(stat) == leader]
         assert children  # the slow mv
         for child in children:
             os.kill(child, signal.SIGTERM)
         exit_code = tmp_path / "jobs" / record.id / "node1" / "exit_code"
-        _wait_for(exit_code.exists)
+        wait_for(exit_code.exists)
         assert exit_code.read_text().split()[0] == "3"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -795,7 +714,7 @@ def test_a_stop_that_finds_nothing_of_the_job_leaves_its_state_as_it_was(
     from gpucluster.launch.control import states
     from gpucluster.remote.ssh import SshOptions
 
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         def state() -> str:
             return states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
                           [record])[record.id]["node1"].state
@@ -804,7 +723,7 @@ def test_a_stop_that_finds_nothing_of_the_job_leaves_its_state_as_it_was(
         os.killpg(leader, signal.SIGKILL)  # the wrapper and torchrun: no exit code written
         worker = int((tmp_path / "worker.pid").read_text())
         os.kill(worker, signal.SIGKILL)
-        _wait_for(lambda: state() == "lost")
+        wait_for(lambda: state() == "lost")
         said = subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                               capture_output=True, text=True, timeout=20, check=True).stdout
         assert said.split()[:4] == ["@@gpc", "stop", "none", "0"], said
@@ -832,7 +751,7 @@ def test_jobs_lists_an_older_job_that_still_runs_beside_the_newest(
 
     monkeypatch.setattr(control, "states", states)
 
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         store = JobStore(state_dir_for(loaded))
         store.save(record)
         newer = [dataclasses.replace(record, id=f"20261129-12{minute:02d}00-beef")
@@ -848,7 +767,7 @@ def test_jobs_lists_an_older_job_that_still_runs_beside_the_newest(
         assert listed() == [record.id] + [job.id for job in newer[-10:]]
         subprocess.run(["sh", "-c", node_scripts.stop_script(record, "node1", 5)],
                        capture_output=True, timeout=20, check=True)
-        _wait_for((tmp_path / "jobs" / record.id / "node1" / "exit_code").exists)
+        wait_for((tmp_path / "jobs" / record.id / "node1" / "exit_code").exists)
         assert listed() == [job.id for job in newer[-10:]]
         assert record.id in asked[-1]  # seen stopped: not asked again
         assert listed() == [job.id for job in newer[-10:]] and record.id not in asked[-1]
@@ -864,7 +783,7 @@ def test_a_stop_of_the_newest_job_that_had_ended_names_an_older_one_still_runnin
     from gpucluster.cli.main import app
     from gpucluster.state import state_dir_for
 
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         store = JobStore(state_dir_for(loaded))
         store.save(record)
         newest = dataclasses.replace(record, id="20261129-130000-beef")  # ended long ago
@@ -886,7 +805,7 @@ def test_stop_all_stops_every_job_still_running_and_several_jobs_at_once(
     from gpucluster.cli.main import app
     from gpucluster.state import state_dir_for
 
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         store = JobStore(state_dir_for(loaded))
         store.save(record)
         ended = dataclasses.replace(record, id="20261129-130000-beef")
@@ -918,10 +837,10 @@ def test_a_stop_that_names_several_jobs_still_running_names_stop_all() -> None:
 
     out = io.StringIO()
     ended = {"node1": StopResult("node1", found=0, how="none")}
-    print_stopped(Console(file=out, width=400), _record(), ended,
+    print_stopped(Console(file=out, width=400), job_record(), ended,
                   still_running={"j1": ["node1"], "j2": ["node2", "node3"]})
     assert out.getvalue() == (
-        f"job {_record().id} had already ended: nothing of it is left on node1; job j1 "
+        f"job {job_record().id} had already ended: nothing of it is left on node1; job j1 "
         f"still runs on node1: gpucluster stop j1 ends it; job j2 still runs on node[2-3]: "
         f"gpucluster stop j2 ends it (gpucluster stop --all ends them all)\n")
 
@@ -1285,7 +1204,7 @@ def test_a_broken_job_record_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_stop_gives_container_engines_whole_seconds_and_checks_the_container() -> None:
-    record = dataclasses.replace(_record(), image="busybox:latest")
+    record = dataclasses.replace(job_record(), image="busybox:latest")
     script = node_scripts.stop_script(record, "node1", 2.5, "/usr/bin/docker")
     assert "stop -t 3 " in script and "stop -t 2.5" not in script
     assert "@@gpc container-left" in script and "ps -q --filter name=^gpucluster-" in script
@@ -1297,7 +1216,7 @@ def test_logs_f_of_an_old_job_ends_when_its_leader_pid_was_reused(tmp_path: Path
     from gpucluster import reports
     from gpucluster.remote.local import LocalConnection
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    record = dataclasses.replace(job_record(), jobs_dir=shlex.quote(str(tmp_path)))
     job = tmp_path / record.id
     job.mkdir()
     (job / "node.log").write_text("[0]:epoch 5 done\n")
@@ -1325,7 +1244,7 @@ def test_processes_left_after_the_leader_ended_are_leftovers_not_a_running_job(
     from gpucluster import reports
     from gpucluster.remote.local import LocalConnection
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    record = dataclasses.replace(job_record(), jobs_dir=shlex.quote(str(tmp_path)))
     job = tmp_path / record.id / "node1"
     job.mkdir(parents=True)
     (job / "node.log").write_text("[0]:epoch 1\n")
@@ -1365,7 +1284,7 @@ def test_following_a_job_beats_and_ends_with_its_state_and_stamps(tmp_path: Path
     from gpucluster import reports
     from gpucluster.remote.local import LocalConnection
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    record = dataclasses.replace(job_record(), jobs_dir=shlex.quote(str(tmp_path)))
     job = tmp_path / record.id / "node1"
     job.mkdir(parents=True)
     (job / "node.log").write_text("[0]:epoch 1\n[0]:epoch 2\n")
@@ -1408,7 +1327,7 @@ def _job_on_this_machine(tmp_path: Path
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
     loaded = inventory_module.load(inventory)
-    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+    record = dataclasses.replace(job_record(), hosts=["node1"], nproc_per_node={"node1": 1},
                                  jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
     job = tmp_path / "node-jobs" / record.id / "node1"
     job.mkdir(parents=True)
@@ -1879,7 +1798,7 @@ def test_jobs_says_how_long_a_running_job_has_been_quiet(tmp_path: Path) -> None
     from gpucluster.launch.control import states
     from gpucluster.remote.ssh import SshOptions
 
-    with _job_saving_on_term(tmp_path) as (loaded, record):
+    with local_job(tmp_path) as (loaded, record):
         def state() -> NodeState:
             return states(Session(loaded, SshOptions(tmp_path / "known_hosts")), loaded,
                           [record])[record.id]["node1"]
@@ -1893,8 +1812,8 @@ def test_jobs_says_how_long_a_running_job_has_been_quiet(tmp_path: Path) -> None
         assert quiet.state == "running" and quiet.quiet_s in (90, 91, 92), quiet
         console = Console(width=300, record=True, file=io.StringIO())
         print_jobs(console, [record], {record.id: {"node1": quiet}}, {}, {})
-        assert f"quiet for 1m: no output or heartbeat on any node (a hang? gpucluster stop " \
-               f"--stacks {record.id} ends it and says where each rank was)" in \
+        assert f"quiet for 1m: no output or heartbeat on any node (a hang? gpucluster " \
+               f"stacks {record.id} says where each rank is; stop --stacks ends it so)" in \
                console.export_text()
         assert jobs_payload([record], {record.id: {"node1": quiet}}, {}, {})["jobs"][0][
             "quiet_s"] == quiet.quiet_s
@@ -2019,7 +1938,7 @@ def test_jobs_says_which_nodes_a_failed_node_could_not_stop_and_why(tmp_path: Pa
                          "  - {name: node-2, address: 127.0.0.2}\n  - {name: node3, address: "
                          "127.0.0.3}\n")
     loaded = inventory_module.load(inventory)
-    record = dataclasses.replace(_record(), hosts=["node1"], nproc_per_node={"node1": 1},
+    record = dataclasses.replace(job_record(), hosts=["node1"], nproc_per_node={"node1": 1},
                                  jobs_dir=shlex.quote(str(tmp_path / "node-jobs")))
     job = tmp_path / "node-jobs" / record.id / "node1"
     job.mkdir(parents=True)
@@ -2198,7 +2117,7 @@ def _ended_job(tmp_path: Path, log: bytes) -> JobRecord:
     """A job of node1 that has ended (exit code 0), whose node.log is `log`."""
     import shlex
 
-    record = dataclasses.replace(_record(), jobs_dir=shlex.quote(str(tmp_path)))
+    record = dataclasses.replace(job_record(), jobs_dir=shlex.quote(str(tmp_path)))
     job = tmp_path / record.id / "node1"
     job.mkdir(parents=True)
     (job / "node.log").write_bytes(log)

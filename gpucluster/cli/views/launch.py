@@ -206,8 +206,8 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
         if (quiet := quiet_for(table[record.id].values())) is not None and quiet >= QUIET_SAID_S:
             summary += f"\n{quiet_words(quiet)}"
             if not supervisors.get(record.id):  # launch --recover's --hang-timeout ends it
-                summary += f" (a hang? gpucluster stop --stacks {record.id} ends it and " \
-                           f"says where each rank was)"
+                summary += f" (a hang? gpucluster stacks {record.id} says where each rank " \
+                           f"is; stop --stacks ends it so)"
         # `5m ago`: the id already says when (its local date and time), and a column of
         # full dates left an 80-column terminal a state column 18 wide, folding each state
         rows.append((record.id, record.command(),

@@ -1,0 +1,112 @@
+"""`gpucluster stacks`: where each rank of a running job is now, read by py-spy on every
+node, without stopping it (`stop --stacks` ends a hung job and says where it was)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpucluster import hostrange
+from gpucluster.cli.launch_cmd import job_store
+from gpucluster.cli.options import (
+    AcceptNewOption,
+    AskPassOption,
+    ConnectTimeoutOption,
+    InventoryOption,
+    JsonOption,
+    load_inventory,
+    open_session,
+    stderr_console,
+    stdout_console,
+)
+from gpucluster.cli.views import common
+from gpucluster.errors import EXIT_FAILED, GpuclusterError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from gpucluster.launch.hang_stacks import StackGroup
+    from gpucluster.launch.live_stacks import NodeStacks
+
+
+def stacks(
+    job: Annotated[str | None, typer.Argument(
+        metavar="[JOB]", help="A job id, a unique part of it, or 'last' (the default: the "
+                              "newest job).")] = None,
+    native: Annotated[bool, typer.Option(
+        "--native", help="C and C++ frames too (NCCL, CUDA calls), among the Python "
+                         "ones; slower to read.")] = False,
+    inventory: InventoryOption = None,
+    json_output: JsonOption = False,
+    accept_new_host_keys: AcceptNewOption = False,
+    ask_pass: AskPassOption = False,
+    connect_timeout: ConnectTimeoutOption = None,
+) -> None:
+    """Say where each rank of a running job is now, without stopping it: py-spy reads
+    every worker's Python stack on every node at once (each is paused for the moment of
+    the read), and ranks at the same place share a line; the one elsewhere is usually
+    the one to look at. Every rank's whole stack is kept beside the job's logs. Needs
+    py-spy on the nodes, on the PATH or beside the job's Python."""
+    from gpucluster.launch import hang_stacks, live_stacks
+    from gpucluster.slurm.queue import slurm_job
+
+    if slurm_job(job) is not None:
+        raise GpuclusterError(f"stacks of {job}: a Slurm job's ranks carry no gpucluster "
+                              "marker to find them by (fix: srun --jobid=ID --overlap "
+                              "py-spy dump --pid PID, on its node)")
+    loaded = load_inventory(inventory)
+    store = job_store(loaded)
+    record = store.load(job)
+    with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
+        looked = live_stacks.look(session, loaded, record, native)
+    groups = live_stacks.read(looked)
+    if not any(result.workers or result.error for result in looked.values()):
+        raise GpuclusterError(_no_rank(record.id, looked, store.directory(record.id)))
+    if groups and all(group.why == "no-spy" for group in groups):
+        raise GpuclusterError("py-spy is not installed on " + hostrange.fold(sorted(
+            {node for group in groups for node in group.nodes})) +
+            f" (fix: {live_stacks.PY_SPY_FIX})")
+    name = time.strftime("stacks-%Y%m%d-%H%M%S.txt")
+    kept = hang_stacks.write(store.directory(record.id),
+                             {node: result.dumps for node, result in looked.items()}, name)
+    if json_output:
+        common.print_json(stdout_console(), _payload(record.id, looked, groups, str(kept)))
+    else:
+        for line in hang_stacks.said(groups, kept, no_stack=live_stacks.NO_STACK,
+                                     heading=f"where each rank of job {record.id} is now"):
+            stdout_console().print(line, markup=False, highlight=False)
+        for node, result in sorted(looked.items()):
+            if result.error:
+                stderr_console().print(f"{node}: not read: {result.error}", markup=False,
+                                       highlight=False)
+            elif not result.workers:
+                stderr_console().print(f"{node}: no rank of the job runs there",
+                                       markup=False, highlight=False)
+    if any(result.error for result in looked.values()) or any(g.why for g in groups):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _no_rank(job_id: str, looked: Mapping[str, NodeStacks], directory: Path) -> str:
+    """Why no rank was read: the job has not started its workers yet, or it ended."""
+    from gpucluster.launch.hang_stacks import STACKS_FILE
+
+    nodes = hostrange.fold(sorted(looked))
+    if any(result.processes for result in looked.values()):
+        return f"job {job_id} has no worker yet on {nodes}: torchrun is starting them (" \
+               "the rendezvous waits for every node): ask again in a moment"
+    kept = directory / STACKS_FILE
+    return f"job {job_id} has no rank running on {nodes} (gpucluster jobs says how it " \
+           "ended" + (f"; where each rank was as its hang was stopped: {kept})"
+                      if kept.is_file() else ")")
+
+
+def _payload(job_id: str, looked: Mapping[str, NodeStacks],
+             groups: tuple[StackGroup, ...], kept: str) -> dict[str, Any]:
+    from gpucluster.launch import hang_stacks
+
+    return {"job": job_id, "stacks": hang_stacks.payload(groups), "kept": kept,
+            "nodes": {node: {"ranks": result.workers, "error": result.error or None}
+                      for node, result in sorted(looked.items())}}

@@ -1,0 +1,146 @@
+"""Where each rank of a running job is now, without stopping it: py-spy reads each
+worker's Python stack (templates/launch/stacks.sh; it pauses the process for the moment
+of the read), and the ranks are grouped by where they are, as a hang's stop groups the
+stacks its aborts wrote (hang_stacks). py-spy's dump, with --full-filenames:
+
+    Thread 23719 (idle): "MainThread"
+        _engine_run_backward (/venv/lib/python3.11/site-packages/torch/autograd/graph.py:829)
+        main (/srv/gpucluster/proj/train.py:128)
+        <module> (/srv/gpucluster/proj/train.py:146)
+
+With --native, C and C++ frames come among them, a library in place of file and line."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpucluster import reports
+from gpucluster.inventory import Inventory
+from gpucluster.launch import node_scripts
+from gpucluster.launch.control import hosts_of
+from gpucluster.launch.hang_stacks import Frame, StackGroup, grouped, where
+from gpucluster.launch.jobs import JobRecord
+from gpucluster.remote.connection import Connection
+from gpucluster.remote.session import Session
+
+SPY_TIMEOUT_S = 20  # one rank's read
+STOPPED = " (its process is stopped: SIGSTOP, Ctrl-Z or a debugger)"
+_THREAD = re.compile(r'Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>.*)")?$')
+_FRAME = re.compile(r"    (?P<function>\S.*?) \((?P<path>.+?)(?::(?P<line>\d+))?\)$")
+_DENIED = re.compile(r"permission denied|not permitted", re.IGNORECASE)
+_ENDED = re.compile(r"no such process|failed to find process|check that the process is "
+                    r"running", re.IGNORECASE)
+PY_SPY_FIX = "pip install py-spy into the job's Python on each node (its venv's bin is " \
+             "looked in), or onto their PATH"
+# A rank without a stack, by why (`NodeStacks.why`)
+NO_STACK = {
+    "no-spy": f"no stack: py-spy is not installed there (fix: {PY_SPY_FIX})",
+    "denied": "no stack: py-spy may not read it (fix: run as root or with sudo -n, or "
+              "sysctl kernel.yama.ptrace_scope=0)",
+    "timeout": f"no stack: py-spy did not answer in {SPY_TIMEOUT_S} s (stuck in the kernel?)",
+    "ended": "no stack: it ended as it was read",
+    "failed": "no stack: py-spy could not read it (its words are in the stacks file)",
+    "": "no stack",
+}
+
+
+@dataclass(frozen=True)
+class NodeStacks:
+    """What a node's look said: its workers found, each rank's py-spy text and why it
+    has no stack ("" where read, else a key of NO_STACK); `error` where the node did
+    not answer."""
+
+    node: str
+    workers: int = 0
+    processes: int = 0  # of the job there, workers or not (torchrun before its workers)
+    dumps: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    why: Mapping[int, str] = field(default_factory=dict)
+    stopped: frozenset[int] = frozenset()  # ranks stopped (SIGSTOP, a debugger) as read
+    error: str = ""
+
+
+def main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
+    """The main thread's frames, innermost first: the thread named MainThread, else the
+    one whose outermost frame is a `<module>`, else the first; None for none."""
+    threads: list[tuple[str, list[Frame]]] = []
+    for text in dump:
+        if (header := _THREAD.match(text)) is not None:
+            threads.append((header["name"] or "", []))
+        elif threads and (frame := _FRAME.match(text)) is not None:
+            threads[-1][1].append(Frame(frame["path"], int(frame["line"] or 0),
+                                        frame["function"]))
+    named = [frames for name, frames in threads if name == "MainThread" and frames]
+    module = [frames for _, frames in threads if frames and frames[-1].function == "<module>"]
+    first = [frames for _, frames in threads if frames]
+    return tuple((named or module or first)[0]) if first else None
+
+
+def node_stacks(node: str, stdout: str, stderr: str = "") -> NodeStacks:
+    """A node's look from its script's lines: `@@gpc workers N`, then a section per
+    worker, `stack RANK PID`, with py-spy's output and exit code."""
+    workers, processes = ([*reports.by_kind(stdout).get("workers", [""])[0].split(), "", ""])[:2]
+    if not workers.isdigit():
+        return NodeStacks(node, error=(stderr or stdout).strip()[-200:] or "no answer")
+    dumps, why, stopped = {}, {}, set()
+    for name, section in reports.sections(stdout).items():
+        kind, rank, _, state = ([*name.split(), "", "", ""])[:4]
+        if kind == "stack" and rank.isdigit():
+            dumps[int(rank)] = tuple(section.output.splitlines())
+            why[int(rank)] = _why(section)
+            if state in ("T", "t"):
+                stopped.add(int(rank))
+    return NodeStacks(node, int(workers), int(processes or 0), dumps, why, frozenset(stopped))
+
+
+def _why(section: reports.Section) -> str:
+    """Why a rank's read gave no stack; "" where it did."""
+    text = section.output
+    if section.exit_code == 127:
+        return "no-spy"
+    if section.exit_code == 124:
+        return "timeout"
+    if section.exit_code == 0 and main_thread(text.splitlines()):
+        return ""
+    if _DENIED.search(text):
+        return "denied"
+    return "ended" if _ENDED.search(text) else "failed"
+
+
+def look(session: Session, inventory: Inventory, record: JobRecord, native: bool
+         ) -> dict[str, NodeStacks]:
+    """Every node's ranks read at once; a node that cannot be asked, with why."""
+    runtimes = record.container_runtime
+
+    def look_on(connection: Connection) -> NodeStacks:
+        runtime = runtimes.get(connection.host)
+        engine = node_scripts.engine_command(runtime) if runtime else None
+        if not node_scripts.stacks_reachable(record, engine):
+            return NodeStacks(connection.host, error="its ranks run in an apptainer image, "
+                              "whose starter hides them from outside")
+        script = node_scripts.stacks_script(record, connection.host, runtime, native,
+                                            SPY_TIMEOUT_S)
+        result = connection.run(script, timeout=SPY_TIMEOUT_S * 2 + 15)
+        return node_stacks(connection.host, result.stdout, result.stderr)
+
+    done = session.map(hosts_of(inventory, record), look_on)
+    looked = dict(done.values)
+    for node, failure in done.failures.items():
+        looked[node] = NodeStacks(node, error=failure.message)
+    return looked
+
+
+def read(looked: Mapping[str, NodeStacks]) -> tuple[StackGroup, ...]:
+    """The ranks grouped by where they are, the largest group first, then those
+    without a stack by why. A rank stopped as it was read is said to be: usually the
+    one the others wait for."""
+    return grouped((rank, node, _place(result, rank), why)
+                   for node, result in looked.items() for rank, why in result.why.items())
+
+
+def _place(result: NodeStacks, rank: int) -> str | None:
+    frames = main_thread(result.dumps[rank])
+    if result.why[rank] or frames is None:
+        return None
+    return where(frames) + (STOPPED if rank in result.stopped else "")
