@@ -84,6 +84,11 @@ def owner(pid):
             "job_dir": environ.get("GPC_JOB_DIR") or None}
 
 
+def sent(info):
+    """A process's owner as the controller gets it: its job dir serves quiet() here only."""
+    return {name: value for name, value in info.items() if name != "job_dir"}
+
+
 def quiet(owners):
     """Each job's seconds since its newest output or heartbeat here: the newer of its
     node.log and heartbeat file, in the job dir its processes carry (gpucluster/quiet.py)."""
@@ -169,7 +174,7 @@ def processes(jobs_dir, node):
         if slurm_job and slurm_job not in slurm_running:
             slurm_running[slurm_job] = slurm_job_running(slurm_job)
         found.append({"pid": int(pid), "gpu_uuid": uuid, "gpu_index": indexes.get(uuid),
-                      "used_mib": number(mib), **info,
+                      "used_mib": number(mib), **sent(info),
                       "job_running": running.get(job) if job else None,
                       "slurm_job_running": slurm_running.get(slurm_job) if slurm_job
                       else None})
@@ -450,7 +455,7 @@ def frames(loops, interval_ms, peer, typed_sudo):
             "cpus": os.cpu_count(), "error": "" if rows else gpus.error,
             "gpus": [gpu_record(fields) for fields in rows],
             "processes": [{"gpu_uuid": u, "pid": int(p), "used_mib": number(m),
-                           **owners[p]} for u, p, m in running],
+                           **sent(owners[p])} for u, p, m in running],
             "xid": xid.events if xid.readable else None,
             "quiet": quiet(owners.values()),
         }

@@ -460,7 +460,8 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     sampler = _sampler(300, f"{tmp_path}:{os.environ['PATH']}")
     try:
         assert sampler.stdout is not None
-        frames = [parse_frame(sampler.stdout.readline()) for _ in range(3)]
+        lines = [sampler.stdout.readline() for _ in range(3)]
+        frames = [parse_frame(line) for line in lines]
     finally:
         worker.kill()
         assert sampler.stdin is not None
@@ -476,6 +477,7 @@ def test_the_sampler_streams_frames_from_nvidia_smi_loops(tmp_path: Path) -> Non
     assert [(p.job, p.rank, p.local_rank, p.gpu_uuid[-1]) for p in mine] == \
         [(JOB, 7, 1, "1")]
     assert list(last.quiet) == [JOB] and 90 <= last.quiet[JOB] < 95, last.quiet
+    assert all('"job_dir"' not in line for line in lines)  # read there, not sent
     # DCGM exporter's other gauges, as the H200 capture has them idle, boosted when busy
     idle, working = last.gpus
     assert (idle.sm_clock, idle.mem_clock, idle.mem_temp, idle.enc_util) == (345, 3201, 32, 0)
