@@ -176,6 +176,5 @@ def _where_ranks_were(store: JobStore, record: JobRecord,
         return [], ["--stacks: no rank wrote its stack (a job in an apptainer image, one whose "
                     "env turns PYTHONFAULTHANDLER off, or one started by an older gpucluster, "
                     "which did not turn it on)"]
-    kept = hang_stacks.write(store.directory(record.id),
-                             {node: result.stacks for node, result in results.items()})
+    kept = hang_stacks.write(store.directory(record.id), hang_stacks.kept_dumps(results))
     return hang_stacks.payload(groups), hang_stacks.said(groups, kept, "it was stopped")

@@ -54,7 +54,7 @@ def stop(session: Session, inventory: Inventory, record: JobRecord,
 def stop_result(node: str, stdout: str, stderr: str = "") -> StopResult:
     """What a node's stop script reported: `@@gpc stop HOW FOUND LEFT`, a container
     left, and each aborted rank's stack (`@@gpc section stack RANK FATE`: how it ended,
-    died, stopped or alive)."""
+    died, stopped or alive) and py-spy's read of it before (`@@gpc section spy RANK`)."""
     found_reports = reports.by_kind(stdout)
     how, found, left = ([*found_reports.get("stop", [""])[0].split(), "", "", ""])[:3]
     if not how:
@@ -65,13 +65,16 @@ def stop_result(node: str, stdout: str, stderr: str = "") -> StopResult:
     if containers:  # its processes may be invisible to us; the engine still runs it
         return StopResult(node, count, "error", pids,
                           f"container {containers[0]} is still running")
-    stacks, fates = {}, {}
+    stacks, fates, spied = {}, {}, {}
     for name, section in reports.sections(stdout).items():
         kind, rank, fate = ([*name.split(maxsplit=2), "", ""])[:3]
         if kind == "stack" and rank.isdigit():
             stacks[int(rank)] = tuple(section.output.splitlines())
             fates[int(rank)] = fate
-    return StopResult(node, count, how, pids, stacks=stacks, stack_fates=fates)
+        elif kind == "spy" and rank.isdigit() and section.exit_code == 0:
+            spied[int(rank)] = tuple(section.output.splitlines())
+    return StopResult(node, count, how, pids, stacks=stacks, stack_fates=fates,
+                      spied=spied)
 
 
 def elsewhere(inventory: Inventory, record: JobRecord,

@@ -33,9 +33,23 @@ _THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call fi
 _FRAME = re.compile(r'  File "(?P<path>.*)", line (?P<line>\d+) in (?P<function>.*)$')
 DUMP_END = re.compile(r"Extension modules: ")
 DUMP_LINE = re.compile(rf"$|{_THREAD.pattern}|  File \"|  <no Python frame>|{DUMP_END.pattern}")
+# py-spy's dump (--full-filenames): a header per thread, its frames innermost first; with
+# --native, C and C++ frames among them, a library in place of file and line:
+#     Thread 23719 (idle): "MainThread"
+#         _engine_run_backward (/venv/lib/python3.11/site-packages/torch/autograd/graph.py:829)
+#         main (/srv/gpucluster/proj/train.py:128)
+_SPY_THREAD = re.compile(r'Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>.*)")?$')
+_SPY_FRAME = re.compile(r"    (?P<function>\S.*?) \((?P<path>.+?)(?::(?P<line>\d+))?\)$")
 _PACKAGES = re.compile(r".*/(?:site|dist)-packages/")
 _SYSTEM_LIBRARY = re.compile(r"(?:/usr)?/lib(?:64)?/(?:[^/]+/)?(?:libc|libpthread|libstdc\+\+)[.-]")
 # A rank without a stack, by how the stop saw it end (stop.sh's fate; "" where it did not say)
+# A rank read by py-spy, by why it wrote no stack of its own
+_READ_BY_SPY = {
+    "stopped": "it was stopped: SIGSTOP, a debugger",
+    "alive": "still alive 3 s after the abort: stuck in the kernel or a driver call",
+    "died": "it died without writing a stack",
+    "": "it wrote no stack",
+}
 _NO_STACK = {
     "stopped": "no stack: it was stopped (SIGSTOP, a debugger) and could not take the abort",
     "alive": "no stack: still alive 3 s after the abort (stuck in the kernel or a driver "
@@ -57,8 +71,9 @@ class Frame:
 @dataclass(frozen=True)
 class StackGroup:
     """Ranks that stopped at the same place (`where`), or, with `where` None, without a
-    stack, and `why` (stopped, alive, died; "" unsaid); `nodes`: where they ran, as their
-    nodes' stops reported them."""
+    stack; `why` they wrote none of their own (stopped, alive, died; "" unsaid), also
+    where py-spy read them; `nodes`: where they ran, as their nodes' stops reported
+    them."""
 
     ranks: tuple[int, ...]
     where: str | None
@@ -81,6 +96,23 @@ def main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
     main = [frames for _, frames in threads if frames and frames[-1].function == "<module>"]
     current = [frames for is_current, frames in threads if is_current and frames]
     return tuple((main or current)[0]) if main or current else None
+
+
+def spy_main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
+    """The main thread's frames in py-spy's dump, innermost first: the thread named
+    MainThread, else the one whose outermost frame is a `<module>`, else the first; None
+    for none (py-spy's error)."""
+    threads: list[tuple[str, list[Frame]]] = []
+    for text in dump:
+        if (header := _SPY_THREAD.match(text)) is not None:
+            threads.append((header["name"] or "", []))
+        elif threads and (frame := _SPY_FRAME.match(text)) is not None:
+            threads[-1][1].append(Frame(frame["path"], int(frame["line"] or 0),
+                                        frame["function"]))
+    named = [frames for name, frames in threads if name == "MainThread" and frames]
+    module = [frames for _, frames in threads if frames and frames[-1].function == "<module>"]
+    first = [frames for _, frames in threads if frames]
+    return tuple((named or module or first)[0]) if first else None
 
 
 def where(frames: tuple[Frame, ...]) -> str:
@@ -142,18 +174,34 @@ def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
     grouped by where they stopped, the largest group first, then those without a stack.
     Empty where no rank left one (a job under apptainer, faulthandler turned off):
     nothing to compare."""
-    groups = grouped((rank, node, where(frames) if (frames := main_thread(dump)) else None,
-                      _known(result.stack_fates.get(rank, "")))
-                     for node, result in stopped.items() for rank, dump in result.stacks.items())
+    groups = grouped((rank, node, *_rank_place(result, rank))
+                     for node, result in stopped.items() for rank in result.stacks)
     return groups if any(group.where for group in groups) else ()
 
 
+def _rank_place(result: StopResult, rank: int) -> tuple[str | None, str]:
+    """Where the rank's own dump says it was; else where py-spy read it before the
+    abort, said so, with why it wrote none; else None and why."""
+    if frames := main_thread(result.stacks[rank]):
+        return where(frames), ""
+    fate = _known(result.stack_fates.get(rank, ""))
+    if frames := spy_main_thread(result.spied.get(rank, ())):
+        return f"{where(frames)} ({_READ_BY_SPY[fate]}; read by py-spy)", fate
+    return None, fate
+
+
+def kept_dumps(stopped: Mapping[str, StopResult]) -> dict[str, dict[int, tuple[str, ...]]]:
+    """Each rank's dump for write(): its own, else py-spy's read of it."""
+    return {node: {rank: dump or result.spied.get(rank, ()) for rank, dump
+                   in result.stacks.items()} for node, result in stopped.items()}
+
+
 def grouped(ranks: Iterable[tuple[int, str, str | None, str]]) -> tuple[StackGroup, ...]:
-    """Each (rank, node, where it is or None, why it has no stack) grouped by where,
-    the largest group first, then those without a stack by why."""
+    """Each (rank, node, where it is or None, why it has no stack of its own: "" where it
+    has) grouped by where and why, the largest group first, then those without a stack."""
     places: dict[tuple[str | None, str | None], list[tuple[int, str]]] = {}
     for rank, node, place_of_rank, why in ranks:
-        place = (place_of_rank, None) if place_of_rank else (None, why)
+        place = (place_of_rank, why or None) if place_of_rank else (None, why)
         places.setdefault(place, []).append((rank, node))
     ordered = sorted(places.items(), key=lambda item: (item[0][0] is None, -len(item[1]),
                                                        min(item[1])))
@@ -199,7 +247,8 @@ def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was s
 
 
 def payload(groups: tuple[StackGroup, ...]) -> list[dict[str, Any]]:
-    """As --json has them: `where` null for the ranks without a stack, and `why` theirs
-    (stopped, alive, died; "" unsaid), null for the others."""
+    """As --json has them: `where` null for the ranks without a stack, and `why` they
+    wrote none (stopped, alive, died; "" unsaid), also for those py-spy read; null for
+    the others."""
     return [{"ranks": list(g.ranks), "where": g.where, "nodes": list(g.nodes), "why": g.why}
             for g in groups]

@@ -1,34 +1,25 @@
 """Where each rank of a running job is now, without stopping it: py-spy reads each
 worker's Python stack (templates/launch/stacks.sh; it pauses the process for the moment
 of the read), and the ranks are grouped by where they are, as a hang's stop groups the
-stacks its aborts wrote (hang_stacks). py-spy's dump, with --full-filenames:
-
-    Thread 23719 (idle): "MainThread"
-        _engine_run_backward (/venv/lib/python3.11/site-packages/torch/autograd/graph.py:829)
-        main (/srv/gpucluster/proj/train.py:128)
-        <module> (/srv/gpucluster/proj/train.py:146)
-
-With --native, C and C++ frames come among them, a library in place of file and line."""
+stacks its aborts wrote (hang_stacks reads py-spy's dumps too)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpucluster import reports
 from gpucluster.inventory import Inventory
 from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of
-from gpucluster.launch.hang_stacks import Frame, StackGroup, grouped, where
+from gpucluster.launch.hang_stacks import StackGroup, grouped, spy_main_thread, where
 from gpucluster.launch.jobs import JobRecord
 from gpucluster.remote.connection import Connection
 from gpucluster.remote.session import Session
 
 SPY_TIMEOUT_S = 20  # one rank's read
 STOPPED = " (its process is stopped: SIGSTOP, Ctrl-Z or a debugger)"
-_THREAD = re.compile(r'Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>.*)")?$')
-_FRAME = re.compile(r"    (?P<function>\S.*?) \((?P<path>.+?)(?::(?P<line>\d+))?\)$")
 _DENIED = re.compile(r"permission denied|not permitted", re.IGNORECASE)
 _ENDED = re.compile(r"no such process|failed to find process|check that the process is "
                     r"running", re.IGNORECASE)
@@ -61,22 +52,6 @@ class NodeStacks:
     error: str = ""
 
 
-def main_thread(dump: Sequence[str]) -> tuple[Frame, ...] | None:
-    """The main thread's frames, innermost first: the thread named MainThread, else the
-    one whose outermost frame is a `<module>`, else the first; None for none."""
-    threads: list[tuple[str, list[Frame]]] = []
-    for text in dump:
-        if (header := _THREAD.match(text)) is not None:
-            threads.append((header["name"] or "", []))
-        elif threads and (frame := _FRAME.match(text)) is not None:
-            threads[-1][1].append(Frame(frame["path"], int(frame["line"] or 0),
-                                        frame["function"]))
-    named = [frames for name, frames in threads if name == "MainThread" and frames]
-    module = [frames for _, frames in threads if frames and frames[-1].function == "<module>"]
-    first = [frames for _, frames in threads if frames]
-    return tuple((named or module or first)[0]) if first else None
-
-
 def node_stacks(node: str, stdout: str, stderr: str = "") -> NodeStacks:
     """A node's look from its script's lines: `@@gpc workers N`, then a section per
     worker, `stack RANK PID`, with py-spy's output and exit code."""
@@ -101,7 +76,7 @@ def _why(section: reports.Section) -> str:
         return "no-spy"
     if section.exit_code == 124:
         return "timeout"
-    if section.exit_code == 0 and main_thread(text.splitlines()):
+    if section.exit_code == 0 and spy_main_thread(text.splitlines()):
         return ""
     if _DENIED.search(text):
         return "denied"
@@ -140,7 +115,7 @@ def read(looked: Mapping[str, NodeStacks]) -> tuple[StackGroup, ...]:
 
 
 def _place(result: NodeStacks, rank: int) -> str | None:
-    frames = main_thread(result.dumps[rank])
+    frames = spy_main_thread(result.dumps[rank])
     if result.why[rank] or frames is None:
         return None
     return where(frames) + (STOPPED if rank in result.stopped else "")

@@ -134,6 +134,9 @@ class StopResult:
     # died, stopped or alive (empty: a node script that did not say).
     stacks: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     stack_fates: Mapping[int, str] = field(default_factory=dict)
+    # py-spy's read of each rank as it was held before the abort, where the node has
+    # py-spy: where a rank without a dump of its own was
+    spied: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def confirmed(self) -> bool:

@@ -164,6 +164,11 @@ def stop_script(record: JobRecord, node: str, grace_s: float,
                         dump_stacks and stacks_reachable(record, engine))
 
 
+# A hang's stop reads each held worker with py-spy first, where the node has it: this long
+# at most (the stop's own limit is its grace + 30 s)
+HANG_SPY_TIMEOUT_S = 5
+
+
 def stacks_reachable(record: JobRecord, engine: str | None) -> bool:
     """Whether a hang's stop can find the job's workers on a node to abort them: the
     leader's grandchildren, or a podman or docker container's first process's children
@@ -178,7 +183,7 @@ def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | Non
                   jobs_dir=record.jobs_dir, grace_s=grace_s,
                   container=_container(record, engine),
                   grace_whole_s=math.ceil(grace_s), dump_stacks=dump_stacks,
-                  marker_pattern=_marker_pattern(record, node))
+                  spy_timeout_s=HANG_SPY_TIMEOUT_S, marker_pattern=_marker_pattern(record, node))
 
 
 def _container(record: JobRecord, engine: str | None) -> dict[str, str] | None:

@@ -182,8 +182,8 @@ def _ended(report: AttemptReport, outcome: JobOutcome, store: JobStore,
     say(f"attempt {report.number} ended: {report.ended}: {report.detail}")
     if report.ended == "hang":
         report = dataclasses.replace(report, stacks=hang_stacks.read(outcome.stopped))
-        kept = hang_stacks.write(store.directory(report.job), {
-            node: result.stacks for node, result in outcome.stopped.items()})
+        kept = hang_stacks.write(store.directory(report.job),
+                                 hang_stacks.kept_dumps(outcome.stopped))
         for line in hang_stacks.said(report.stacks, kept):
             say(line)
     store.note_failure(report.job, failure_note(report))

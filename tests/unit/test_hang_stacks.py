@@ -50,6 +50,27 @@ def test_the_stopped_rank_is_the_one_without_a_stack_beside_five_in_the_backward
                                               "why": "stopped"}
 
 
+def test_where_a_node_has_py_spy_the_stopped_rank_is_read_before_its_abort(
+        tmp_path: Path) -> None:
+    """The same hang where the nodes have py-spy (captured again): each held worker read
+    before its abort, so the stopped rank, which writes no stack of its own, is said by
+    where py-spy found it, and its dump kept is py-spy's."""
+    stopped = {node: stop_result(node, (CAPTURED / "spied" / f"stop-{node}.txt").read_text())
+               for node in ("node1", "node2", "node3")}
+    assert {node: sorted(r.spied) for node, r in stopped.items()} == {
+        "node1": [0, 1], "node2": [2, 3], "node3": [4, 5]}
+    groups = hang_stacks.read(stopped)
+    assert groups == (
+        StackGroup((0, 1, 2, 4, 5), "train.py line 128 in main, in _engine_run_backward "
+                                    "(torch/autograd/graph.py line 979)",
+                   ("node1", "node2", "node3")),
+        StackGroup((3,), "train.py line 132 in main (it was stopped: SIGSTOP, a debugger; "
+                         "read by py-spy)", ("node2",), "stopped"))
+    kept = hang_stacks.write(tmp_path, hang_stacks.kept_dumps(stopped)).read_text()
+    assert "== rank 3 on node2 ==\nProcess " in kept  # py-spy's, the rank's own being none
+    assert kept.count("Fatal Python error: Aborted") == 5  # the others' own
+
+
 def test_each_rank_without_a_stack_is_said_by_how_it_ended() -> None:
     """The stop says how each aborted rank ended; those without a stack are grouped by
     it: stopped before the stop (the hang), still alive (stuck), or died without one;

@@ -624,7 +624,9 @@ def test_a_hangs_stop_holds_torchrun_so_that_each_worker_dies_of_its_abort(
     """torchrun TERMs its other workers as soon as one dies: a hang's stop that aborted
     them one after the other lost the second's stack (killed by that TERM while still
     frozen; a CI run, rank 5 of 8). torchrun is held until each has taken its abort;
-    the rank stopped before the stop is said to be stopped."""
+    the rank stopped before the stop is said to be stopped, and where it was, as py-spy
+    (beside this Python) read it before the abort (a rank killed by the TERM would read
+    `it died without writing a stack`)."""
     from typer.testing import CliRunner
 
     from gpucluster.cli.main import app
@@ -638,7 +640,9 @@ def test_a_hangs_stop_holds_torchrun_so_that_each_worker_dies_of_its_abort(
     assert json.loads(result.stdout)["stacks"] == [
         {"ranks": [3, 4], "where": "<string> line 3 in <module>", "nodes": ["node1"],
          "why": None},
-        {"ranks": [5], "where": None, "nodes": ["node1"], "why": "stopped"}], result.output
+        {"ranks": [5], "where": "<string> line 3 in <module> (it was stopped: SIGSTOP, a "
+                                "debugger; read by py-spy)", "nodes": ["node1"],
+         "why": "stopped"}], result.output
 
 
 def test_a_stop_that_takes_a_while_says_what_it_waits_for(

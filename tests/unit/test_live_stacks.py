@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.errors import GpuclusterError
-from gpucluster.launch import live_stacks
+from gpucluster.launch import hang_stacks, live_stacks
 from gpucluster.launch.hang_stacks import Frame, StackGroup
 from gpucluster.launch.jobs import JobStore
 from tests.local_job import LOGGING_TORCHRUN_STAND_IN, local_job
@@ -56,14 +56,14 @@ def test_py_spys_dump_is_read_to_its_main_thread() -> None:
             'Thread 7 (active+gil): "MainThread"', "    step (/srv/p/lib/step.py:9)",
             "        Arguments:", "            n: 3",
             "    main (/srv/p/train.py:12)", "    <module> (/srv/p/train.py:20)"]
-    assert live_stacks.main_thread(dump) == (
+    assert hang_stacks.spy_main_thread(dump) == (
         Frame("/srv/p/lib/step.py", 9, "step"), Frame("/srv/p/train.py", 12, "main"),
         Frame("/srv/p/train.py", 20, "<module>"))
     unnamed = ["Thread 0x7F (idle)", "    f (/a/b.py:3)", "Thread 0x80 (idle)",
                "    g (/a/c.py:5)", "    <module> (/a/c.py:9)"]
-    assert live_stacks.main_thread(unnamed) == (Frame("/a/c.py", 5, "g"),
+    assert hang_stacks.spy_main_thread(unnamed) == (Frame("/a/c.py", 5, "g"),
                                                Frame("/a/c.py", 9, "<module>"))
-    assert live_stacks.main_thread(["Error: Failed to find python version"]) is None
+    assert hang_stacks.spy_main_thread(["Error: Failed to find python version"]) is None
 
 
 @pytest.mark.parametrize(("code", "text", "why"), [
