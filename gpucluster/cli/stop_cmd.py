@@ -74,7 +74,8 @@ def stop(
                               "time (fix: gpucluster stop slurm-ID on its own)")
     if stacks and any(slurm_job(job) is not None for job in jobs or []):
         raise GpuclusterError("--stacks: Slurm's jobs are cancelled by Slurm, which sends "
-                              "no abort (fix: gpucluster stop slurm-ID without --stacks)")
+                              "no abort (fix: gpucluster stacks slurm-ID says where each "
+                              "rank is; then gpucluster stop slurm-ID)")
     loaded = load_inventory(inventory)
     store = job_store(loaded)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:

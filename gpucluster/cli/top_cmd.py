@@ -71,6 +71,7 @@ def top(
     from gpucluster.observe.slurm_queue import polled_where_set_up
     from gpucluster.observe.snapshot import take, to_json
     from gpucluster.observe.streams import ClusterStreams
+    from gpucluster.slurm.follow import running_nodes
     from gpucluster.slurm.queue import QUERY_TIMEOUT_S, slurm_job
 
     loaded = load_inventory(inventory)
@@ -82,8 +83,9 @@ def top(
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
         if slurm_id is not None:
-            selected = _on_nodes(f"Slurm job {slurm_id} runs", _slurm_nodes(session, slurm_id),
-                                 loaded, selected, hosts or group)
+            selected = _on_nodes(f"Slurm job {slurm_id} runs", running_nodes(
+                session, slurm_id, "gpucluster top without --job"), loaded, selected,
+                hosts or group)
         with _sudo_checked(session, selected, "top"), \
                 ClusterStreams(session, loaded, selected, interval) as streams, \
                 polled_where_set_up(session, loaded) as slurm:
@@ -132,23 +134,6 @@ def _on_nodes(name: str, nodes: list[str], inventory: Inventory, selected: list[
         raise GpuclusterError(f"{name} on {hostrange.fold(nodes)}, {where} (fix: "
                               f"gpucluster top without --job, or -w with the job's nodes)")
     return chosen
-
-
-def _slurm_nodes(session: Session, job_id: str) -> list[str]:
-    """The nodes Slurm runs the job on; a job not running is one line saying so."""
-    from gpucluster.slurm.follow import job_info, unknown_job
-    from gpucluster.slurm.submit import submit_host
-
-    info = job_info(session.connection(submit_host(session.inventory)), job_id)
-    if isinstance(info, str):
-        raise GpuclusterError(f"Slurm job {job_id}: scontrol did not answer: {info} (fix: "
-                              f"try again; squeue -j {job_id} on a node shows it)")
-    if info.state == "":
-        raise unknown_job(job_id, "fix: gpucluster jobs lists Slurm's queue")
-    if info.state != "RUNNING" or not info.nodes:
-        raise GpuclusterError(f"Slurm job {job_id} is {info.status}: it runs on no node "
-                              f"now (fix: gpucluster top without --job)")
-    return hostrange.expand_list(info.nodes)
 
 
 def _batch(streams: ClusterStreams, slurm: QueuePoller | None, interval: float,

@@ -6,11 +6,11 @@ stacks its aborts wrote (hang_stacks reads py-spy's dumps too)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpucluster import reports
-from gpucluster.inventory import Inventory
+from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import node_scripts
 from gpucluster.launch.control import hosts_of
 from gpucluster.launch.hang_stacks import StackGroup, grouped, spy_main_thread, where
@@ -88,18 +88,34 @@ def look(session: Session, inventory: Inventory, record: JobRecord, native: bool
     """Every node's ranks read at once; a node that cannot be asked, with why."""
     runtimes = record.container_runtime
 
-    def look_on(connection: Connection) -> NodeStacks:
-        runtime = runtimes.get(connection.host)
+    def script_on(node: str) -> str | NodeStacks:
+        runtime = runtimes.get(node)
         engine = node_scripts.engine_command(runtime) if runtime else None
         if not node_scripts.stacks_reachable(record, engine):
-            return NodeStacks(connection.host, error="its ranks run in an apptainer image, "
-                              "whose starter hides them from outside")
-        script = node_scripts.stacks_script(record, connection.host, runtime, native,
-                                            SPY_TIMEOUT_S)
+            return NodeStacks(node, error="its ranks run in an apptainer image, whose "
+                                          "starter hides them from outside")
+        return node_scripts.stacks_script(record, node, runtime, native, SPY_TIMEOUT_S)
+
+    return _look_on(session, hosts_of(inventory, record), script_on)
+
+
+def look_slurm(session: Session, hosts: Sequence[Host], slurm_id: str, native: bool
+               ) -> dict[str, NodeStacks]:
+    """A Slurm job's ranks on `hosts` (where Slurm runs it), found by its id."""
+    return _look_on(session, hosts, lambda node: node_scripts.slurm_stacks_script(
+        slurm_id, node, native, SPY_TIMEOUT_S))
+
+
+def _look_on(session: Session, hosts: Sequence[Host],
+             script_on: Callable[[str], str | NodeStacks]) -> dict[str, NodeStacks]:
+    def look_on(connection: Connection) -> NodeStacks:
+        script = script_on(connection.host)
+        if isinstance(script, NodeStacks):
+            return script
         result = connection.run(script, timeout=SPY_TIMEOUT_S * 2 + 15)
         return node_stacks(connection.host, result.stdout, result.stderr)
 
-    done = session.map(hosts_of(inventory, record), look_on)
+    done = session.map(hosts, look_on)
     looked = dict(done.values)
     for node, failure in done.failures.items():
         looked[node] = NodeStacks(node, error=failure.message)

@@ -210,8 +210,15 @@ def stacks_script(record: JobRecord, node: str, runtime: str | None, native: boo
     engine = engine_command(runtime) if runtime else None
     return render("launch/stacks.sh.j2", job_id=record.id, node=node,
                   jobs_dir=record.jobs_dir, container=_container(record, engine),
-                  native=native, timeout_s=math.ceil(timeout_s),
+                  native=native, timeout_s=math.ceil(timeout_s), slurm_job=None,
                   marker_pattern=_marker_pattern(record, node))
+
+
+def slurm_stacks_script(slurm_id: str, node: str, native: bool, timeout_s: float) -> str:
+    """The same for a Slurm job's ranks on `node`, found by its id in their environment."""
+    return render("launch/stacks.sh.j2", job_id=f"slurm-{slurm_id}", node=node,
+                  container=None, native=native, timeout_s=math.ceil(timeout_s),
+                  slurm_job=slurm_id)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpucluster import hostrange
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.remote.connection import Connection
@@ -70,6 +71,21 @@ def unknown_job(job_id: str, then: str) -> GpuclusterError:
     output stays."""
     return GpuclusterError(f"Slurm does not know job {job_id}: it forgets an ended job "
                            f"after MinJobAge, 300 s by default ({then})")
+
+
+def running_nodes(session: Session, job_id: str, fix: str) -> list[str]:
+    """The nodes Slurm runs the job on; a job not running is one line saying so, with
+    `fix`."""
+    info = job_info(session.connection(submit_host(session.inventory)), job_id)
+    if isinstance(info, str):
+        raise GpuclusterError(f"Slurm job {job_id}: scontrol did not answer: {info} (fix: "
+                              f"try again; squeue -j {job_id} on a node shows it)")
+    if info.state == "":
+        raise unknown_job(job_id, "fix: gpucluster jobs lists Slurm's queue")
+    if info.state != "RUNNING" or not info.nodes:
+        raise GpuclusterError(f"Slurm job {job_id} is {info.status}: it runs on no node "
+                              f"now (fix: {fix})")
+    return hostrange.expand_list(info.nodes)
 
 
 def job_info(connection: Connection, job_id: str) -> JobInfo | str:

@@ -339,6 +339,21 @@ def test_provision_with_slurm_runs_jobs_across_the_nodes_and_undoes(
     cluster.node_exec("node2", "kill $(nvidia-smi --query-compute-apps=pid "
                                "--format=csv,noheader)", check=False)
 
+    # stacks slurm-ID: the job's rank (a RANK its parent lacks) read by py-spy on the node
+    # Slurm runs it on, the job left running.
+    spied = on_node1(cluster, f"sbatch --parsable -w node3 -N1 -o /dev/null --wrap 'RANK=0 "
+                              f"exec {sys.executable} -c \"import time; time.sleep(600)\"'"
+                     ).strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while (looked := gpucluster("stacks", "-i", str(cluster.inventory), f"slurm-{spied}",
+                                "--json")).code != 0:
+        assert time.monotonic() < deadline, looked.stdout + looked.stderr  # pending, starting
+        time.sleep(1)
+    assert looked.json()["stacks"] == [{"ranks": [0], "where": "<string> line 1 in <module>",
+                                        "nodes": ["node3"], "why": None}], looked.stdout
+    assert on_node1(cluster, f"squeue -h -j {spied} -o %T").strip() == "RUNNING"
+    assert gpucluster("stop", "-i", str(cluster.inventory), f"slurm-{spied}").code == 0
+
     # reap tells Slurm's jobs apart: a running one's GPU process is never ended, even with
     # --foreign (it was "foreign" before); one whose job Slurm no longer has is a leftover.
     running = on_node1(cluster, "sbatch --parsable -w node2 -N1 -o /dev/null --wrap "

@@ -142,3 +142,57 @@ def test_without_py_spy_on_the_nodes_the_fix_is_named(
     assert isinstance(result.exception, GpuclusterError), result.output
     assert str(result.exception) == f"py-spy is not installed on node1 (fix: " \
                                     f"{live_stacks.PY_SPY_FIX})"
+
+
+# A Slurm job's ranks as srun's task starts them: torchrun (no RANK) and its worker, which
+# has a child of its own (a DataLoader worker: RANK inherited, not a rank).
+_SLURM_TASK = """
+import os, subprocess, sys, time
+worker = os.environ.get("RANK") is None
+if worker:
+    env = {**os.environ, "RANK": "2", "LOCAL_RANK": "0"}
+    child = subprocess.Popen([sys.executable, sys.argv[0]], env=env)
+    with open("task.pid", "w") as out: out.write(f"{os.getpid()} {child.pid}")
+    child.wait()
+elif not os.environ.get("LOADER"):
+    loader = subprocess.Popen([sys.executable, sys.argv[0]], env={**os.environ, "LOADER": "1"})
+    open("ready", "w").close()
+    time.sleep(60)
+else:
+    time.sleep(60)
+"""
+
+
+def test_a_slurm_jobs_ranks_are_found_by_its_id_on_the_nodes_slurm_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stacks slurm-ID`: the nodes from scontrol, the ranks by SLURM_JOB_ID and a RANK
+    their parent lacks (not a DataLoader worker, which inherits it)."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+    from tests.local_job import wait_for
+    from tests.stand_ins import stand_in
+
+    stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=77 JobState=RUNNING BatchHost=node1 "
+                                           "ExitCode=0:0 NodeList=node1 Reason=None'\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    inventory = tmp_path / "c.yaml"
+    inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
+    (tmp_path / "task.py").write_text(_SLURM_TASK)
+    task = subprocess.Popen([sys.executable, "task.py"], cwd=tmp_path,
+                            env={**os.environ, "SLURM_JOB_ID": "77"}, start_new_session=True)
+    try:
+        wait_for((tmp_path / "ready").exists)
+        result = CliRunner().invoke(app, ["stacks", "-i", str(inventory), "slurm-77", "--json"])
+    finally:
+        os.killpg(task.pid, signal.SIGKILL)
+        task.wait()
+    assert result.exit_code == 0, result.output
+    said = json.loads(result.stdout)
+    assert said["job"] == "slurm-77" and said["nodes"] == {"node1": {"ranks": 1, "error": None}}
+    # the rank's sleep (line 12), not its loader's (line 14)
+    assert said["stacks"] == [{"ranks": [2], "where": "task.py line 12 in <module>",
+                               "nodes": ["node1"], "why": None}], said

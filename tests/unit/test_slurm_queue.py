@@ -338,16 +338,16 @@ def test_top_sums_up_slurms_queue_or_says_why_it_cannot() -> None:
 
 def test_top_job_slurm_id_picks_the_nodes_slurm_runs_it_on(session: Session,
                                                            tmp_path: Path) -> None:
-    from gpucluster.cli.top_cmd import _slurm_nodes
+    from gpucluster.slurm.follow import running_nodes
 
     stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=a "
                                    "ExitCode=0:0 NodeList=a,b[1-2] Reason=None'\n")
-    assert _slurm_nodes(session, "12") == ["a", "b1", "b2"]
+    assert running_nodes(session, "12", "fix it") == ["a", "b1", "b2"]
     stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=PENDING BatchHost= "
                                    "ExitCode=0:0 NodeList= Reason=Resources'\n")
     with pytest.raises(GpuclusterError, match=r"^Slurm job 12 is pending \(Resources\): "
-                                              r"it runs on no node now \(fix: "):
-        _slurm_nodes(session, "12")
+                                              r"it runs on no node now \(fix: fix it\)"):
+        running_nodes(session, "12", "fix it")
     # Through the CLI: a job on none of the inventory's nodes is one line.
     stand_in(tmp_path / "bin", "scontrol", "echo 'JobId=12 JobState=RUNNING BatchHost=b "
                                    "ExitCode=0:0 NodeList=b Reason=None'\n")
