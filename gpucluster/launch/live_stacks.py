@@ -92,8 +92,8 @@ def look(session: Session, inventory: Inventory, record: JobRecord, native: bool
         runtime = runtimes.get(node)
         engine = node_scripts.engine_command(runtime) if runtime else None
         if not node_scripts.stacks_reachable(record, engine):
-            return NodeStacks(node, error="its ranks run in an apptainer image, whose "
-                                          "starter hides them from outside")
+            return NodeStacks(node, error="its container's engine is not recorded (a job "
+                                          "an older gpucluster started)")
         return node_scripts.stacks_script(record, node, runtime, native, SPY_TIMEOUT_S)
 
     return _look_on(session, hosts_of(inventory, record), script_on)

@@ -7,6 +7,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpucluster import hostrange
 from gpucluster.launch.jobs import JobRecord
@@ -171,17 +172,24 @@ HANG_SPY_TIMEOUT_S = 5
 
 def stacks_reachable(record: JobRecord, engine: str | None) -> bool:
     """Whether a hang's stop can find the job's workers on a node to abort them: the
-    leader's grandchildren, or a podman or docker container's first process's children
-    (`engine`: the one start found there). Not under apptainer, whose starter stands
-    between the leader and torchrun."""
-    return not record.image or (engine is not None and not is_image_file(record.image))
+    leader's grandchildren; a podman or docker container's first process's children
+    (`engine`: the one start found there; unknown for a job an older gpucluster started);
+    under apptainer, the job's processes with a RANK their parent lacks."""
+    return not record.image or is_image_file(record.image) or engine is not None
+
+
+def _workers(record: JobRecord, engine: str | None) -> dict[str, Any]:
+    """How the node scripts find the job's workers (_job_workers.sh): a podman or docker
+    container's, by its name; apptainer's, by their environment; else the leader's
+    grandchildren."""
+    return {"container": _container(record, engine),
+            "ranks_by_env": record.image is not None and is_image_file(record.image)}
 
 
 def _stop_script(record: JobRecord, node: str, grace_s: float, engine: str | None,
                  dump_stacks: bool = False) -> str:
     return render("launch/stop.sh.j2", job_id=record.id, node=node,
-                  jobs_dir=record.jobs_dir, grace_s=grace_s,
-                  container=_container(record, engine),
+                  jobs_dir=record.jobs_dir, grace_s=grace_s, **_workers(record, engine),
                   grace_whole_s=math.ceil(grace_s), dump_stacks=dump_stacks,
                   spy_timeout_s=HANG_SPY_TIMEOUT_S, marker_pattern=_marker_pattern(record, node))
 
@@ -199,7 +207,7 @@ def freeze_script(record: JobRecord, node: str, runtime: str | None = None) -> s
     (stop.sh, dump_stacks). `runtime`: a container's engine, as start recorded it."""
     engine = engine_command(runtime) if runtime else None
     return render("launch/freeze.sh.j2", job_id=record.id, node=node,
-                  jobs_dir=record.jobs_dir, container=_container(record, engine),
+                  jobs_dir=record.jobs_dir, **_workers(record, engine),
                   marker_pattern=_marker_pattern(record, node))
 
 
@@ -209,7 +217,7 @@ def stacks_script(record: JobRecord, node: str, runtime: str | None, native: boo
     where stacks_reachable. `timeout_s`: each read's."""
     engine = engine_command(runtime) if runtime else None
     return render("launch/stacks.sh.j2", job_id=record.id, node=node,
-                  jobs_dir=record.jobs_dir, container=_container(record, engine),
+                  jobs_dir=record.jobs_dir, **_workers(record, engine),
                   native=native, timeout_s=math.ceil(timeout_s), slurm_job=None,
                   marker_pattern=_marker_pattern(record, node))
 
@@ -217,8 +225,8 @@ def stacks_script(record: JobRecord, node: str, runtime: str | None, native: boo
 def slurm_stacks_script(slurm_id: str, node: str, native: bool, timeout_s: float) -> str:
     """The same for a Slurm job's ranks on `node`, found by its id in their environment."""
     return render("launch/stacks.sh.j2", job_id=f"slurm-{slurm_id}", node=node,
-                  container=None, native=native, timeout_s=math.ceil(timeout_s),
-                  slurm_job=slurm_id)
+                  container=None, ranks_by_env=True, native=native,
+                  timeout_s=math.ceil(timeout_s), slurm_job=slurm_id)
 
 
 @dataclass(frozen=True)

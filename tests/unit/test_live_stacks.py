@@ -144,6 +144,35 @@ def test_without_py_spy_on_the_nodes_the_fix_is_named(
                                     f"{live_stacks.PY_SPY_FIX})"
 
 
+def test_an_apptainer_jobs_ranks_are_found_past_its_starter(tmp_path: Path) -> None:
+    """Under apptainer a starter process stands between the job's leader and torchrun
+    (here a Python one), so the leader's grandchildren are torchrun, not the ranks: a
+    .sif job's ranks are its processes with a RANK their parent lacks. Read live, then
+    aborted by stop --stacks, each says where it was."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+    from gpucluster.state import state_dir_for
+
+    (tmp_path / "inner_torchrun.py").write_text(LOGGING_TORCHRUN_STAND_IN)
+    starter = "import subprocess, sys\n" \
+              "sys.exit(subprocess.call([sys.executable, 'inner_torchrun.py']))\n"
+    with local_job(tmp_path, starter) as (loaded, record):
+        sif = dataclasses.replace(record, image="train.sif")
+        JobStore(state_dir_for(loaded)).save(sif)
+        looked = CliRunner().invoke(app, ["stacks", "-i", str(loaded.path), sif.id, "--json"])
+        stopped = CliRunner().invoke(app, ["stop", "-i", str(loaded.path), sif.id, "--stacks",
+                                           "--json"])
+    where = [{"ranks": [3], "where": "worker.py line 11 in <module>", "nodes": ["node1"],
+              "why": None}]
+    assert looked.exit_code == 0 and json.loads(looked.stdout)["stacks"] == where, \
+        looked.output
+    assert stopped.exit_code == 0 and json.loads(stopped.stdout)["stacks"] == where, \
+        stopped.output
+
+
 # A Slurm job's ranks as srun's task starts them: torchrun (no RANK) and its worker, which
 # has a child of its own (a DataLoader worker: RANK inherited, not a rank).
 _SLURM_TASK = """
