@@ -53,8 +53,9 @@ class NodeStacks:
 
 
 def node_stacks(node: str, stdout: str, stderr: str = "") -> NodeStacks:
-    """A node's look from its script's lines: `@@gpc workers N`, then a section per
-    worker, `stack RANK PID`, with py-spy's output and exit code."""
+    """A node's look from its script's lines: `@@gpc workers N PROCESSES`, then a section
+    per worker, `stack RANK PID STATE` (its /proc state: T or t, stopped), with py-spy's
+    output and exit code."""
     workers, processes = ([*reports.by_kind(stdout).get("workers", [""])[0].split(), "", ""])[:2]
     if not workers.isdigit():
         return NodeStacks(node, error=(stderr or stdout).strip()[-200:] or "no answer")

@@ -7,16 +7,19 @@ age asked: a listing round, then (with --yes) a removal round, on every node."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass, field
 
 from gpucluster import hostrange, reports
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Inventory
+from gpucluster.launch.jobs import JobStore
 from gpucluster.launch.prune import once_per_directory
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.session import Session
 from gpucluster.slurm.queue import queue
+from gpucluster.state import state_dir_for
 from gpucluster.templating import render
 
 LIST_TIMEOUT_S = 120.0
@@ -135,10 +138,13 @@ def _remove(session: Session, inventory: Inventory, work_dir: str,
                                   f"{done.stderr.strip()[-200:]}")
 
     done = session.map(wanted, run)
+    here = JobStore(state_dir_for(inventory))
     for job in jobs:
         failed = [n for n in job.nodes if n in done.failures]
         if failed:
             job.problem = f"{failed[0]}: {done.failures[failed[0]].message}"
         else:
             job.removed = True
+            # what was kept here of it: `gpucluster stacks slurm-ID`'s looks
+            shutil.rmtree(here.directory(f"slurm-{job.job_id}"), ignore_errors=True)
 

@@ -191,6 +191,12 @@ def _whole_flow(sandbox: Sandbox, tmp: Path, image: str, shared_home: bool) -> N
                 "logs", "-i", inventory, detached, "-w", "node3")).stdout:
             assert time.monotonic() < deadline, logs.stdout + logs.stderr
             time.sleep(0.5)
+        # where each rank is, read by py-spy as the node user (beside the node python)
+        looked = gpucluster("stacks", "-i", inventory, detached, "--json")
+        assert looked.code == 0, looked.stdout + looked.stderr
+        groups = looked.json()["stacks"]
+        assert sorted(r for g in groups for r in g["ranks"]) == [0, 1, 2], groups
+        assert all(g["where"].startswith("train.py line ") for g in groups), groups
         stopped = gpucluster("stop", "-i", inventory, detached, "--grace", "3")
         assert stopped.code == 0, stopped.stderr
         assert f"job {detached} stopped: nothing of it is left on node[1-3]" in stopped.stdout

@@ -65,9 +65,14 @@ def test_old_ended_jobs_are_listed_then_removed_and_the_others_kept(work: Path) 
     assert three.nodes["a"].job_bytes is not None and three.nodes["a"].job_bytes >= 5000
     assert three.checkpoint_bytes >= 300_000 and three.node_bytes == three.job_bytes
     assert (work / "jobs/slurm-3").exists()  # only listed
+    kept_here = work.parent / ".gpucluster/jobs"  # `stacks slurm-ID`'s looks
+    for job in ("slurm-3", "slurm-5"):
+        (kept_here / job).mkdir(parents=True)
+        (kept_here / job / "stacks-20261207-130000.txt").write_text("== rank 0 ==\n")
     removed = prune.prune(session, session.inventory, 7 * DAY, checkpoints=False,
                           remove=True)
     assert removed.jobs[0].removed and not (work / "jobs/slurm-3").exists()
+    assert not (kept_here / "slurm-3").exists() and (kept_here / "slurm-5").exists()
     assert (work / "checkpoints/slurm-3/ckpt.pt").exists()  # kept without --checkpoints
     assert (work / "jobs/slurm-4").exists() and (work / "jobs/slurm-5").exists()
     assert (work / "jobs/slurm-x/keep.txt").exists()  # not a Slurm job's name
