@@ -4,7 +4,7 @@ node, without stopping it (`stop --stacks` ends a hung job and says where it was
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from gpucluster.inventory import Inventory
-    from gpucluster.launch.hang_stacks import StackGroup
     from gpucluster.launch.live_stacks import NodeStacks
     from gpucluster.remote.session import Session
 
@@ -53,6 +52,7 @@ def stacks(
     the one to look at. Every rank's whole stack is kept beside the job's logs. Needs
     py-spy on the nodes, on the PATH or beside the job's Python. JOB slurm-ID reads a
     Slurm job's ranks on the nodes Slurm runs it on."""
+    from gpucluster.cli.views import stacks as view
     from gpucluster.launch import hang_stacks, live_stacks
     from gpucluster.slurm.queue import slurm_job
 
@@ -77,18 +77,9 @@ def stacks(
     kept = hang_stacks.write(store.directory(job_id),
                              {node: result.dumps for node, result in looked.items()}, name)
     if json_output:
-        common.print_json(stdout_console(), _payload(job_id, looked, groups, str(kept)))
+        common.print_json(stdout_console(), view.stacks_payload(job_id, looked, groups, kept))
     else:
-        for line in hang_stacks.said(groups, kept, no_stack=live_stacks.NO_STACK,
-                                     heading=f"where each rank of job {job_id} is now"):
-            stdout_console().print(line, markup=False, highlight=False)
-        for node, result in sorted(looked.items()):
-            if result.error:
-                stderr_console().print(f"{node}: not read: {result.error}", markup=False,
-                                       highlight=False)
-            elif not result.workers:
-                stderr_console().print(f"{node}: no rank of the job runs there",
-                                       markup=False, highlight=False)
+        view.print_stacks(stdout_console(), stderr_console(), job_id, looked, groups, kept)
     if any(result.error for result in looked.values()) or any(g.why for g in groups):
         raise typer.Exit(EXIT_FAILED)
 
@@ -125,11 +116,3 @@ def _no_rank(job_id: str, looked: Mapping[str, NodeStacks], directory: Path) -> 
            "ended" + (f"; where each rank was as its hang was stopped: {kept})"
                       if kept.is_file() else ")")
 
-
-def _payload(job_id: str, looked: Mapping[str, NodeStacks],
-             groups: tuple[StackGroup, ...], kept: str) -> dict[str, Any]:
-    from gpucluster.launch import hang_stacks
-
-    return {"job": job_id, "stacks": hang_stacks.payload(groups), "kept": kept,
-            "nodes": {node: {"ranks": result.workers, "error": result.error or None}
-                      for node, result in sorted(looked.items())}}

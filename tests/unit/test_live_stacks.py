@@ -118,6 +118,7 @@ def test_stacks_reads_a_running_job_on_this_machine_and_leaves_it_running(
             os.kill(worker, signal.SIGCONT)
         assert result.exit_code == 0, result.output
         said = json.loads(result.stdout)
+        assert set(said) == {"schema", "job", "stacks", "kept", "nodes"}  # pinned
         assert said["stacks"] == [{"ranks": [3], "nodes": ["node1"], "why": None,
                                    "where": "worker.py line 11 in <module>"
                                             + live_stacks.STOPPED}]
