@@ -89,7 +89,11 @@ def _slurm_look(session: Session, inventory: Inventory, slurm_id: str, native: b
     """A Slurm job's ranks, on the nodes Slurm runs it on (those the inventory lists)."""
     from gpucluster.launch import live_stacks
     from gpucluster.slurm.follow import running_nodes
+    from gpucluster.slurm.queue import set_up_from_here
 
+    if not set_up_from_here(inventory):
+        raise GpuclusterError(f"slurm-{slurm_id}: Slurm is not set up for {inventory.path} "
+                              f"(fix: gpucluster provision --with slurm)")
     nodes = running_nodes(session, slurm_id, "gpucluster jobs lists Slurm's queue")
     hosts = [host for host in inventory.hosts if host.name in nodes]
     if not hosts:

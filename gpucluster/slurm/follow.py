@@ -101,7 +101,7 @@ def job_info(connection: Connection, job_id: str) -> JobInfo | str:
         return parse_job(shown.stdout)
     if FORGOTTEN in shown.stderr:
         return JobInfo("", "", "", "")
-    return shown.stderr.strip()[-200:] or shown.ending
+    return shown.last_word[-200:]  # a line: scontrol's last word says why
 
 
 def follow(session: Session, inventory: Inventory, job_id: str,

@@ -211,6 +211,10 @@ def test_a_slurm_jobs_ranks_are_found_by_its_id_on_the_nodes_slurm_names(
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     inventory = tmp_path / "c.yaml"
     inventory.write_text("hosts:\n  - {name: node1, address: 127.0.0.1, connection: local}\n")
+    refused = CliRunner().invoke(app, ["stacks", "-i", str(inventory), "slurm-77"])
+    assert str(refused.exception) == f"slurm-77: Slurm is not set up for {inventory} (fix: " \
+                                     f"gpucluster provision --with slurm)"
+    inventory.write_text(inventory.read_text() + "slurm: {}\n")  # the section enables it
     (tmp_path / "task.py").write_text(_SLURM_TASK)
     task = subprocess.Popen([sys.executable, "task.py"], cwd=tmp_path,
                             env={**os.environ, "SLURM_JOB_ID": "77"}, start_new_session=True)
