@@ -174,8 +174,8 @@ def _where_ranks_were(store: JobStore, record: JobRecord,
         return [], ["--stacks: nothing of the job ran any more: no rank to ask"]
     groups = hang_stacks.read(results)
     if not groups:
-        return [], ["--stacks: no rank wrote its stack (a job in an apptainer image, one whose "
-                    "env turns PYTHONFAULTHANDLER off, or one started by an older gpucluster, "
-                    "which did not turn it on)"]
+        return [], ["--stacks: no rank wrote its stack (a job whose env turns "
+                    "PYTHONFAULTHANDLER off, or one started by an older gpucluster, which did "
+                    "not turn it on; py-spy on the nodes reads them before the abort)"]
     kept = hang_stacks.write(store.directory(record.id), hang_stacks.kept_dumps(results))
     return hang_stacks.payload(groups), hang_stacks.said(groups, kept, "it was stopped")

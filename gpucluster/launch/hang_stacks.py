@@ -172,7 +172,7 @@ def _short(path: str, code_dir: str) -> str:
 def read(stopped: Mapping[str, StopResult]) -> tuple[StackGroup, ...]:
     """From the stop's reports (each node's aborted ranks and their dumps): the ranks
     grouped by where they stopped, the largest group first, then those without a stack.
-    Empty where no rank left one (a job under apptainer, faulthandler turned off):
+    Empty where no rank left one (faulthandler turned off, and no py-spy on the nodes):
     nothing to compare."""
     groups = grouped((rank, node, *_rank_place(result, rank))
                      for node, result in stopped.items() for rank in result.stacks)
