@@ -178,4 +178,5 @@ def _where_ranks_were(store: JobStore, record: JobRecord,
                     "PYTHONFAULTHANDLER off, or one started by an older gpucluster, which did "
                     "not turn it on; py-spy on the nodes reads them before the abort)"]
     kept = hang_stacks.write(store.directory(record.id), hang_stacks.kept_dumps(results))
-    return hang_stacks.payload(groups), hang_stacks.said(groups, kept, "it was stopped")
+    return hang_stacks.payload(groups), hang_stacks.said(
+        groups, kept, "where each rank was when it was stopped")

@@ -229,15 +229,15 @@ def write(directory: Path, dumps_by_node: Mapping[str, Mapping[int, Sequence[str
     return path
 
 
-def said(groups: tuple[StackGroup, ...], kept: Path, when: str = "the hang was stopped",
-         no_stack: Mapping[str, str] = _NO_STACK,
-         heading: str = "where each rank was when {when}") -> list[str]:
+def said(groups: tuple[StackGroup, ...], kept: Path,
+         heading: str = "where each rank was when the hang was stopped",
+         no_stack: Mapping[str, str] = _NO_STACK) -> list[str]:
     """The lines that tell it, each group's ranks by number (and node where few);
     `kept`: the file with every rank's whole stack; `no_stack`: what a rank without one
     is said to be, by its why."""
     if not groups:
         return []
-    lines = [heading.format(when=when) + f" (each rank's whole stack: {kept}):"]
+    lines = [f"{heading} (each rank's whole stack: {kept}):"]
     for group in groups:
         ranks = ranks_named(group.ranks)
         if group.nodes and len(group.nodes) <= 2:

@@ -16,8 +16,8 @@ from gpucluster.launch.live_stacks import NodeStacks
 def print_stacks(out: Console, err: Console, job_id: str, looked: Mapping[str, NodeStacks],
                  groups: tuple[StackGroup, ...], kept: Path) -> None:
     """The ranks by place on stdout; each node not read, or without a rank, on stderr."""
-    for line in hang_stacks.said(groups, kept, no_stack=live_stacks.NO_STACK,
-                                 heading=f"where each rank of job {job_id} is now"):
+    for line in hang_stacks.said(groups, kept, f"where each rank of job {job_id} is now",
+                                 live_stacks.NO_STACK):
         out.print(line, markup=False, highlight=False)
     for node, result in sorted(looked.items()):
         if result.error:
