@@ -33,44 +33,50 @@ def counted_gpus(output: str) -> GpuCount | None:
     return GpuCount(int(words[0]), int(words[1]))
 
 
-def known_gpus(host: Host, found: int | None = None) -> int:
-    """The GPUs a node's jobs use: the inventory's `gpus`, else those `found` on it; 0
-    where jobs run on the CPU or none is known."""
+def known_gpus(host: Host, found: int | None = None, chosen: bool = False) -> int:
+    """The GPUs a node's jobs use: the inventory's `gpus`, else those `found` on it (or
+    only those, where the job `chosen` some: launch --gpus); 0 where jobs run on the CPU
+    or none is known."""
     if host.torch_device != "cuda":
         return 0
-    return host.gpus or found or 0
+    return (found or 0) if chosen else host.gpus or found or 0
 
 
-def nproc_for(host: Host, override: int | None, found: int | None = None) -> int:
+def nproc_for(host: Host, override: int | None, found: int | None = None,
+              chosen: bool = False) -> int:
     """One process per GPU (known_gpus); 1 where it knows none."""
-    return override if override is not None else known_gpus(host, found) or 1
+    return override if override is not None else known_gpus(host, found, chosen) or 1
 
 
 def check_nproc(inventory: Inventory, nproc: int | None,
-                found: Mapping[str, int] | None = None) -> None:
+                found: Mapping[str, int] | None = None, chosen: bool = False) -> None:
     """More processes than a node has GPUs fail at start (an invalid device ordinal, or
     NCCL's "Duplicate GPU detected", in every extra rank) or share GPUs unasked: refused
-    before anything starts. A node's GPUs: the inventory's `gpus`, else those `found`."""
+    before anything starts. A node's GPUs: the inventory's `gpus`, else those `found`
+    (those the job `chosen`, where it did)."""
     def gpus(host: Host) -> int:  # 0 (jobs on the CPU, or none known): as many as asked
-        return known_gpus(host, (found or {}).get(host.name))
+        return known_gpus(host, (found or {}).get(host.name), chosen)
     over = [h for h in inventory.hosts if nproc is not None and gpus(h) and nproc > gpus(h)]
     if over:
         fewest = min(gpus(h) for h in over)
-        whose = "the inventory's gpus" if all(h.gpus for h in over) else "found there"
+        whose = ("the job's: --gpus or CUDA_VISIBLE_DEVICES" if chosen
+                 else "the inventory's gpus" if all(h.gpus for h in over) else "found there")
+        more = {"the inventory's gpus": ", or correct gpus: in the inventory",
+                "found there": ""}.get(whose, ", or give the job more GPUs")
         raise GpuclusterError(
             f"--nproc-per-node {nproc}: {hostrange.fold([h.name for h in over])} "
             f"{'has' if len(over) == 1 else 'have'} {counted(fewest, 'GPU')} ({whose}) "
             f"(fix: --nproc-per-node {fewest} or fewer, one process per GPU"
-            + (", or correct gpus: in the inventory)" if whose.startswith("the") else ")"))
+            f"{more})")
 
 
 def check_mig(inventory: Inventory, nproc: int | None, found: Mapping[str, int],
-              mig: Mapping[str, int]) -> None:
+              mig: Mapping[str, int], chosen: bool = False) -> None:
     """CUDA gives a process one MIG device, whatever the node has: where a node's GPUs
     are in MIG mode (`mig`: their count per node), a second process of a job on the GPUs
     would find none of its own (CUDA's invalid device ordinal, or NCCL's duplicate GPU),
     so that is refused before anything starts. One process per node runs on one."""
-    processes = {h.name: nproc_for(h, nproc, found.get(h.name)) for h in inventory.hosts
+    processes = {h.name: nproc_for(h, nproc, found.get(h.name), chosen) for h in inventory.hosts
                  if mig.get(h.name) and h.torch_device == "cuda"}
     over = [node for node, count in processes.items() if count > 1]
     if not over:
@@ -86,10 +92,12 @@ def check_mig(inventory: Inventory, nproc: int | None, found: Mapping[str, int],
 
 
 def check_fit(inventory: Inventory, nproc: int | None,
-              counts: Mapping[str, GpuCount]) -> dict[str, int]:
+              counts: Mapping[str, GpuCount], chosen: bool = False) -> dict[str, int]:
     """check_nproc and check_mig on the GPUs a node's nvidia-smi `counts` (where the
-    inventory gives no `gpus`); the GPUs found per node."""
+    inventory gives no `gpus`, or the job `chosen` some: those); the GPUs found per
+    node."""
     found = {node: count.gpus for node, count in counts.items()}
-    check_nproc(inventory, nproc, found)
-    check_mig(inventory, nproc, found, {node: count.mig for node, count in counts.items()})
+    check_nproc(inventory, nproc, found, chosen)
+    check_mig(inventory, nproc, found, {node: count.mig for node, count in counts.items()},
+              chosen)
     return found

@@ -67,6 +67,10 @@ def launch(
         help="Processes per node (default: one per GPU, the inventory's gpus or else the "
              "GPUs found there; 1 on CPU nodes).")
     ] = None,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", metavar="LIST",
+        help="Only these GPUs of each node, e.g. 4-7 or 0,2 (sets CUDA_VISIBLE_DEVICES): one "
+             "process per GPU listed; the checks judge these GPUs alone.")] = None,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0, metavar="N",
         help="Passed to torchrun: restarts after a failure.")] = 0,
@@ -129,7 +133,7 @@ def launch(
     loaded = load_inventory(inventory, hosts, group)
     image = chosen_image(loaded, image, container)
     secrets = _secret_env(secret_env or [])
-    job_env = {**parse_env(env or [], from_shell=True), **secrets}
+    job_env = {**parse_env(env or [], from_shell=True), **secrets, **_chosen_gpus(gpus, env)}
     request = LaunchRequest(script, tuple(script_args or ()), (workdir or Path.cwd()).absolute(),
                             nproc_per_node, max_restarts, job_env,
                             image, debug=debug, secret_env=frozenset(secrets),
@@ -182,6 +186,18 @@ def launch(
                       f"{record.id} has them)")
         attach(session, loaded, store, record, err, live=True, fail_fast=True, grace=grace,
                json_output=json_output, keep=shown)
+
+
+def _chosen_gpus(gpus: str | None, env: list[str] | None) -> dict[str, str]:
+    """--gpus as the job's CUDA_VISIBLE_DEVICES; -e giving it too is one choice too many."""
+    from gpucluster.doctor.gpu_selection import VISIBLE_DEVICES, parse_option
+
+    if gpus is None:
+        return {}
+    if any(e.partition("=")[0] == VISIBLE_DEVICES for e in env or []):
+        raise GpuclusterError(f"--gpus {gpus} and -e {VISIBLE_DEVICES}: both choose the "
+                              f"job's GPUs (fix: keep one of them)")
+    return {VISIBLE_DEVICES: parse_option(gpus)}
 
 
 def _shown_ranks(text: str | None, detach: bool) -> LogFilter | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from gpucluster.doctor.gpu_selection import GpuSelection
     from gpucluster.doctor.probe import NodeFacts
     from gpucluster.doctor.rendezvous import Reachability
     from gpucluster.inventory import Host, Inventory
@@ -43,6 +44,7 @@ class Context:
     unreachable: Mapping[str, HostFailure]
     network: Mapping[str, Reachability]  # the second round: names and rendezvous port
     rendezvous_note: str | None = None  # why the port probe could not run, if it could not
+    gpus: GpuSelection | None = None  # a job's GPUs (launch --gpus): the GPUs judged
 
     def answering(self) -> list[Host]:
         return [h for h in self.inventory.hosts if h.name in self.facts]

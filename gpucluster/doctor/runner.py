@@ -15,6 +15,7 @@ from gpucluster import hostrange
 from gpucluster.doctor import checks as _register_checks  # noqa: F401 - fills REGISTRY
 from gpucluster.doctor.checks.ssh_mesh import SECTION as SSH_MESH
 from gpucluster.doctor.checks.ssh_mesh import ring_peer
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.doctor.model import (
     REGISTRY,
     CheckResult,
@@ -71,12 +72,14 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
                probe_timeout: float = DEFAULT_PROBE_TIMEOUT_S,
                on_node: Callable[[str], None] | None = None,
                rider: str = "",
-               probe_via: Callable[[str], Connection] | None = None) -> DoctorReport:
+               probe_via: Callable[[str], Connection] | None = None,
+               gpus: GpuSelection | None = None) -> DoctorReport:
     """All facts in one round trip per node (plus the head's test listener), then every
     selected check. `rider`: shell code that rides along in the same round trip (in a
     subshell, after the probe), printing report sections of its own; each node's are in
     the report's `sections`. `probe_via(host)`: where the probe runs instead of a
-    command of its own on the session's connection (launch's waiting shells)."""
+    command of its own on the session's connection (launch's waiting shells). `gpus`:
+    the GPUs a job would use; the GPU checks judge those alone."""
     started = time.monotonic()
     # The password only goes where a check reads through sudo (and is tried once there).
     reads_as_root = bool(SUDO_READERS & {s.name for s in selected})
@@ -128,7 +131,7 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
     facts = dict(gathered.values)
     note = listener.note if listener is not None else "not tested (--skip)"
     context = Context(inventory, facts, dict(gathered.failures),
-                      _network(session, inventory, facts), note)
+                      _network(session, inventory, facts), note, gpus)
     results: list[CheckResult] = []
     for spec in selected:
         results.extend(_run_check(spec, context))

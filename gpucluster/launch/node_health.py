@@ -7,6 +7,7 @@ import shlex
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.inventory import Host, Inventory
@@ -28,10 +29,11 @@ START_HEALTH_CHECKS = ("ssh", "nvidia-smi", "gpu-count", "ecc", "xid", "peer-por
 
 def health_findings(session: Session, nodes: Inventory,
                     checks: tuple[str, ...] = HEALTH_CHECKS,
-                    judged: Collection[str] | None = None) -> dict[str, str]:
-    """Doctor's health checks on every node of `nodes`; those of them (or of `judged`)
-    that fail them, with the first reason."""
-    report = run_doctor(session, nodes, [REGISTRY[name] for name in checks])
+                    judged: Collection[str] | None = None,
+                    gpus: GpuSelection | None = None) -> dict[str, str]:
+    """Doctor's health checks on every node of `nodes` (their GPU checks on the job's
+    `gpus`); those of them (or of `judged`) that fail them, with the first reason."""
+    report = run_doctor(session, nodes, [REGISTRY[name] for name in checks], gpus=gpus)
     judged = {h.name for h in nodes.hosts} if judged is None else judged
     sick: dict[str, str] = {}
     lossy: dict[str, CheckResult] = {}  # path-mtu's: judged by pairs, below
@@ -70,7 +72,8 @@ def fewest_to_part(lossy: Mapping[str, CheckResult], gone: Collection[str],
 
 
 def take_spares(session: Session, inventory: Inventory, spares: list[Host], needed: int,
-                say: Callable[[str], None], staying: list[Host]) -> list[Host]:
+                say: Callable[[str], None], staying: list[Host],
+                gpus: GpuSelection | None = None) -> list[Host]:
     """Up to `needed` spares that pass the health checks, taken out of `spares`. Each is
     checked beside the nodes it would join (`staying`), whose ports it must reach and
     which must reach its own, and judged alone."""
@@ -78,7 +81,8 @@ def take_spares(session: Session, inventory: Inventory, spares: list[Host], need
     while spares and len(joined) < needed:
         spare = spares.pop(0)
         sick = health_findings(session, inventory.restricted_to(
-            [h for h in inventory.hosts if h in staying or h is spare]), judged={spare.name})
+            [h for h in inventory.hosts if h in staying or h is spare]), judged={spare.name},
+            gpus=gpus)
         if sick:
             say(f"spare {spare.name} is not healthy either: {sick[spare.name]}")
             continue

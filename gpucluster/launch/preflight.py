@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpucluster import hostrange
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.doctor.model import REGISTRY, CheckResult, Status
 from gpucluster.doctor.runner import run_doctor
 from gpucluster.inventory import Inventory
@@ -53,16 +54,16 @@ def checks_for(request: LaunchRequest) -> tuple[str, ...]:
 
 
 def preflight(session: Session, inventory: Inventory, shells: WaitingShells, code_dir: str,
-              checks: tuple[str, ...] = PREFLIGHT_CHECKS
+              checks: tuple[str, ...] = PREFLIGHT_CHECKS, gpus: GpuSelection | None = None
               ) -> tuple[tuple[CheckResult, ...], dict[str, dict[str, Section]]]:
     """Doctor's job-readiness checks, and in the same round trip Slurm's view of the node
     (outside_slurm) and each node's listing of its copy of the work dir (for the sync),
-    run in the shells that start the job next.
+    run in the shells that start the job next; the GPU checks on the job's `gpus`.
     Everything not OK or SKIP refuses the launch (`refusing`), but
     STARTS_DESPITE_WARNING's warnings."""
     report = run_doctor(session, inventory, [REGISTRY[name] for name in checks],
                         rider=outside_slurm.rider() + workdir.listing_command(code_dir),
-                        probe_via=shells.step)
+                        probe_via=shells.step, gpus=gpus)
     return report.results, report.sections
 
 

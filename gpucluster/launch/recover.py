@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpucluster import hostrange
+from gpucluster.doctor import gpu_selection
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch import hang_stacks
 from gpucluster.launch.attempt import Attempt
@@ -41,6 +43,7 @@ from gpucluster.launch.node_health import (
     take_spares,
 )
 from gpucluster.launch.node_scripts import HEARTBEAT_S
+from gpucluster.launch.start import job_env
 from gpucluster.remote.session import Session
 from gpucluster.wording import counted
 
@@ -97,14 +100,15 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
     healthy nodes, or the same worker error twice). Spares (`spare: true`) stay out
     until a node is quarantined; each then takes a lost node's place, with the run's
     newest checkpoint copied to it over the mesh."""
-    healthy = [h for h in inventory.hosts if not h.spare]
-    spares = [h for h in inventory.hosts if h.spare]
+    healthy, spares = ([h for h in inventory.hosts if not h.spare],
+                       [h for h in inventory.hosts if h.spare])
     wanted = len(healthy)
     result = RecoveryResult(run="")
     # The inventory's env and --env win over the watchdog's defaults.
     request = dataclasses.replace(request, env={
         **{n: v for n, v in watchdog_env(policy).items() if n not in inventory.cluster.env},
         **request.env})
+    chosen = gpu_selection.from_env(job_env(inventory, request.env))  # launch --gpus
     previous_error: tuple[int | None, str] | None = None
     for number in range(1, policy.max_recoveries + 2):
         nodes = inventory.restricted_to(healthy)
@@ -122,7 +126,7 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             # they would be after a failure, and spares take their place; anything else
             # (or a second refusal) goes to the caller, who shows the findings.
             healthy = _set_aside_at_start(session, inventory, healthy, spares, refused,
-                                          policy, result, say)
+                                          policy, result, say, chosen)
             nodes, record = _start_again(session, inventory, healthy, store,
                                          attempt_request, on_phase)
         result.run = result.run or record.id
@@ -151,13 +155,13 @@ def recover(session: Session, inventory: Inventory, store: JobStore, request: La
             return result
         previous_error = error
         try:
-            sick, out_of_reach = _quarantine(session, attempt, nodes, policy, say)
+            sick, out_of_reach = _quarantine(session, attempt, nodes, policy, say, chosen)
             result.attempts.append(dataclasses.replace(report, quarantined=sick,
                                                        out_of_reach=out_of_reach))
             result.quarantined.update(sick)
             healthy = [h for h in healthy if h.name not in sick]
             joined = take_spares(session, inventory, spares, wanted - len(healthy), say,
-                                 healthy)
+                                 healthy, chosen)
             if joined and healthy:  # a survivor has the run's checkpoints
                 copy_checkpoints(session, inventory, record.checkpoint_dir, healthy[0],
                                  joined, say)
@@ -199,7 +203,8 @@ def _start_again(session: Session, inventory: Inventory, healthy: list[Host],
 
 def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Host],
                         spares: list[Host], refused: LaunchRefused, policy: RecoveryPolicy,
-                        result: RecoveryResult, say: Callable[[str], None]) -> list[Host]:
+                        result: RecoveryResult, say: Callable[[str], None],
+                        chosen: GpuSelection | None) -> list[Host]:
     """The first attempt's nodes once those the refusal named, all of them failing a
     start health check, are set aside and spares have joined; else `refused` again."""
     named = {f.host for f in refused.findings}
@@ -207,7 +212,7 @@ def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Ho
         raise refused
     # Checked with the others (peer-ports needs peers to connect from), judged alone.
     sick = health_findings(session, inventory.restricted_to(healthy), START_HEALTH_CHECKS,
-                           judged=named)
+                           judged=named, gpus=chosen)
     # Every node named is set aside, but one named only for a lossy pair: the other
     # node of the pair going mends it.
     lossy_only = {f.host for f in refused.findings if f.name == "path-mtu"} - \
@@ -219,7 +224,8 @@ def _set_aside_at_start(session: Session, inventory: Inventory, healthy: list[Ho
     result.quarantined.update(sick)
     result.set_aside.update(sick)
     left = [h for h in healthy if h.name not in sick]
-    joined = take_spares(session, inventory, spares, len(healthy) - len(left), say, left)
+    joined = take_spares(session, inventory, spares, len(healthy) - len(left), say, left,
+                         chosen)
     left = [h for h in inventory.hosts if h in left or h in joined]
     if len(left) < policy.min_nodes:
         raise LaunchRefused(f"{counted(len(left), 'healthy node')} left once "
@@ -267,12 +273,13 @@ def _with_progress(report: AttemptReport, outcome: JobOutcome) -> AttemptReport:
 
 
 def _quarantine(session: Session, attempt: Attempt, nodes: Inventory, policy: RecoveryPolicy,
-                say: Callable[[str], None]) -> tuple[dict[str, str], tuple[str, ...]]:
+                say: Callable[[str], None], chosen: GpuSelection | None
+                ) -> tuple[dict[str, str], tuple[str, ...]]:
     """The attempt's nodes that fail the health checks, each with why, and those of them
     out of reach. One that still answers is stopped there too: nothing of the attempt
     may go on; on one out of reach it may, and the user is told how to end it."""
     job = attempt.record.id if attempt.record is not None else "JOB"
-    sick = health_findings(session, nodes)
+    sick = health_findings(session, nodes, gpus=chosen)
     answering = [n for n, why in sick.items() if not why.startswith("ssh:")]
     if answering:
         attempt.stop(policy.grace_s, answering)

@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.doctor.nvidia_smi import Gpu
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.errors import GpuclusterError
@@ -88,11 +89,15 @@ def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile])
                                   f"move it or change the rule)")
 
 
-def gpus_found(sections: Mapping[str, Mapping[str, Section]]) -> dict[str, GpuCount]:
-    """Each node's GPUs, and those in MIG mode, from launch's checks (their nvidia-smi
-    answer, in the probe's sections): one process per GPU where the inventory gives no
-    `gpus`."""
-    return {node: _counted(NodeFacts(dict(found)).gpus) for node, found in sections.items()}
+def gpus_found(sections: Mapping[str, Mapping[str, Section]],
+               chosen: GpuSelection | None = None) -> dict[str, GpuCount]:
+    """Each node's GPUs (or of them the job's, `chosen`), and those in MIG mode, from
+    launch's checks (their nvidia-smi answer, in the probe's sections): one process per
+    GPU where the inventory gives no `gpus` or the job chose some."""
+    def gpus(found: Mapping[str, Section]) -> Sequence[Gpu]:
+        every = NodeFacts(dict(found)).gpus
+        return every if chosen is None else chosen.chosen(every)
+    return {node: _counted(gpus(found)) for node, found in sections.items()}
 
 
 def _counted(gpus: Sequence[Gpu]) -> GpuCount:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucluster import hostrange, interrupts, reports
+from gpucluster.doctor import gpu_selection
 from gpucluster.doctor.runner import DEFAULT_PROBE_TIMEOUT_S
 from gpucluster.env_names import masked
 from gpucluster.errors import GpuclusterError, Interrupted
@@ -125,7 +126,9 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
           + ("" if request.image else ", torchrun and torch's build")
           + (", SSH between nodes" if request.nodes_stop_at_once else "") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
-    results, listed = preflight(session, inventory, shells, code_dir, checks_for(request))
+    chosen = gpu_selection.from_env(env)
+    results, listed = preflight(session, inventory, shells, code_dir, checks_for(request),
+                                chosen)
     findings = refusing(results)
     if findings:
         named = {f.host for f in findings}
@@ -134,7 +137,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
             f" (fix what the findings say, or start on the others only: -w "
             f"{hostrange.fold(others)})" if others else ""), findings)
     # the processes per node where the inventory has no gpus
-    found = check_fit(inventory, request.nproc_per_node, gpus_found(listed))
+    found = check_fit(inventory, request.nproc_per_node, gpus_found(listed, chosen),
+                      chosen is not None)
     if (no_mesh := mesh_warning(results)) is not None:
         phase(no_mesh)
     beside_slurm = outside_slurm.warning(listed, [h.name for h in inventory.hosts],
@@ -162,7 +166,8 @@ def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
         id=job_id, script=script, args=list(request.args),
         hosts=[h.name for h in inventory.hosts], code_dir=code_dir,
         jobs_dir=f"{shell_path(inventory.cluster.work_dir)}/jobs", started_at=time.time(),
-        nproc_per_node={h.name: nproc_for(h, request.nproc_per_node, found.get(h.name))
+        nproc_per_node={h.name: nproc_for(h, request.nproc_per_node, found.get(h.name),
+                                          chosen is not None)
                         for h in inventory.hosts},
         image=request.image, attempt=request.attempt, run=request.run or "",
         checkpoint_dir=f"{shell_path(inventory.cluster.work_dir)}/checkpoints/"

@@ -2,7 +2,8 @@
 they keep it.
 
 A process of this node (the same network namespace as nvidia-smi's) whose environment
-says `LOCAL_RANK=k` is a torchrun worker, so a compute process on GPU k, with its
+says `LOCAL_RANK=k` is a torchrun worker, so a compute process on GPU k (the k-th of
+CUDA_VISIBLE_DEVICES, where that lists the GPUs), with its
 resident memory as the GPU memory it holds. GPU k's utilisation is the CPU its
 processes used over the sample window (100% for one busy core), so it follows the
 worker's real work. Processes registered in `<state>.apps` (planted by tests: foreign
@@ -38,16 +39,23 @@ def _own_namespace() -> str:
         return ""
 
 
-def _local_rank(pid: str) -> int | None:
+def _gpu_of(pid: str) -> int | None:
+    """A worker's GPU: its LOCAL_RANK-th of those CUDA_VISIBLE_DEVICES lists, as CUDA
+    numbers them (launch --gpus 4-7: local rank 0 is on GPU 4), else of all."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
-    for entry in environ.split(b"\0"):
-        if entry.startswith(b"LOCAL_RANK="):
-            value = entry[len(b"LOCAL_RANK="):]
-            return int(value) if value.isdigit() else None
-    return None
+    variables = dict(entry.partition(b"=")[::2] for entry in environ.split(b"\0"))
+    rank = variables.get(b"LOCAL_RANK", b"")
+    if not rank.isdigit():
+        return None
+    visible = variables.get(b"CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return int(rank)
+    listed = [entry.strip() for entry in visible.split(b",")]
+    index = int(rank)
+    return int(listed[index]) if index < len(listed) and listed[index].isdigit() else None
 
 
 def _name(pid: str) -> str:
@@ -86,9 +94,9 @@ def workers(count: int) -> list[GpuProcess]:
                 continue
         except OSError:
             continue  # gone, or another user's
-        rank = _local_rank(pid)
-        if rank is not None and rank < count:
-            found.append(GpuProcess(int(pid), rank, _resident_mib(int(pid)), _name(pid)))
+        gpu = _gpu_of(pid)
+        if gpu is not None and gpu < count:
+            found.append(GpuProcess(int(pid), gpu, _resident_mib(int(pid)), _name(pid)))
     return found
 
 

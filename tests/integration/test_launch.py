@@ -219,6 +219,44 @@ def test_gpus_in_mig_mode_take_one_process_a_node_not_one_per_gpu(
             state.write_text(text)
 
 
+def test_gpus_leaves_a_held_gpu_out_and_each_rank_runs_on_a_gpu_listed(
+        cluster: Sandbox, project: Path) -> None:
+    """Someone else's process on node1's GPU 0 refuses a job on every GPU, and the fix
+    names the GPUs free there; with --gpus 2-3 the job starts, and nvidia-smi (through
+    top) shows each node's ranks on GPU 2 and 3."""
+    inventory = str(cluster.inventory)
+    holder = subprocess.Popen(cluster.node_argv("node1", ["sleep", "301"]))
+    time.sleep(0.2)
+    apps = Path(f"/var/lib/gpucluster/sandbox/{NAME}/node1/gpu.apps")
+    apps.write_text(f"{holder.pid} 0 30720 python serve.py\n")
+    job = ""
+    try:
+        refused = gpucluster("launch", "-i", inventory, "--nproc-per-node", "2", "train.py",
+                             cwd=str(project), timeout=120)
+        said = " ".join(refused.stderr.split())
+        assert refused.code == 1, said
+        assert f"node1: GPUs held by: pid {holder.pid} python serve.py (30720 MiB)" in said
+        assert "or start it on the GPUs free here: launch --gpus 1-7" in said
+        started = gpucluster("launch", "-i", inventory, "-d", "--gpus", "2-3",
+                             "--nproc-per-node", "2", "train.py", "--", *SLOW,
+                             cwd=str(project), timeout=120)
+        assert started.code == 0, started.stderr
+        job = started.stdout.strip()
+        deadline, placed = time.monotonic() + 60, {}
+        while len(placed) < 6 and time.monotonic() < deadline:
+            frame = gpucluster("top", "-i", inventory, "--once", "--json").json()
+            placed = {(node["host"], p["local_rank"]): gpu["index"] for node in frame["nodes"]
+                      for gpu in node["gpus"] for p in gpu["processes"] if p["job"] == job}
+        assert placed == {(node, local): 2 + local for node in cluster.nodes
+                          for local in (0, 1)}, placed
+    finally:
+        if job:
+            gpucluster("stop", "-i", inventory, job, timeout=60)
+        apps.unlink(missing_ok=True)
+        holder.kill()
+        holder.wait()
+
+
 def test_show_ranks_streams_those_ranks_and_the_log_keeps_every_rank(
         cluster: Sandbox, project: Path) -> None:
     """6 ranks, 2 of them shown live: the others' lines (rank 0's epochs) are in the

@@ -194,6 +194,29 @@ def test_a_worker_with_local_rank_is_a_busy_compute_process_on_its_gpu(
         idle.kill()
 
 
+def test_a_worker_with_cuda_visible_devices_is_on_the_gpu_it_lists(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """launch --gpus 2-3: CUDA numbers the GPUs it lists from 0, so local rank 0 is on
+    GPU 2, as nvidia-smi shows a real one; a rank past the list is on no GPU."""
+    import subprocess
+    import sys
+
+    state = _state(tmp_path, model="h200", count=4)
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "LOCAL_RANK": str(rank),
+                                   "CUDA_VISIBLE_DEVICES": "2,3"}) for rank in (0, 1, 2)]
+    try:
+        _, out, _ = _run(state, "--query-compute-apps=pid,gpu_uuid",
+                         "--format=csv,noheader", capsys=capsys)
+        apps = dict(line.split(", ") for line in out.strip().splitlines())
+        assert apps[str(ranks[0].pid)].endswith("0002")
+        assert apps[str(ranks[1].pid)].endswith("0003")
+        assert str(ranks[2].pid) not in apps
+    finally:
+        for rank in ranks:
+            rank.kill()
+
+
 def test_the_streaming_loop_prints_rows_every_period(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.inventory import Host
@@ -59,6 +60,8 @@ def nvidia_smi_present(context: Context) -> list[CheckResult]:
 @check("gpu-count", "gpu", "GPU count matches the inventory's `gpus` and the other nodes",
        sections=("nvidia_smi_path", "gpus"))
 def gpu_count(context: Context) -> list[CheckResult]:
+    if context.gpus is not None:
+        return _chosen_count(context, context.gpus)
     counts: dict[str, int] = {}
     results = []
     for host in context.answering():
@@ -78,6 +81,32 @@ def gpu_count(context: Context) -> list[CheckResult]:
         "gpu-count", {h: c for h, c in counts.items() if h not in checked}, Status.WARN,
         "GPU count", "nodes with fewer GPUs need their own --nproc-per-node; check the "
         "missing GPUs (nvidia-smi -L, dmesg)"))
+    return results
+
+
+def _chosen_count(context: Context, chosen: GpuSelection) -> list[CheckResult]:
+    """A job on some of each node's GPUs (launch --gpus) needs those there, whatever
+    the others: the one that fell off the bus may be the one it leaves out."""
+    results = []
+    for host, facts in gpu_hosts(context):
+        if not chosen.entries and not runs_on_cpu(host):
+            results.append(CheckResult(
+                "gpu-count", host.name, Status.FAIL, "CUDA_VISIBLE_DEVICES is empty: the "
+                "job's ranks would see no GPU", "give the job GPUs: --gpus 0-3, or unset "
+                "CUDA_VISIBLE_DEVICES (-e, or the inventory's env)"))
+            continue
+        missing = chosen.missing(facts.gpus)
+        listed = f"nvidia-smi lists {counted(len(facts.gpus), 'GPU')}" + (
+            f" (inventory: {host.gpus})" if host.gpus not in (None, len(facts.gpus)) else "")
+        if missing:
+            results.append(CheckResult(
+                "gpu-count", host.name, Status.FAIL,
+                f"GPU {','.join(missing)} not found (the job's: {chosen}): {listed}",
+                "choose GPUs the node has (nvidia-smi -L there), or start on the others "
+                "only: -w"))
+        else:
+            results.append(CheckResult("gpu-count", host.name, Status.OK,
+                                       f"the job's {chosen} found; {listed}"))
     return results
 
 

@@ -19,7 +19,8 @@ def _per_gpu(context: Context, name: str,
     results = []
     order = [Status.OK, Status.SKIP, Status.WARN, Status.FAIL]
     for host, facts in gpu_hosts(context):
-        findings = [(g.index, verdict) for g in facts.gpus if (verdict := judge(g))]
+        judged = facts.gpus if context.gpus is None else context.gpus.chosen(facts.gpus)
+        findings = [(g.index, verdict) for g in judged if (verdict := judge(g))]
         if not findings:
             results.append(CheckResult(name, host.name, Status.OK, ok_message))
             continue
@@ -168,10 +169,14 @@ SLURM_JOB = "slurm:"  # the probe's prefix for a Slurm job's id
 def gpu_processes(context: Context) -> list[CheckResult]:
     results = []
     for host, facts in gpu_hosts(context):
-        processes = nvidia_smi.parse_processes(facts.text("apps") or "")
+        every = nvidia_smi.parse_processes(facts.text("apps") or "")
+        processes = every if context.gpus is None else context.gpus.on_chosen(every,
+                                                                                facts.gpus)
         if not processes:
+            others = (f" on {context.gpus} ({counted(len(every), 'process', 'processes')} "
+                      f"on the others)" if context.gpus is not None and every else "")
             results.append(CheckResult("gpu-processes", host.name, Status.OK,
-                                       "no compute processes"))
+                                       f"no compute processes{others}"))
             continue
         owners = _app_jobs(facts.text("app_jobs") or "")
         by_owner: dict[tuple[str, str], list[nvidia_smi.GpuProcess]] = {}
@@ -197,11 +202,23 @@ def gpu_processes(context: Context) -> list[CheckResult]:
                 fixes.append(f"see whose they are (gpucluster reap lists them with their "
                              f"user) and end them if they are leftovers: kill "
                              f"{' '.join(str(p.pid) for p in held)}")
+        free = [] if context.gpus is not None else _free_gpus(facts.gpus, processes)
         results.append(CheckResult(
             "gpu-processes", host.name, Status.FAIL, "; ".join(said),
-            "; ".join(fixes) + "; a new job would run out of memory or hang",
+            "; ".join(fixes) + "; a new job would run out of memory or hang" + (
+                f"; or start it on the GPUs free here: launch --gpus {spans(free)}"
+                if free else ""),
             {"processes": [_process_data(p, *owners.get(p.pid, ("", ""))) for p in processes]}))
     return results
+
+
+def _free_gpus(gpus: list[nvidia_smi.Gpu], processes: list[nvidia_smi.GpuProcess]
+               ) -> list[int]:
+    """The GPUs no process is on, where nvidia-smi names every process's GPU."""
+    if not all(p.bus_id for p in processes) or not all(g.bus_id for g in gpus):
+        return []
+    held = {(p.bus_id or "").upper() for p in processes}
+    return [g.index for g in gpus if (g.bus_id or "").upper() not in held]
 
 
 def _process_data(process: nvidia_smi.GpuProcess, job: str, state: str) -> dict[str, object]:
