@@ -44,6 +44,21 @@ class GpuSelection:
         buses = {gpu.bus_id.upper() for gpu in self.chosen(gpus) if gpu.bus_id}
         return [p for p in processes if p.bus_id is None or p.bus_id.upper() in buses]
 
+    def apart_from(self, other: str) -> bool:
+        """No GPU in common with another job's CUDA_VISIBLE_DEVICES, `other`. Indices
+        against UUIDs cannot be told apart here: they count as shared."""
+        theirs = {entry.strip() for entry in other.split(",")}
+        ours = set(self.entries)
+        same_kind = {is_number(e) for e in ours | theirs} != {True, False}
+        return same_kind and not ours & theirs
+
+    @property
+    def first_index(self) -> int | None:
+        """The lowest GPU index listed; None where the list names UUIDs or nothing."""
+        if not self.entries or not all(is_number(entry) for entry in self.entries):
+            return None
+        return min(int(entry) for entry in self.entries)
+
     def __str__(self) -> str:
         indices = [int(entry) for entry in self.entries if is_number(entry)]
         if len(indices) == len(self.entries) and indices == sorted(set(indices)):

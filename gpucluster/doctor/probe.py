@@ -66,14 +66,26 @@ class NodeFacts:
         `running`, or `ended` where the job's torchrun is gone and processes of it are
         left (a line without a state, from a probe before states: running)."""
         jobs: dict[str, str] = {}
+        for job, state, _ in self._job_lines(node):
+            jobs[job] = "running" if jobs.get(job) == "running" else state
+        return dict(sorted(jobs.items()))
+
+    def job_gpus_here(self, node: str) -> dict[str, str | None]:
+        """The running jobs' CUDA_VISIBLE_DEVICES on `node` (launch --gpus), by id;
+        None where a job has all of them, or it is not known."""
+        return {job: gpus for job, state, gpus in self._job_lines(node) if state == "running"}
+
+    def _job_lines(self, node: str) -> list[tuple[str, str, str | None]]:
+        """`MARKER STATE GPUS` lines of the jobs section: (job, state, GPUs or None)."""
+        found = []
         for line in (self.text("jobs") or "").splitlines():
-            marked, _, state = line.rpartition(" ")
-            if state not in ("running", "ended"):
-                marked, state = line, "running"
+            marked, *rest = line.split(" ")
+            state = rest[0] if rest and rest[0] in ("running", "ended") else "running"
+            gpus = rest[1] if len(rest) > 1 and rest[1] != "-" else None
             job, _, where = marked.removeprefix("GPUCLUSTER_JOB=").rpartition("@")
             if job and where == node:
-                jobs[job] = "running" if jobs.get(job) == "running" else state
-        return dict(sorted(jobs.items()))
+                found.append((job, state, gpus))
+        return found
 
     @property
     def has_nvidia_smi(self) -> bool:

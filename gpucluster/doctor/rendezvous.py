@@ -79,8 +79,11 @@ def connect_script(head: Host, port: int) -> str:
 
 
 @contextlib.contextmanager
-def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
-    """Open the test listener on the head while the body runs; always clean it up."""
+def head_listener(session: Session, inventory: Inventory, gpus: str = ""
+                  ) -> Iterator[Listener]:
+    """Open the test listener on the head while the body runs; always clean it up.
+    `gpus`: a job's GPU indices (launch --gpus); a job of ours on none of them does not
+    make the port busy (it has a port of its own)."""
     head = inventory.head
     listener = Listener()
     if len(inventory.hosts) < 2:
@@ -91,7 +94,7 @@ def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
     connection = session.connection(head)
     thread = threading.Thread(target=_listen, daemon=True, args=(
         connection, inventory.cluster.python, inventory.cluster.rendezvous_port,
-        len(inventory.hosts) - 1, head.name, listener))
+        len(inventory.hosts) - 1, head.name, listener, gpus))
     thread.start()
     try:
         yield listener
@@ -104,7 +107,7 @@ def head_listener(session: Session, inventory: Inventory) -> Iterator[Listener]:
 
 
 def _listen(connection: Connection, python: str, port: int, expected: int, head: str,
-            listener: Listener) -> None:
+            listener: Listener, gpus: str) -> None:
     def on_line(_stream: str, line: str) -> None:
         word, rest = reports.parse(line) or ("", "")
         if word in ("ready", "busy") and not listener.ready.is_set():
@@ -120,7 +123,8 @@ def _listen(connection: Connection, python: str, port: int, expected: int, head:
     # the port for its whole lifetime after doctor had gone.
     command = render("doctor/port_listener.sh.j2", python=python,
                      script=script_text("doctor/port_listener.py"), port=port,
-                     lifetime=f"{LISTENER_LIFETIME_S:g}", expected=expected, node=head)
+                     lifetime=f"{LISTENER_LIFETIME_S:g}", expected=expected, node=head,
+                     gpus=gpus)
     try:
         result = connection.run(command, timeout=LISTENER_LIFETIME_S + 10, on_line=on_line)
         if not listener.ready.is_set():

@@ -58,6 +58,9 @@ class ClusterSettings:
 
     name: str = "gpucluster"  # names what provision leaves on nodes: key, blocks, rule tags
     rendezvous_port: int = 29500
+    # Jobs side by side on one head (launch --gpus): a job whose first GPU is k takes
+    # rendezvous_port + k, where k is below this; provision's firewall opens them all.
+    rendezvous_ports: int = 1
     python: str = "python3"
     torchrun: str = "torchrun"
     env: Mapping[str, str] = field(default_factory=dict)

@@ -39,6 +39,12 @@ def _fanout(value: Any) -> int:
     return int(value)
 
 
+def _port_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+        raise ValueError("use a whole number from 1 to 64 (one port per GPU of a node)")
+    return int(value)
+
+
 def _is_positive(value: Any) -> bool:
     """A number above 0 and finite: YAML reads `.inf` and `.nan` as floats, and nan
     passes any comparison's negation (a timeout of `nan s` reached the nodes)."""
@@ -234,6 +240,7 @@ def _cluster_name(value: Any) -> str:
 CLUSTER_KEYS: dict[str, tuple[str, Converter]] = {
     "name": ("name", _cluster_name),
     "rendezvous_port": ("port", _port),
+    "rendezvous_ports": ("integer", _port_count),
     "python": ("program", _node_program),
     "torchrun": ("program", _node_program),
     "env": ("mapping", _env),

@@ -69,7 +69,7 @@ class Validator:
         hosts = self._hosts(document, defaults, cluster)
         groups = self._groups(document, hosts)
         slurm = self._slurm(document, hosts)
-        self._rendezvous_port(document, cluster.rendezvous_port, hosts, slurm)
+        self._rendezvous_port(document, cluster, hosts, slurm)
         if self.problems:
             raise InventoryError(self.problems)
         hosts = [_with_groups(h, groups) for h in hosts]
@@ -87,22 +87,25 @@ class Validator:
                                f"the inventory", "name one of: " + hostrange.fold(names))
         return settings
 
-    def _rendezvous_port(self, document: LineDict, port: int, hosts: list[Host],
-                         slurm: SlurmSettings | None) -> None:
-        """The head's torchrun listens there, and any host may head a selection: not a
-        port sshd holds, nor one srun may take."""
+    def _rendezvous_port(self, document: LineDict, cluster: ClusterSettings,
+                         hosts: list[Host], slurm: SlurmSettings | None) -> None:
+        """Where the head's torchrun listens (any host may head): not sshd's port, nor srun's."""
         section = document.get("cluster")
         line = section.line_of("rendezvous_port") if isinstance(section, LineDict) else None
-        sshd = [h.name for h in hosts if h.port == port]
-        if sshd:
-            self.problem(line, f"cluster.rendezvous_port {port} is the SSH port of "
-                               f"{hostrange.fold(sshd)}", "use a free port, e.g. 29500")
+        port, last = cluster.rendezvous_port, cluster.rendezvous_port + cluster.rendezvous_ports - 1
+        named = f"{port}" if last == port else f"{port}-{last} (rendezvous_ports)"
+        if last > 65535:
+            self.problem(line, f"cluster.rendezvous_port {named} runs past port 65535",
+                         "use a lower port, e.g. 29500")
+        if sshd := [h.name for h in hosts if port <= h.port <= last]:
+            held = f"{'holds' if last > port else 'is'} the SSH port of {hostrange.fold(sshd)}"
+            self.problem(line, f"cluster.rendezvous_port {named} {held}",
+                         "use a free port, e.g. 29500")
         low, high = (int(p) for p in slurm.srun_ports.split("-")) if slurm else (0, -1)
-        if low <= port <= high:
-            slurm_section = document.get("slurm")
-            if line is None and isinstance(slurm_section, LineDict):
+        if low <= last and port <= high:
+            if line is None and isinstance(slurm_section := document.get("slurm"), LineDict):
                 line = slurm_section.line_of("srun_ports")
-            self.problem(line, f"cluster.rendezvous_port {port} is inside slurm.srun_ports "
+            self.problem(line, f"cluster.rendezvous_port {named} is inside slurm.srun_ports "
                                f"{low}-{high}", "use a port outside that range, e.g. 29500")
 
     # -- generic helpers

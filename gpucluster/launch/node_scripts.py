@@ -112,7 +112,7 @@ def engine_command(runtime: str) -> str:
 def start_script(record: JobRecord, node: str, command: str, interface_exports: str,
                  container: bool, rendezvous_port: int | None, on_cpu: bool = False,
                  sync_apply: str = "", image_check: str = "", python: str = "python3",
-                 peer_stop: PeerStop | None = None) -> str:
+                 peer_stop: PeerStop | None = None, gpus: str = "") -> str:
     """`rendezvous_port` on the head only: wait for it to be free, else refuse. With more
     than one of the record's workers on the node, torchrun's own default of one OpenMP
     thread each is set ahead of it, which spares its 4-line banner about it. `on_cpu`:
@@ -122,7 +122,9 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
     run once the node is known free, before the job starts (its tar on stdin).
     `image_check`: a shell test that the container's image is on the node. `python`: the
     job's, which --debug asks for torch's version (the flight recorder's variables).
-    `peer_stop`: launch -d's, kept in the job dir (see PeerStop)."""
+    `peer_stop`: launch -d's, kept in the job dir (see PeerStop). `gpus`: the job's
+    CUDA_VISIBLE_DEVICES, GPU indices (launch --gpus): a job of ours on none of them
+    does not refuse the start."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -136,7 +138,8 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   any_job_pattern=any_job_pattern(node), container=container,
                   image=record.image, image_check=image_check, stamper=stamper_script(),
                   one_thread_default=record.nproc_per_node.get(node, 1) > 1,
-                  peer_stop=peer_stop)
+                  peer_stop=peer_stop,
+                  gpus=gpus if re.fullmatch(r"\d+(,\d+)*", gpus) else "")
 
 
 def stamper_script() -> str:

@@ -4,6 +4,7 @@ per node than its GPUs."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.doctor.nvidia_smi import Gpu
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.errors import GpuclusterError
+from gpucluster.inventory import Inventory
 from gpucluster.launch import workdir
 from gpucluster.launch.model import LaunchRequest
 from gpucluster.nproc import GpuCount
@@ -87,6 +89,18 @@ def _check_module(name: str, root: Path, files: Mapping[str, workdir.LocalFile])
             raise GpuclusterError(f"{relative} is excluded from the sync (by "
                                   f"{workdir.IGNORE_FILE} or a virtualenv/VCS rule) (fix: "
                                   f"move it or change the rule)")
+
+
+def job_inventory(inventory: Inventory, chosen: GpuSelection | None) -> Inventory:
+    """The inventory as a job on `chosen` GPUs sees it: its rendezvous port is
+    rendezvous_port + its first GPU's index, where cluster.rendezvous_ports reaches that
+    far, so jobs on separate GPUs of one head each have a port of their own."""
+    first = chosen.first_index if chosen is not None else None
+    cluster = inventory.cluster
+    if not first or first >= cluster.rendezvous_ports:
+        return inventory
+    return dataclasses.replace(inventory, cluster=dataclasses.replace(
+        cluster, rendezvous_port=cluster.rendezvous_port + first))
 
 
 def gpus_found(sections: Mapping[str, Mapping[str, Section]],

@@ -22,7 +22,7 @@ from gpucluster.launch.control import stop
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import LaunchRefused, LaunchRequest
 from gpucluster.launch.preflight import checks_for, mesh_warning, preflight, refusing
-from gpucluster.launch.request import check_request, gpus_found
+from gpucluster.launch.request import check_request, gpus_found, job_inventory
 from gpucluster.nproc import check_fit, check_nproc, nproc_for
 from gpucluster.remote.connection import shell_path
 from gpucluster.remote.result import CommandResult, FanoutResult, HostFailure
@@ -108,25 +108,27 @@ def _launch(session: Session, inventory: Inventory, store: JobStore, request: La
         # Without it, a torchrun restart's workers dial the previous round's store and
         # peers and the job never re-forms (pytorch/pytorch#135712; seen on the sandbox).
         env[RESTARTABLE_STORE] = "1"
+    chosen = gpu_selection.from_env(env)  # launch --gpus
+    inventory = job_inventory(inventory, chosen)  # its rendezvous port
     # One login per node: the checks run in the shells that then start the job, so the
     # start costs one message on an open channel, not a second login (whose scripts can
     # take longer than the start itself).
     with WaitingShells(session, inventory.hosts, env=env,
                        timeout=DEFAULT_PROBE_TIMEOUT_S + workdir.SYNC_TIMEOUT_S + 60) as shells:
         return _check_and_start(session, inventory, store, request, phase, env, shells,
-                                files, script)
+                                files, script, chosen)
 
 
 def _check_and_start(session: Session, inventory: Inventory, store: JobStore,
                      request: LaunchRequest, phase: Callable[[str], None],
                      env: dict[str, str], shells: WaitingShells,
-                     files: dict[str, workdir.LocalFile], script: str) -> JobRecord:
+                     files: dict[str, workdir.LocalFile], script: str,
+                     chosen: gpu_selection.GpuSelection | None) -> JobRecord:
     phase("checking nodes (running jobs, GPUs and their processes, rendezvous port, "
           "ports and MTU between nodes, tools"
           + ("" if request.image else ", torchrun and torch's build")
           + (", SSH between nodes" if request.nodes_stop_at_once else "") + ")")
     code_dir = code_dir_for(inventory, request.workdir)
-    chosen = gpu_selection.from_env(env)
     results, listed = preflight(session, inventory, shells, code_dir, checks_for(request),
                                 chosen)
     findings = refusing(results)
@@ -273,7 +275,9 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                                      head_port, on_cpu=not host.jobs_use_gpus,
                                      sync_apply=apply, python=inventory.cluster.python,
                                      image_check=node_scripts.image_check(container, images_dir)
-                                     if container is not None else "", peer_stop=peer_stop)
+                                     if container is not None else "", peer_stop=peer_stop,
+                                     gpus=env.get(gpu_selection.VISIBLE_DEVICES, "").replace(
+                                         " ", ""))
 
 
 def _started(result: CommandResult) -> _Started:

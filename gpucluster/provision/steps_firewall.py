@@ -78,6 +78,14 @@ def iptables_rule(address: str, port: int, ephemeral: str, tag: str = TAG,
             f"--dports {ports} -m comment --comment {tag} -j ACCEPT")
 
 
+def side_by_side_ports(port: int, count: int) -> list[str]:
+    """The rendezvous ports past the first (cluster.rendezvous_ports), as `extra` ports
+    take them: `29501:29507`, or one port alone."""
+    if count < 2:
+        return []
+    return [str(port + 1) if count == 2 else f"{port + 1}:{port + count - 1}"]
+
+
 def port_intervals(text: str) -> list[tuple[int, int]]:
     """"6817, 6818, 29500, 32768-60999" (or with ':') as merged intervals, the way
     nftables keeps a set: it merges neighbours and sorts, so sets compare by value."""
@@ -233,9 +241,10 @@ class FirewallStep(Step):
         """The node's firewall kind, and the commands that make its rules right."""
         firewall = detect(connection, context.inventory.cluster.name)
         wanted = [] if undo else peers_of(context, host)
-        extra = config.firewall_ports(context.slurm) if context.slurm else []
-        return firewall.kind, plan_commands(
-            firewall, wanted, context.inventory.cluster.rendezvous_port, extra)
+        cluster = context.inventory.cluster
+        extra = [*side_by_side_ports(cluster.rendezvous_port, cluster.rendezvous_ports),
+                 *(config.firewall_ports(context.slurm) if context.slurm else [])]
+        return firewall.kind, plan_commands(firewall, wanted, cluster.rendezvous_port, extra)
 
     def check(self, context: ProvisionContext, host: Host,
               connection: LoggedConnection) -> list[Change]:

@@ -219,17 +219,31 @@ def test_gpus_in_mig_mode_take_one_process_a_node_not_one_per_gpu(
             state.write_text(text)
 
 
-def test_gpus_leaves_a_held_gpu_out_and_each_rank_runs_on_a_gpu_listed(
+def _placed(inventory: str, job: str, ranks: int) -> dict[tuple[str, int], int]:
+    """(node, local rank) -> the GPU nvidia-smi shows it on, as top reads it, once `ranks`
+    ranks of `job` are there (60 s at most)."""
+    deadline, placed = time.monotonic() + 60, {}
+    while len(placed) < ranks and time.monotonic() < deadline:
+        frame = gpucluster("top", "-i", inventory, "--once", "--json").json()
+        placed = {(node["host"], p["local_rank"]): gpu["index"] for node in frame["nodes"]
+                  for gpu in node["gpus"] for p in gpu["processes"] if p["job"] == job}
+    return placed
+
+
+def test_gpus_leaves_a_held_gpu_out_and_jobs_run_side_by_side_on_their_own(
         cluster: Sandbox, project: Path) -> None:
     """Someone else's process on node1's GPU 0 refuses a job on every GPU, and the fix
     names the GPUs free there; with --gpus 2-3 the job starts, and nvidia-smi (through
-    top) shows each node's ranks on GPU 2 and 3."""
-    inventory = str(cluster.inventory)
+    top) shows each node's ranks on GPU 2 and 3. With cluster.rendezvous_ports a second
+    job on GPU 4-5 starts beside it, on port 29504, and stopping it leaves the first."""
+    inventory = str(cluster.write_inventory(
+        project.parent / "side-by-side.yaml",
+        cluster={**cluster.data["cluster"], "rendezvous_ports": 8}))
     holder = subprocess.Popen(cluster.node_argv("node1", ["sleep", "301"]))
     time.sleep(0.2)
     apps = Path(f"/var/lib/gpucluster/sandbox/{NAME}/node1/gpu.apps")
     apps.write_text(f"{holder.pid} 0 30720 python serve.py\n")
-    job = ""
+    jobs: list[str] = []
     try:
         refused = gpucluster("launch", "-i", inventory, "--nproc-per-node", "2", "train.py",
                              cwd=str(project), timeout=120)
@@ -237,20 +251,25 @@ def test_gpus_leaves_a_held_gpu_out_and_each_rank_runs_on_a_gpu_listed(
         assert refused.code == 1, said
         assert f"node1: GPUs held by: pid {holder.pid} python serve.py (30720 MiB)" in said
         assert "or start it on the GPUs free here: launch --gpus 1-7" in said
-        started = gpucluster("launch", "-i", inventory, "-d", "--gpus", "2-3",
-                             "--nproc-per-node", "2", "train.py", "--", *SLOW,
-                             cwd=str(project), timeout=120)
-        assert started.code == 0, started.stderr
-        job = started.stdout.strip()
-        deadline, placed = time.monotonic() + 60, {}
-        while len(placed) < 6 and time.monotonic() < deadline:
-            frame = gpucluster("top", "-i", inventory, "--once", "--json").json()
-            placed = {(node["host"], p["local_rank"]): gpu["index"] for node in frame["nodes"]
-                      for gpu in node["gpus"] for p in gpu["processes"] if p["job"] == job}
-        assert placed == {(node, local): 2 + local for node in cluster.nodes
-                          for local in (0, 1)}, placed
+        for first in (2, 4):
+            started = gpucluster("launch", "-i", inventory, "-d", "--gpus",
+                                 f"{first}-{first + 1}", "--nproc-per-node", "2", "train.py",
+                                 "--", *SLOW, cwd=str(project), timeout=120)
+            assert started.code == 0, started.stderr
+            jobs.append(started.stdout.strip())
+            placed = _placed(inventory, jobs[-1], 6)
+            assert placed == {(node, local): first + local for node in cluster.nodes
+                              for local in (0, 1)}, placed
+        listed = gpucluster("jobs", "-i", inventory).stdout
+        for job, gpus in zip(jobs, ("2,3", "4,5"), strict=True):
+            assert re.search(rf"{job}.*running: node\[1-3\] on GPU {gpus}", listed), listed
+        listening = cluster.node_exec("node1", "ss -Hltn 'sport = :29502 or sport = :29504'")
+        assert len(listening.stdout.splitlines()) == 2, listening.stdout
+        stopped = gpucluster("stop", "-i", inventory, jobs[1], timeout=60)
+        assert stopped.code == 0, stopped.stderr
+        assert len(_placed(inventory, jobs[0], 6)) == 6  # the first runs on
     finally:
-        if job:
+        for job in jobs:
             gpucluster("stop", "-i", inventory, job, timeout=60)
         apps.unlink(missing_ok=True)
         holder.kill()

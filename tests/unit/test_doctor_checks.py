@@ -155,7 +155,8 @@ def test_a_job_whose_torchrun_is_gone_is_named_as_leftovers_not_as_running(
     path.write_text(f"cluster:\n  work_dir: {tmp_path / 'work'}\nhosts: [localhost]\n")
     live, left = f"t{os.getpid()}-live", f"t{os.getpid()}-left"
     started = {job: subprocess.Popen(["sleep", "60"], env={
-        **os.environ, "GPUCLUSTER_JOB": f"{job}@localhost"}) for job in (live, left)}
+        **os.environ, "GPUCLUSTER_JOB": f"{job}@localhost",
+        "CUDA_VISIBLE_DEVICES": "4, 5"}) for job in (live, left)}
     try:
         for job, leader in ((live, started[live].pid), (left, 2 ** 22 + 1)):  # none such
             (tmp_path / "work" / "jobs" / job / "localhost").mkdir(parents=True)
@@ -169,6 +170,8 @@ def test_a_job_whose_torchrun_is_gone_is_named_as_leftovers_not_as_running(
             process.wait()
     found = probe.parse_facts(output, time.time()).jobs_here("localhost")
     assert (found[live], found[left]) == ("running", "ended"), found
+    # A running job's GPUs (launch --gpus), from its leader: one beside it may take others.
+    assert probe.parse_facts(output, time.time()).job_gpus_here("localhost") == {live: "4,5"}
     said = facts(jobs=f"GPUCLUSTER_JOB={live}@a running\nGPUCLUSTER_JOB={left}@a ended\n"
                       f"GPUCLUSTER_JOB={left}@b ended\nGPUCLUSTER_JOB=old@c")
     results = {r.host: r for r in REGISTRY["jobs"].run(

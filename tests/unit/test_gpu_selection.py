@@ -13,7 +13,7 @@ from gpucluster.doctor import gpu_selection
 from gpucluster.doctor.model import REGISTRY, Context, Status
 from gpucluster.doctor.probe import NodeFacts
 from gpucluster.errors import GpuclusterError
-from gpucluster.launch.request import gpus_found
+from gpucluster.launch.request import gpus_found, job_inventory
 from gpucluster.nproc import GpuCount, check_fit, nproc_for
 from tests.unit.test_doctor_checks import facts, gpu_row
 
@@ -121,3 +121,44 @@ def test_one_process_per_chosen_gpu_whatever_the_inventory_says(tmp_path: Path) 
     assert str(raised.value) == (
         "--nproc-per-node 6: a,b have 4 GPUs (the job's: --gpus or CUDA_VISIBLE_DEVICES) "
         "(fix: --nproc-per-node 4 or fewer, one process per GPU, or give the job more GPUs)")
+
+
+def test_jobs_on_other_gpus_are_apart_and_uuids_against_indices_are_not() -> None:
+    ours = gpu_selection.GpuSelection(("4", "5"))
+    assert ours.apart_from("0,1") and ours.apart_from("6, 7")
+    assert not ours.apart_from("3,4")
+    assert not ours.apart_from("GPU-1")  # cannot be told apart: counted as shared
+    assert gpu_selection.GpuSelection(("GPU-a",)).apart_from("GPU-b")
+    assert (ours.first_index, gpu_selection.GpuSelection(("GPU-a",)).first_index) == (4, None)
+
+
+def test_a_job_on_gpu_k_takes_the_rendezvous_port_k_up(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("cluster:\n  rendezvous_ports: 8\nhosts: [a, b]\n")
+    loaded = inventory_module.load(path)
+    port = job_inventory(loaded, gpu_selection.GpuSelection(("4", "5"))).cluster.rendezvous_port
+    assert port == 29504
+    assert job_inventory(loaded, None) is loaded
+    beyond = gpu_selection.GpuSelection(("9",))  # past rendezvous_ports: the first port
+    assert job_inventory(loaded, beyond).cluster.rendezvous_port == 29500
+    path.write_text("hosts: [a, b]\n")  # one port, as before: every job on it
+    single = inventory_module.load(path)
+    assert job_inventory(single, gpu_selection.GpuSelection(("4",))) is single
+
+
+def test_a_running_job_on_other_gpus_does_not_refuse_one_beside_it(tmp_path: Path) -> None:
+    node = facts(jobs="GPUCLUSTER_JOB=j1@a running 0,1\nGPUCLUSTER_JOB=j2@a running -")
+    ctx = context(tmp_path, {"a": node})
+    [whole] = REGISTRY["jobs"].run(ctx)
+    assert whole.status is Status.WARN and whole.message == "job j1, j2 still running"
+    assert "--gpus" not in whole.remedy
+    only_j1 = context(tmp_path, {"a": facts(jobs="GPUCLUSTER_JOB=j1@a running 0,1")})
+    beside = dataclasses.replace(only_j1, gpus=gpu_selection.GpuSelection(("2", "3")))
+    [ok] = REGISTRY["jobs"].run(beside)
+    assert ok.status is Status.OK
+    assert ok.message == "job j1 runs here on GPU 0,1, none of this job's (GPU 2-3)"
+    # j2 uses every GPU (none listed); one sharing GPU 1 with j1 is refused too.
+    shared = dataclasses.replace(ctx, gpus=gpu_selection.GpuSelection(("1", "2")))
+    [refused] = REGISTRY["jobs"].run(shared)
+    assert refused.status is Status.WARN and refused.message == "job j1, j2 still running"
+    assert refused.remedy.endswith("; or give this job GPUs none of them uses (--gpus)")

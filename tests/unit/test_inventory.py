@@ -230,6 +230,14 @@ hosts:
      "is the SSH port of n[1-2] (fix: use a free port, e.g. 29500)"),
     ("slurm:\n  srun_ports: 29000-29999\nhosts: [a]\n", ":2: cluster.rendezvous_port 29500 "
      "is inside slurm.srun_ports 29000-29999 (fix: use a port outside that range"),
+    # The ports jobs side by side take (launch --gpus), from rendezvous_port up.
+    ("cluster:\n  rendezvous_port: 20\n  rendezvous_ports: 8\nhosts: [n1, n2]\n",
+     ":2: cluster.rendezvous_port 20-27 (rendezvous_ports) holds the SSH port of n[1-2]"),
+    ("cluster:\n  rendezvous_ports: 8\nslurm:\n  srun_ports: 29505-29999\nhosts: [a]\n",
+     "cluster.rendezvous_port 29500-29507 (rendezvous_ports) is inside slurm.srun_ports"),
+    ("cluster:\n  rendezvous_port: 65530\n  rendezvous_ports: 8\nhosts: [a]\n",
+     ":2: cluster.rendezvous_port 65530-65537 (rendezvous_ports) runs past port 65535"),
+    ("cluster:\n  rendezvous_ports: 0\nhosts: [a]\n", "use a whole number from 1 to 64"),
 ])
 def test_single_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert any(expected in p for p in problems(write(tmp_path, text))), problems(

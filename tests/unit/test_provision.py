@@ -17,6 +17,7 @@ from gpucluster.provision.steps_firewall import (
     nftables_commands,
     peers_of,
     plan_commands,
+    side_by_side_ports,
 )
 from gpucluster.provision.steps_hosts import HostsStep
 
@@ -55,6 +56,16 @@ def test_iptables_plan_adds_what_is_missing_and_drops_what_is_stale() -> None:
     ]
     exact = Firewall("iptables", "32768:60999", (kept,))
     assert plan_commands(exact, ["10.0.0.2"], 29500) == []
+
+
+def test_the_side_by_side_rendezvous_ports_are_opened_with_the_first() -> None:
+    """cluster.rendezvous_ports 8: a job on GPU k and up takes 29500 + k (launch --gpus)."""
+    assert side_by_side_ports(29500, 1) == []
+    assert side_by_side_ports(29500, 2) == ["29501"]
+    assert side_by_side_ports(29500, 8) == ["29501:29507"]
+    firewall = Firewall("iptables", "32768:60999", ())
+    [added] = plan_commands(firewall, ["10.0.0.2"], 29500, side_by_side_ports(29500, 8))
+    assert "--dports 29500,29501:29507,32768:60999 " in added
 
 
 def test_ufw_plan() -> None:

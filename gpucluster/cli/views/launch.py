@@ -195,6 +195,8 @@ def print_jobs(console: Console, records: Sequence[JobRecord],
                                       for node, state in states.items())
         summary = ", ".join(f"{label}: {hostrange.fold(nodes)}"
                             for label, nodes in by_state.items())
+        if (gpus := record.env.get("CUDA_VISIBLE_DEVICES")) is not None:  # launch --gpus
+            summary += f" on GPU {gpus}"
         if record.run:
             summary += f"; attempt {record.attempt} of run {record.run}"
         if supervisors.get(record.id):

@@ -130,6 +130,13 @@ def _resolution_remedy(fixes: list[str]) -> str:
             f"node: {by_hand} (and remove any 127.0.1.1 line naming the host)")
 
 
+# A job on some GPUs (launch --gpus) takes rendezvous_port + its first GPU's index, where
+# cluster.rendezvous_ports reaches that far: jobs on separate GPUs then each have a port.
+SIDE_BY_SIDE_FIX = ("; to run jobs on separate GPUs side by side, give each its own port: "
+                    "cluster.rendezvous_ports: 8 in the inventory (a job on GPU k and up "
+                    "takes rendezvous_port + k), then gpucluster provision --only firewall")
+
+
 @check("rendezvous-port", "network",
        "the rendezvous port on the head node is reachable from every other node",
        sections=("port",))
@@ -147,7 +154,9 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
                 results.append(CheckResult(
                     "rendezvous-port", host.name, Status.FAIL,
                     f"port {port} is held by gpucluster job {job} on the head node",
-                    f"let it finish, or end it: gpucluster stop {job}"))
+                    f"let it finish, or end it: gpucluster stop {job}" + (
+                        SIDE_BY_SIDE_FIX if context.gpus is not None
+                        and context.inventory.cluster.rendezvous_ports == 1 else "")))
             elif busy:
                 results.append(CheckResult(
                     "rendezvous-port", host.name, Status.FAIL,

@@ -184,6 +184,8 @@ def running_jobs(context: Context) -> list[CheckResult]:
     results = []
     for host in context.answering():
         found = context.facts[host.name].jobs_here(host.name)
+        beside = _jobs_beside(context, host.name)
+        found = {job: state for job, state in found.items() if job not in beside}
         if found:
             jobs = list(found)
             running = [job for job, state in found.items() if state == "running"]
@@ -193,9 +195,25 @@ def running_jobs(context: Context) -> list[CheckResult]:
                 if left else [])
             fix = (f"let it finish, or end it: gpucluster stop {running[0]}" if running
                    else f"end them: gpucluster stop {left[0]}")
+            elsewhere = "; or give this job GPUs none of them uses (--gpus)" if (
+                context.gpus is not None and running) else ""
             results.append(CheckResult(
                 "jobs", host.name, Status.WARN, "; ".join(said),
-                f"{fix} (gpucluster jobs lists them)", {"jobs": jobs, "ended": left}))
+                f"{fix} (gpucluster jobs lists them){elsewhere}", {"jobs": jobs, "ended": left}))
+        elif beside:
+            results.append(CheckResult("jobs", host.name, Status.OK, "; ".join(
+                f"job {job} runs here on GPU {gpus}, none of this job's ({context.gpus})"
+                for job, gpus in beside.items())))
         else:
             results.append(CheckResult("jobs", host.name, Status.OK, "no gpucluster job running"))
     return results
+
+
+def _jobs_beside(context: Context, node: str) -> dict[str, str]:
+    """The jobs running on `node` on other GPUs than the job to start (launch --gpus),
+    with theirs: it can run beside them."""
+    if context.gpus is None:
+        return {}
+    running = context.facts[node].job_gpus_here(node)
+    return {job: gpus for job, gpus in running.items()
+            if gpus is not None and context.gpus.apart_from(gpus)}
