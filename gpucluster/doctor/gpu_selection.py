@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gpucluster import hostrange
 from gpucluster.doctor.nvidia_smi import Gpu, GpuProcess
 from gpucluster.errors import GpuclusterError
-from gpucluster.numerals import is_number
+from gpucluster.numerals import is_number, ranges
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 MAX_INDEX = 1023  # far beyond any node's GPUs; bounds the list built from a range
@@ -84,17 +84,14 @@ def from_env(env: Mapping[str, str]) -> GpuSelection | None:
 def parse_option(text: str, option: str = "--gpus") -> str:
     """`0-3,6` as CUDA_VISIBLE_DEVICES' value, `0,1,2,3,6`: indices from 0, single or as
     ranges, each once."""
-    indices: list[int] = []
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not is_number(low) or (dash and not (is_number(high) and int(high) >= int(low))):
-            raise GpuclusterError(f"{option} {text!r}: expected GPU indices from 0, single "
-                                  f"or as ranges (fix: e.g. {option} 4-7 or {option} 0,2)")
-        last = int(high if dash else low)
-        if last > MAX_INDEX:
-            raise GpuclusterError(f"{option} {text!r}: no node has GPU {last} (fix: give "
-                                  f"indices as nvidia-smi lists them, e.g. {option} 0-3)")
-        indices.extend(range(int(low), last + 1))
+    spans = ranges(text)
+    if spans is None:
+        raise GpuclusterError(f"{option} {text!r}: expected GPU indices from 0, single "
+                              f"or as ranges (fix: e.g. {option} 4-7 or {option} 0,2)")
+    if (last := max(high for _, high in spans)) > MAX_INDEX:
+        raise GpuclusterError(f"{option} {text!r}: no node has GPU {last} (fix: give "
+                              f"indices as nvidia-smi lists them, e.g. {option} 0-3)")
+    indices = [index for low, high in spans for index in range(low, high + 1)]
     twice = sorted({i for i in indices if indices.count(i) > 1})
     if twice:
         raise GpuclusterError(f"{option} {text!r}: GPU {hostrange.spans(twice)} listed "

@@ -17,7 +17,7 @@ from gpucluster.launch.bar_draws import BarDraws
 from gpucluster.launch.jobs import JobRecord, JobStore
 from gpucluster.launch.model import OutputCallback
 from gpucluster.launch.tee_lines import FailureSummary, ranked
-from gpucluster.numerals import is_number
+from gpucluster.numerals import ranges
 
 TIMES_SUFFIX = ".times"  # beside each node's log: one stamp per line, from the node
 ROTATED_SUFFIX = ".1"  # the older half of a node's log once it passed its share of the cap
@@ -122,18 +122,14 @@ MAX_RANK = (1 << 20) - 1  # far beyond any world torchrun starts; bounds the set
 
 def parse_ranks(text: str, option: str = "--rank") -> frozenset[int]:
     """`3`, `0,4-7`: global ranks, single or as ranges."""
-    ranks: set[int] = set()
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not is_number(low) or (dash and not (is_number(high) and int(high) >= int(low))):
-            raise GpuclusterError(f"{option} {text!r}: expected global ranks from 0, single "
-                                  f"or as ranges (fix: e.g. {option} 3 or {option} 0,4-7)")
-        last = int(high if dash else low)
-        if last > MAX_RANK:
-            raise GpuclusterError(f"{option} {text!r}: ranks go up to {MAX_RANK} (fix: give "
-                                  f"the job's ranks, e.g. 0-15)")
-        ranks.update(range(int(low), last + 1))
-    return frozenset(ranks)
+    spans = ranges(text)
+    if spans is None:
+        raise GpuclusterError(f"{option} {text!r}: expected global ranks from 0, single "
+                              f"or as ranges (fix: e.g. {option} 3 or {option} 0,4-7)")
+    if max(high for _, high in spans) > MAX_RANK:
+        raise GpuclusterError(f"{option} {text!r}: ranks go up to {MAX_RANK} (fix: give "
+                              f"the job's ranks, e.g. 0-15)")
+    return frozenset(rank for low, high in spans for rank in range(low, high + 1))
 
 
 def parse_stamp(value: str, previous: float) -> float:
