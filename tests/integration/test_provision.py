@@ -286,6 +286,35 @@ def test_rendezvous_port_open_to_peers_not_to_an_outsider(cluster: Sandbox,
     assert stranger.startswith("closed")
 
 
+def test_side_by_side_rendezvous_ports_open_to_peers_not_to_an_outsider(
+        cluster: Sandbox, outsider: list[str]) -> None:
+    """cluster.rendezvous_ports 8 (launch --gpus, jobs side by side): a job on GPU 4 and
+    up takes port 29504, which the firewall opens to peers alone; set back to one port,
+    the rules shut it again."""
+    wide = cluster.write_inventory(cluster.inventory.parent / "side-by-side.yaml",
+                                   cluster={**cluster.data["cluster"], "rendezvous_ports": 8})
+    try:
+        done = gpucluster("provision", "-i", str(wide), "--only", "firewall")
+        assert done.code == 0, done.stderr
+        rules = cluster.node_exec("node1", "iptables -S INPUT").stdout
+        assert "--dports 29500,29501:29507,32768:60999 " in rules, rules
+        assert _reaches(cluster, "node2", "node1", 29504)
+        cluster.node_exec("node1", f"setsid timeout 15 {sys.executable} -c \"import socket; "
+                                   f"s = socket.socket(); s.bind(('', 29504)); s.listen(); "
+                                   f"s.accept()\" >/dev/null 2>&1 < /dev/null &")
+        time.sleep(0.5)
+        stranger = subprocess.run([*outsider, sys.executable, "-c",
+                                   CONNECT.replace("29500", "29504")],
+                                  capture_output=True, text=True, timeout=30, check=False)
+        _kill_in_node(cluster, "node1", b"s.listen()")
+        assert stranger.stdout.startswith("closed"), stranger.stdout
+    finally:
+        narrow = gpucluster("provision", "-i", str(cluster.inventory), "--only", "firewall")
+    assert narrow.code == 0, narrow.stderr
+    assert "29501:29507" not in cluster.node_exec("node1", "iptables -S INPUT").stdout
+    assert not _reaches(cluster, "node2", "node1", 29504)
+
+
 def test_undo_firewall_restores_the_ruleset(cluster: Sandbox) -> None:
     with_ours = cluster.node_exec("node1", "iptables -S INPUT").stdout
     assert "--comment gpucluster" in with_ours
