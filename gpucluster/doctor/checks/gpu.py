@@ -102,8 +102,7 @@ def _chosen_count(context: Context, chosen: GpuSelection) -> list[CheckResult]:
             results.append(CheckResult(
                 "gpu-count", host.name, Status.FAIL,
                 f"GPU {','.join(missing)} not found (the job's: {chosen}): {listed}",
-                "choose GPUs the node has (nvidia-smi -L there), or start on the others "
-                "only: -w"))
+                "choose GPUs the node has: --gpus with indices nvidia-smi -L lists there"))
         else:
             results.append(CheckResult("gpu-count", host.name, Status.OK,
                                        f"the job's {chosen} found; {listed}"))
