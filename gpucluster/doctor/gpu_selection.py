@@ -26,16 +26,14 @@ class GpuSelection:
     entries: tuple[str, ...]
 
     def selects(self, gpu: Gpu) -> bool:
-        return str(gpu.index) in self.entries or (gpu.uuid is not None
-                                                  and gpu.uuid in self.entries)
+        return any(_answers(gpu, entry) for entry in self.entries)
 
     def chosen(self, gpus: Sequence[Gpu]) -> list[Gpu]:
         return [gpu for gpu in gpus if self.selects(gpu)]
 
     def missing(self, gpus: Sequence[Gpu]) -> list[str]:
         """The entries no GPU of a node's `gpus` answers to."""
-        return [entry for entry in self.entries
-                if not any(str(gpu.index) == entry or gpu.uuid == entry for gpu in gpus)]
+        return [entry for entry in self.entries if not any(_answers(g, entry) for g in gpus)]
 
     def on_chosen(self, processes: Sequence[GpuProcess], gpus: Sequence[Gpu]
                   ) -> list[GpuProcess]:
@@ -64,6 +62,12 @@ class GpuSelection:
         if len(indices) == len(self.entries) and indices == sorted(set(indices)):
             return f"GPU {hostrange.spans(indices)}"
         return f"GPUs {','.join(self.entries)}"
+
+
+def _answers(gpu: Gpu, entry: str) -> bool:
+    """CUDA's reading of one entry: an index, or a UUID or the start of one."""
+    return entry == str(gpu.index) or (entry.startswith("GPU-") and gpu.uuid is not None
+                                       and gpu.uuid.startswith(entry))
 
 
 def from_env(env: Mapping[str, str]) -> GpuSelection | None:

@@ -96,6 +96,10 @@ def test_gpu_count_asks_for_the_jobs_gpus_not_the_inventorys(tmp_path: Path) -> 
     assert missing.status is Status.FAIL
     assert missing.message == ("GPU 3 not found (the job's: GPU 2-3): nvidia-smi lists "
                                "3 GPUs (inventory: 4)")
+    # A UUID as nvidia-smi -L prints it, or its start (CUDA takes either).
+    by_uuid = dataclasses.replace(ctx, gpus=gpu_selection.from_env(
+        {"CUDA_VISIBLE_DEVICES": "GPU-0,GPU-2"}))
+    assert {r.status for r in REGISTRY["gpu-count"].run(by_uuid)} == {Status.OK}
     empty = dataclasses.replace(ctx, gpus=gpu_selection.GpuSelection(()))
     [none] = REGISTRY["gpu-count"].run(empty)
     assert none.status is Status.FAIL and "would see no GPU" in none.message
