@@ -11,6 +11,7 @@ from gpucluster.cli.options import (
     AskPassOption,
     AskSudoPassOption,
     ConnectTimeoutOption,
+    GpusOption,
     GroupOption,
     HostsOption,
     InventoryOption,
@@ -43,6 +44,7 @@ def doctor(
     timeout: Annotated[float, typer.Option(
         "--timeout", min=1, metavar="SECONDS", callback=finite,
         help="Per-node limit for the probe.")] = 60.0,
+    gpus: GpusOption = None,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
@@ -58,11 +60,18 @@ def doctor(
         return
     selected = select_checks(comma_list(only, "--only"), comma_list(skip, "--skip"))
     loaded = load_inventory(inventory, hosts, group)
+    chosen = None
+    if gpus is not None:  # as launch --gpus judges them, its rendezvous port too
+        from gpucluster.doctor.gpu_selection import GpuSelection, parse_option
+        from gpucluster.launch.request import job_inventory
+
+        chosen = GpuSelection(tuple(parse_option(gpus).split(",")))
+        loaded = job_inventory(loaded, chosen)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session, \
             common.host_progress(stderr_console(), len(loaded.hosts), "nodes probed") as advance:
         report = run_doctor(session, loaded, selected, probe_timeout=timeout,
-                            on_node=lambda _host: advance())
+                            on_node=lambda _host: advance(), gpus=chosen)
     from gpucluster.doctor.model import Status
 
     code = EXIT_FAILED if report.worst(strict) is Status.FAIL else EXIT_OK

@@ -17,6 +17,7 @@ from gpucluster.cli.options import (
     ConnectTimeoutOption,
     ContainerOption,
     DebugOption,
+    GpusOption,
     GroupOption,
     HostsOption,
     ImageOption,
@@ -67,10 +68,7 @@ def launch(
         help="Processes per node (default: one per GPU, the inventory's gpus or else the "
              "GPUs found there; 1 on CPU nodes).")
     ] = None,
-    gpus: Annotated[str | None, typer.Option(
-        "--gpus", metavar="LIST",
-        help="Only these GPUs of each node, e.g. 4-7 or 0,2 (sets CUDA_VISIBLE_DEVICES): one "
-             "process per GPU listed; the checks judge these GPUs alone.")] = None,
+    gpus: GpusOption = None,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0, metavar="N",
         help="Passed to torchrun: restarts after a failure.")] = 0,

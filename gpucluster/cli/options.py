@@ -63,6 +63,10 @@ ModuleOption = Annotated[
                  help="SCRIPT is a module name (pkg.train), run as python -m runs it, from "
                       "the work dir (torchrun -m)."),
 ]
+GpusOption = Annotated[str | None, typer.Option(
+    "--gpus", metavar="LIST",
+    help="Only these GPUs of each node, e.g. 4-7 or 0,2 (a job's CUDA_VISIBLE_DEVICES): the "
+         "GPU checks judge these alone; launch starts one process per GPU listed.")]
 ImageOption = Annotated[
     str | None,
     typer.Option("--image", metavar="IMAGE",

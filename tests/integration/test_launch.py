@@ -251,6 +251,11 @@ def test_gpus_leaves_a_held_gpu_out_and_jobs_run_side_by_side_on_their_own(
         assert refused.code == 1, said
         assert f"node1: GPUs held by: pid {holder.pid} python serve.py (30720 MiB)" in said
         assert "or start it on the GPUs free here: launch --gpus 1-7" in said
+        # doctor --gpus judges the GPUs as launch --gpus would.
+        for args, status in (((), "FAIL"), (("--gpus", "2-3"), "OK")):
+            found = gpucluster("doctor", "-i", inventory, "--only", "gpu-processes", "--json",
+                               *args).json()["results"]
+            assert {r["host"]: r["status"] for r in found}["node1"] == status, found
         for first in (2, 4):
             started = gpucluster("launch", "-i", inventory, "-d", "--gpus",
                                  f"{first}-{first + 1}", "--nproc-per-node", "2", "train.py",
