@@ -51,6 +51,12 @@ class GpuSelection:
         return same_kind and not ours & theirs
 
     @property
+    def indices(self) -> str:
+        """`4,5` for the scripts on the nodes, which compare index lists only; empty
+        where the list names UUIDs."""
+        return ",".join(self.entries) if self.first_index is not None else ""
+
+    @property
     def first_index(self) -> int | None:
         """The lowest GPU index listed; None where the list names UUIDs or nothing."""
         if not self.entries or not all(is_number(entry) for entry in self.entries):

@@ -123,8 +123,7 @@ def run_doctor(session: Session, inventory: Inventory, selected: Sequence[CheckS
             raise
         return parse_facts(result.stdout, sent_at, clock_seen[0] if clock_seen else None)
 
-    indices = ",".join(gpus.entries) if gpus is not None and gpus.first_index is not None \
-        else ""
+    indices = gpus.indices if gpus is not None else ""
     listening = head_listener(session, inventory, indices) if test_port else nullcontext(None)
     with listening as listener:
         gathered = session.map(

@@ -122,9 +122,9 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
     run once the node is known free, before the job starts (its tar on stdin).
     `image_check`: a shell test that the container's image is on the node. `python`: the
     job's, which --debug asks for torch's version (the flight recorder's variables).
-    `peer_stop`: launch -d's, kept in the job dir (see PeerStop). `gpus`: the job's
-    CUDA_VISIBLE_DEVICES, GPU indices (launch --gpus): a job of ours on none of them
-    does not refuse the start."""
+    `peer_stop`: launch -d's, kept in the job dir (see PeerStop). `gpus`: the job's GPU
+    indices (GpuSelection.indices, launch --gpus): a job of ours on none of them does
+    not refuse the start."""
     runtimes = (("apptainer", "singularity") if record.image and record.image.endswith(".sif")
                 else ("podman", "docker"))
     return render("launch/start.sh.j2", job_id=record.id, node=node,
@@ -138,8 +138,7 @@ def start_script(record: JobRecord, node: str, command: str, interface_exports: 
                   any_job_pattern=any_job_pattern(node), container=container,
                   image=record.image, image_check=image_check, stamper=stamper_script(),
                   one_thread_default=record.nproc_per_node.get(node, 1) > 1,
-                  peer_stop=peer_stop,
-                  gpus=gpus if re.fullmatch(r"\d+(,\d+)*", gpus) else "")
+                  peer_stop=peer_stop, gpus=gpus)
 
 
 def stamper_script() -> str:

@@ -276,8 +276,8 @@ def _start_script(inventory: Inventory, host: Host, record: JobRecord,
                                      sync_apply=apply, python=inventory.cluster.python,
                                      image_check=node_scripts.image_check(container, images_dir)
                                      if container is not None else "", peer_stop=peer_stop,
-                                     gpus=env.get(gpu_selection.VISIBLE_DEVICES, "").replace(
-                                         " ", ""))
+                                     gpus=chosen.indices if (
+                                         chosen := gpu_selection.from_env(env)) else "")
 
 
 def _started(result: CommandResult) -> _Started:

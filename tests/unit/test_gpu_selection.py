@@ -134,6 +134,8 @@ def test_jobs_on_other_gpus_are_apart_and_uuids_against_indices_are_not() -> Non
     assert not ours.apart_from("GPU-1")  # cannot be told apart: counted as shared
     assert gpu_selection.GpuSelection(("GPU-a",)).apart_from("GPU-b")
     assert (ours.first_index, gpu_selection.GpuSelection(("GPU-a",)).first_index) == (4, None)
+    # What the nodes' scripts compare (start.sh, the head's test listener): indices only.
+    assert (ours.indices, gpu_selection.GpuSelection(("GPU-a",)).indices) == ("4,5", "")
 
 
 def test_a_job_on_gpu_k_takes_the_rendezvous_port_k_up(tmp_path: Path) -> None:
