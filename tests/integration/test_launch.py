@@ -268,6 +268,9 @@ def test_gpus_leaves_a_held_gpu_out_and_jobs_run_side_by_side_on_their_own(
         listed = gpucluster("jobs", "-i", inventory).stdout
         for job, gpus in zip(jobs, ("2,3", "4,5"), strict=True):
             assert re.search(rf"{job}.*running: node\[1-3\] on GPU {gpus}", listed), listed
+        as_json = {j["id"]: j["gpus"] for j in gpucluster("jobs", "-i", inventory,
+                                                          "--json").json()["jobs"]}
+        assert [as_json[job] for job in jobs] == ["2,3", "4,5"]
         listening = cluster.node_exec("node1", "ss -Hltn 'sport = :29502 or sport = :29504'")
         assert len(listening.stdout.splitlines()) == 2, listening.stdout
         stopped = gpucluster("stop", "-i", inventory, jobs[1], timeout=60)
@@ -892,8 +895,9 @@ def test_json_of_launch_jobs_and_stop_is_pinned(cluster: Sandbox, project: Path)
         assert set(listed) == {"schema", "jobs", "slurm"} and listed["slurm"] is None
         entry = next(j for j in listed["jobs"] if j["id"] == job)
         assert set(entry) == {"id", "script", "module", "args", "hosts", "started_at",
-                              "image", "run", "attempt", "supervisor", "nodes",
+                              "image", "gpus", "run", "attempt", "supervisor", "nodes",
                               "first_failure", "quiet_s"}
+        assert entry["gpus"] is None  # every GPU: no --gpus
         assert entry["first_failure"] is None
         assert 0 <= entry["quiet_s"] < 60  # it has just started, and prints as it goes
         assert (entry["script"], entry["module"]) == ("train.py", False)

@@ -275,6 +275,7 @@ def jobs_payload(records: Sequence[JobRecord],
         "id": r.id, "script": r.script, "module": r.module, "args": list(r.args),
         "hosts": list(r.hosts),
         "started_at": r.started_at, "image": r.image,
+        "gpus": r.env.get("CUDA_VISIBLE_DEVICES"),  # launch --gpus; null: all of them
         "run": r.run or r.id, "attempt": r.attempt,  # launch --recover's attempts
         "supervisor": supervisors.get(r.id),
         "nodes": {n: state_payload(s) for n, s in table[r.id].items()},
