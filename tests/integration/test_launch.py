@@ -724,9 +724,10 @@ _FOLDED = re.compile(r"\((\d+) lines? of .+ left out: gpucluster logs \S+ prints
 
 
 def _unfolded(followed: list[str], log: list[str]) -> list[str]:
-    """`followed`, the end of a node's `log` as `logs -f` showed it, with each run of
+    """`followed`, the end of one rank's `log` as `logs -f` showed it, with each run of
     lines the live view folds into one (a rank's faulthandler dump when it aborted during
-    the stop: seen in CI, one run in many) put back from `log`, aligned from the end."""
+    the stop: seen in CI, one run in many) put back from `log`, aligned from the end. Per
+    rank: the note of a fold comes at its end, after the other ranks' lines meanwhile."""
     lines, end = [], len(log)
     for line in reversed(followed):
         folded = _FOLDED.search(line)
@@ -808,16 +809,16 @@ def test_detach_refuse_follow_and_stop(cluster: Sandbox, project: Path) -> None:
         assert all(re.match(r"\[node\d/[14]\] ", line) for line in kept.splitlines()), kept
         code, tailed, stderr, _ = finish(tailing, 30)  # on from the lines after `first`
         assert code == 1 and f"job {job}: stopped on node[1-3]" in stderr, stderr
-        # Each node's lines in it are the end of that node's whole log: none twice, none
+        # Each rank's lines in it are the end of that rank's whole log: none twice, none
         # missed between the tail and the live part (only rank 0 prints its epochs).
         whole = gpucluster("logs", "-i", inventory, job).stdout.splitlines()
         tailed_lines = [first.rstrip("\n"), *tailed.splitlines()]
         assert len(tailed_lines) > 3, tailed_lines
-        for node in cluster.nodes:
-            log = [line for line in whole if line.startswith(f"[{node}/")]
-            own = _unfolded([line for line in tailed_lines if line.startswith(f"[{node}/")],
-                            log)
-            assert own == log[len(log) - len(own):], (node, own, log)
+        for prefix in {line.partition("] ")[0] for line in whole}:
+            log = [line for line in whole if line.startswith(f"{prefix}] ")]
+            own = _unfolded([line for line in tailed_lines
+                             if line.startswith(f"{prefix}] ")], log)
+            assert own == log[len(log) - len(own):], (prefix, own, log)
         again = gpucluster("stop", "-i", inventory, job)  # nothing to stop: it says so
         assert again.code == 0, again.stderr
         assert again.stdout.strip() == \
