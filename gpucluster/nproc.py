@@ -3,7 +3,8 @@ test and export sbatch."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster import hostrange
@@ -12,11 +13,19 @@ from gpucluster.inventory import Host, Inventory
 from gpucluster.numerals import is_number
 from gpucluster.wording import counted
 
-# A node's GPUs and those of them in MIG mode, counted in the round trip that already goes
-# there: "8 0" (a wedged driver hangs nvidia-smi, hence the limit; no driver: "0 0").
-COUNT_GPUS = ("{ timeout 20 nvidia-smi --query-gpu=index,mig.mode.current --format=csv,"
-              "noheader 2>/dev/null || :; } | awk -F', *' '/^[0-9]+,/ { gpus++; "
-              "if ($2 ~ /^Enabled/) mig++ } END { print gpus + 0, mig + 0 }'")
+
+def count_gpus(visible: Sequence[str] = ()) -> str:
+    """A command counting a node's GPUs and those of them in MIG mode, for the round trip
+    that already goes there: "8 0" (a wedged driver hangs nvidia-smi, hence the limit; no
+    driver: "0 0"). With `visible` (a job's CUDA_VISIBLE_DEVICES entries: indices, UUIDs
+    or their starts, as CUDA reads them), those GPUs only: nvidia-smi lists every one."""
+    wanted = shlex.quote(",".join(visible))
+    return ("{ timeout 20 nvidia-smi --query-gpu=index,uuid,mig.mode.current --format=csv,"
+            f"noheader 2>/dev/null || :; }} | awk -F', *' -v visible={wanted} "
+            "'BEGIN { n = split(visible, want, \",\") } /^[0-9]+,/ { "
+            "for (i = 1; i <= n; i++) if (want[i] == $1 || (want[i] ~ /^GPU-/ && "
+            "index($2, want[i]) == 1)) break; if (n && i > n) next; gpus++; "
+            "if ($3 ~ /^Enabled/) mig++ } END { print gpus + 0, mig + 0 }'")
 
 
 @dataclass(frozen=True)

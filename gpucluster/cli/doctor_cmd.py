@@ -62,10 +62,10 @@ def doctor(
     loaded = load_inventory(inventory, hosts, group)
     chosen = None
     if gpus is not None:  # as launch --gpus judges them, its rendezvous port too
-        from gpucluster.doctor.gpu_selection import GpuSelection, parse_option
+        from gpucluster.doctor.gpu_selection import from_option
         from gpucluster.launch.request import job_inventory
 
-        chosen = GpuSelection(tuple(parse_option(gpus).split(",")))
+        chosen = from_option(gpus)
         loaded = job_inventory(loaded, chosen)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session, \

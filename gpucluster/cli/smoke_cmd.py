@@ -10,6 +10,7 @@ from gpucluster.cli.options import (
     AcceptNewOption,
     AskPassOption,
     ConnectTimeoutOption,
+    GpusOption,
     GroupOption,
     HostsOption,
     InventoryOption,
@@ -32,6 +33,7 @@ def smoke(
         help="Processes per node (default: one per GPU, the inventory's gpus or else the "
              "GPUs found there; 1 on CPU nodes).")
     ] = None,
+    gpus: GpusOption = None,
     sizes: Annotated[str, typer.Option(
         help="Message sizes, comma-separated: bytes, or with K, M, G (KiB, MiB, GiB), "
              "e.g. 1M,64M,1G; auto: 1 MiB-1 GiB on GPUs, 64 KiB-4 MiB on CPUs.")] = "auto",
@@ -47,16 +49,19 @@ def smoke(
     connect_timeout: ConnectTimeoutOption = None,
 ) -> None:
     """All-reduce across every node through torchrun: busbw per size, correctness, and
-    the slow node named; exit 1 when it fails."""
+    the slow node named; exit 1 when it fails. With --gpus, on those GPUs only, as a job
+    launched with --gpus runs (its rendezvous port too): beside a job on others."""
     from gpucluster.cli.views.smoke import print_smoke, smoke_payload
+    from gpucluster.doctor.gpu_selection import from_option
     from gpucluster.smoke.runner import parse_sizes, run_smoke
 
     sizes = parse_sizes(sizes)
+    chosen = from_option(gpus) if gpus is not None else None
     loaded = load_inventory(inventory, hosts, group)
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout) as session:
         threshold = min_busbw if min_busbw is not None else loaded.smoke.min_busbw_gbps
         report = run_smoke(session, loaded, nproc_per_node, sizes, iterations, timeout,
-                           threshold)
+                           threshold, chosen)
     console = stdout_console()
     if json_output:
         common.print_json(console, smoke_payload(report))

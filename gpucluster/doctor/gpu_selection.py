@@ -91,6 +91,11 @@ def from_env(env: Mapping[str, str]) -> GpuSelection | None:
     return GpuSelection(entries)
 
 
+def from_option(text: str) -> GpuSelection:
+    """`--gpus 0-3,6` as a selection (doctor's, smoke's: what launch --gpus would use)."""
+    return GpuSelection(tuple(parse_option(text).split(",")))
+
+
 def parse_option(text: str, option: str = "--gpus") -> str:
     """`0-3,6` as CUDA_VISIBLE_DEVICES' value, `0,1,2,3,6`: indices from 0, single or as
     ranges, each once."""

@@ -107,33 +107,20 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
     the GPUs in MIG mode, two refused. The two ranks, told to use the GPUs found, find none
     in this machine's torch (the stand-in has no driver): the test fails in torch's words,
     where gloo on the CPU used to say `passed`."""
-    import os
-    import sys
-
-    from gpucluster.nproc import COUNT_GPUS, GpuCount, counted_gpus
+    from gpucluster.nproc import GpuCount, count_gpus, counted_gpus
     from tests.cli import gpucluster
 
-    header, row = (Path(__file__).parents[1] / "fixtures" / "h200" / "nvidia-smi-idle.txt"
-                   ).read_text().split("--query-gpu=index,name,")[1].splitlines()[2:4]
-    real = dict(zip(header.split(", "), row.split(", "), strict=True))
-    assert (real["index"], real["mig.mode.current"]) == ("0", "Disabled")
-    answer = f"0, {real['mig.mode.current']}\n1, {real['mig.mode.current']}\n"
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(answer)}\n")
-    (tools / "nvidia-smi").chmod(0o755)
-    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-    counted = subprocess.run(["/bin/sh", "-c", COUNT_GPUS], env=env, capture_output=True,
-                             text=True, check=True).stdout
-    assert (counted_gpus(f"x\n{counted}"), counted_gpus("")) == (GpuCount(2, mig=0), None)
-    torchrun = tmp_path / "torchrun"  # the real one, its arguments noted on the way
-    torchrun.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/torchrun-args\n"
-                        f"exec {Path(sys.executable).parent}/torchrun \"$@\"\n")
-    torchrun.chmod(0o755)
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f"cluster: {{python: {sys.executable}, torchrun: {torchrun},"
-                         f" work_dir: {tmp_path}/work, rendezvous_port: 29531}}\n"
-                         f"hosts: [localhost]\n")
+    env, inventory, real, answer = _a_local_node_of_two_gpus(tmp_path)
+
+    def count(*visible: str) -> GpuCount | None:
+        return counted_gpus("x\n" + subprocess.run(
+            ["/bin/sh", "-c", count_gpus(visible)], env=env, capture_output=True, text=True,
+            check=True).stdout)
+
+    assert (count(), counted_gpus("")) == (GpuCount(2, mig=0), None)
+    # CUDA_VISIBLE_DEVICES' reading: an index, a UUID or its start; nothing unknown
+    assert [count("1"), count(real["uuid"][:12]), count("GPU-2", "0"), count("2")] == [
+        GpuCount(1, 0), GpuCount(1, 0), GpuCount(2, 0), GpuCount(0, 0)]
     done = gpucluster("smoke", "-i", str(inventory), "--sizes", "64K", "--json", env=env,
                       timeout=120)
     assert "--nproc-per-node 2 " in (tmp_path / "torchrun-args").read_text()
@@ -145,12 +132,81 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
     assert refused.code == 2
     assert ("--nproc-per-node 3: localhost has 2 GPUs (found there) (fix: "
             "--nproc-per-node 2 or fewer, one process per GPU)") in refused.stderr
-    (tools / "nvidia-smi").write_text(
+    (tmp_path / "bin" / "nvidia-smi").write_text(
         f"#!/bin/sh\nprintf '%s' {shlex.quote(answer.replace('Disabled', 'Enabled'))}\n")
     in_mig = gpucluster("smoke", "-i", str(inventory), env=env)
     assert in_mig.code == 2
     assert "localhost: 2 GPUs in MIG mode, where CUDA gives a process one MIG device" in \
         in_mig.stderr
+
+
+def _a_local_node_of_two_gpus(tmp_path: Path) -> tuple[dict[str, str], Path,
+                                                       dict[str, str], str]:
+    """This machine as a node whose nvidia-smi lists two GPUs (the real H200's row, and a
+    second like it), its torchrun the real one noting its arguments and
+    CUDA_VISIBLE_DEVICES in torchrun-args: the env, inventory, real row and answer."""
+    import os
+    import sys
+
+    header, row = (Path(__file__).parents[1] / "fixtures" / "h200" / "nvidia-smi-idle.txt"
+                   ).read_text().split("--query-gpu=index,name,")[1].splitlines()[2:4]
+    real = dict(zip(header.split(", "), row.split(", "), strict=True))
+    assert (real["index"], real["mig.mode.current"]) == ("0", "Disabled")
+    answer = (f"0, {real['uuid']}, {real['mig.mode.current']}\n"
+              f"1, GPU-2{real['uuid'][5:]}, {real['mig.mode.current']}\n")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(answer)}\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    torchrun = tmp_path / "torchrun"
+    torchrun.write_text(f"#!/bin/sh\necho \"$@\" \"[$CUDA_VISIBLE_DEVICES]\" >> "
+                        f"{tmp_path}/torchrun-args\n"
+                        f"exec {Path(sys.executable).parent}/torchrun \"$@\"\n")
+    torchrun.chmod(0o755)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"cluster: {{python: {sys.executable}, torchrun: {torchrun},"
+                         f" work_dir: {tmp_path}/work, rendezvous_port: 29531}}\n"
+                         f"hosts: [localhost]\n")
+    return {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}, inventory, real, answer
+
+
+def test_smoke_on_some_gpus_takes_their_port_and_refuses_a_held_one(tmp_path: Path) -> None:
+    """smoke --gpus: a rank per GPU listed, CUDA_VISIBLE_DEVICES set; a GPU the node
+    lacks refused; the rendezvous port held on the head (a job's) refused before torchrun
+    starts, and with cluster.rendezvous_ports, GPU 1's port taken instead."""
+    import socket
+
+    from tests.cli import gpucluster
+
+    env, inventory, _, _ = _a_local_node_of_two_gpus(tmp_path)
+    noted = tmp_path / "torchrun-args"
+    one = gpucluster("smoke", "-i", str(inventory), "--gpus", "1", "--sizes", "64K",
+                     "--json", env=env, timeout=120)
+    assert one.code == 1, one.stdout + one.stderr  # this machine's torch finds no GPU
+    assert "--nproc-per-node 1 " in noted.read_text() and noted.read_text().endswith(
+        "[1]\n"), noted.read_text()
+    noted.unlink()
+    lacking = gpucluster("smoke", "-i", str(inventory), "--gpus", "1-2", "--json", env=env)
+    assert lacking.code == 1 and lacking.json()["problems"] == [
+        "not run: localhost: nvidia-smi lists not every GPU of GPU 1-2 there (fix: choose "
+        "GPUs that nvidia-smi -L lists on every node)"], lacking.stdout
+    assert not noted.exists()
+    with socket.create_server(("127.0.0.1", 29531)):
+        held = gpucluster("smoke", "-i", str(inventory), "--json", env=env)
+        assert held.code == 1 and len(held.json()["problems"]) == 1, held.stdout
+        assert held.json()["problems"][0].startswith(
+            "not run: localhost: port 29531 (the rendezvous port) is already held there, "
+            "by a running job of ours or another program (fix: see which with gpucluster "
+            "jobs, or sudo ss -ltnp 'sport = :29531'; let it finish, or test the GPUs it "
+            "leaves free: smoke --gpus LIST; to run jobs on separate GPUs side by side, "
+            "give each its own port: cluster.rendezvous_ports: 8"), held.stdout
+        assert not noted.exists()
+        inventory.write_text(inventory.read_text().replace(
+            "rendezvous_port: 29531", "rendezvous_port: 29531, rendezvous_ports: 2"))
+        beside = gpucluster("smoke", "-i", str(inventory), "--gpus", "1", "--sizes", "64K",
+                            env=env, timeout=120)
+        assert "port 29531" not in beside.stdout + beside.stderr, beside.stdout
+        assert ":29532 " in noted.read_text(), noted.read_text()
 
 
 def test_a_failed_node_is_told_by_its_ranks_error_and_its_likely_cause() -> None:
