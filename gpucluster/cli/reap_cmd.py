@@ -26,6 +26,7 @@ from gpucluster.cli.options import (
     stdout_console,
 )
 from gpucluster.errors import EXIT_FAILED, GpuclusterError
+from gpucluster.wording import counted
 
 if TYPE_CHECKING:
     from gpucluster.observe.model import GpuProcess
@@ -48,6 +49,11 @@ def reap(
     grace: Annotated[float, typer.Option(
         "--grace", min=0, max=600, metavar="SECONDS", callback=finite,
         help="Between TERM and KILL.")] = 10.0,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", metavar="LIST",
+        help="Only the processes on these GPUs of each node, e.g. 4-7 or 0,2 (those a "
+             "launch --gpus would use): listed and ended; the others' left alone.")
+    ] = None,
     json_output: JsonOption = False,
     accept_new_host_keys: AcceptNewOption = False,
     ask_pass: AskPassOption = False,
@@ -58,8 +64,10 @@ def reap(
     gpucluster job (never touched), an ended one (a leftover) or nothing of ours
     (foreign). --yes ends the leftovers and confirms their GPU memory is freed;
     --foreign adds the foreign ones."""
+    from gpucluster.doctor.gpu_selection import from_option
     from gpucluster.observe import reap as core
 
+    chosen = from_option(gpus) if gpus is not None else None
     if ask_sudo_pass and not yes:
         raise GpuclusterError("--ask-sudo-pass is for --yes: a dry run ends nothing and "
                               "needs no sudo (fix: add --yes, or leave the option out)")
@@ -68,7 +76,7 @@ def reap(
     out, err = stdout_console(), stderr_console()
     with open_session(loaded, accept_new_host_keys, ask_pass, connect_timeout,
                       ask_sudo_pass) as session:
-        listed = core.list_processes(session, loaded, selected)
+        listed = core.list_processes(session, loaded, selected, chosen)
         ended = {}
         if yes:
             from gpucluster.remote.sudo_check import require_sudo_password
@@ -77,7 +85,9 @@ def reap(
                                   "reap --yes", "reap ended nothing")
             ended = core.end(session, loaded, listed, foreign, grace)
     failed = False
-    payload: dict[str, Any] = {"schema": 1, "dry_run": not yes, "nodes": []}
+    payload: dict[str, Any] = {"schema": 1, "dry_run": not yes,
+                               "gpus": ",".join(chosen.entries) if chosen else None,
+                               "nodes": []}
     quiet = [host for host, node in listed.items()
              if not node.processes and not node.error and not node.no_gpus]
     gpu_less = [host for host, node in listed.items() if node.no_gpus]
@@ -88,14 +98,22 @@ def reap(
         failed = failed or bool(node.error) or bool(left) or bool(done and done.error)
         payload["nodes"].append({
             "host": host, "error": node.error or (done.error if done else "") or None,
-            "no_gpus": node.no_gpus,
+            "no_gpus": node.no_gpus, "on_other_gpus": node.elsewhere,
             "freed_mib": done.freed_mib if done else 0,
             "processes": [{**_process_json(p), "ended": p.pid in mine and p.pid not in left,
                            "left": left.get(p.pid)} for p in node.processes]})
         if not json_output and host not in quiet and host not in gpu_less:
             _print_node(err, host, node, done, left, mine, yes, foreign)
     if quiet and not json_output:  # one line for all of them, not one per node
-        err.print(f"{escape(hostrange.fold(quiet))}: no GPU processes")
+        err.print(f"{escape(hostrange.fold(quiet))}: no GPU processes"
+                  + (f" on {chosen}" if chosen else ""))
+    elsewhere = {host: node.elsewhere for host, node in listed.items() if node.elsewhere}
+    if elsewhere and chosen and not json_output:
+        for count, hosts_alike in hostrange.hosts_by((n, h) for h, n in elsewhere.items()
+                                                     ).items():
+            err.print(f"{escape(hostrange.fold(hosts_alike))}: "
+                      f"{counted(count, 'process', 'processes')} on GPUs other than "
+                      f"{chosen}: left alone")
     if gpu_less and not json_output:
         err.print(f"{escape(hostrange.fold(gpu_less))}: no GPUs (no nvidia-smi there)")
     if json_output:

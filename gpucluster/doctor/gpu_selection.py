@@ -26,14 +26,19 @@ class GpuSelection:
     entries: tuple[str, ...]
 
     def selects(self, gpu: Gpu) -> bool:
-        return any(_answers(gpu, entry) for entry in self.entries)
+        return self.holds(gpu.index, gpu.uuid)
+
+    def holds(self, index: int | None, uuid: str | None) -> bool:
+        """Whether the GPU of this index and UUID (either may be unknown) is chosen."""
+        return any(_names(index, uuid, entry) for entry in self.entries)
 
     def chosen(self, gpus: Sequence[Gpu]) -> list[Gpu]:
         return [gpu for gpu in gpus if self.selects(gpu)]
 
     def missing(self, gpus: Sequence[Gpu]) -> list[str]:
         """The entries no GPU of a node's `gpus` answers to."""
-        return [entry for entry in self.entries if not any(_answers(g, entry) for g in gpus)]
+        return [entry for entry in self.entries
+                if not any(_names(g.index, g.uuid, entry) for g in gpus)]
 
     def on_chosen(self, processes: Sequence[GpuProcess], gpus: Sequence[Gpu]
                   ) -> list[GpuProcess]:
@@ -57,6 +62,14 @@ class GpuSelection:
         return ",".join(self.entries) if self.first_index is not None else ""
 
     @property
+    def option(self) -> str:
+        """`--gpus 4-7 ` for a command on the same GPUs (reap's); empty where the list
+        names UUIDs, which --gpus does not take."""
+        if self.first_index is None:
+            return ""
+        return f"--gpus {hostrange.spans(sorted(int(entry) for entry in self.entries))} "
+
+    @property
     def first_index(self) -> int | None:
         """The lowest GPU index listed; None where the list names UUIDs or nothing."""
         if not self.entries or not all(is_number(entry) for entry in self.entries):
@@ -70,10 +83,10 @@ class GpuSelection:
         return f"GPUs {','.join(self.entries)}"
 
 
-def _answers(gpu: Gpu, entry: str) -> bool:
+def _names(index: int | None, uuid: str | None, entry: str) -> bool:
     """CUDA's reading of one entry: an index, or a UUID or the start of one."""
-    return entry == str(gpu.index) or (entry.startswith("GPU-") and gpu.uuid is not None
-                                       and gpu.uuid.startswith(entry))
+    return entry == str(index) or (entry.startswith("GPU-") and uuid is not None
+                                   and uuid.startswith(entry))
 
 
 def from_env(env: Mapping[str, str]) -> GpuSelection | None:

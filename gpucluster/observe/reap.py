@@ -4,11 +4,12 @@ ending of those asked for, confirmed by listing the GPUs' processes again."""
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import shlex
-from dataclasses import dataclass
 
+from gpucluster.doctor.gpu_selection import GpuSelection
 from gpucluster.inventory import Host, Inventory
 from gpucluster.observe.model import GpuProcess, node_gpus_command, process_of
 from gpucluster.remote.connection import Connection, shell_path
@@ -21,15 +22,16 @@ D_STATE_REMEDY = ("it is in uninterruptible sleep (D), waiting on the driver or 
                   "else uses it (nvidia-smi --gpu-reset -i GPU) or reboot the node")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class NodeProcesses:
     host: str
     processes: tuple[GpuProcess, ...] = ()
     error: str = ""  # nvidia-smi's or the connection's, when nothing could be listed
     no_gpus: bool = False  # no nvidia-smi there: a CPU node, with nothing to list
+    elsewhere: int = 0  # processes on GPUs reap --gpus left out: not listed, never ended
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Ended:
     """What `--yes` did on one node."""
 
@@ -59,13 +61,22 @@ def _list_on(connection: Connection, inventory: Inventory) -> NodeProcesses:
                          str(payload.get("error") or ""), bool(payload.get("no_gpus")))
 
 
-def list_processes(session: Session, inventory: Inventory,
-                   hosts: list[Host]) -> dict[str, NodeProcesses]:
+def list_processes(session: Session, inventory: Inventory, hosts: list[Host],
+                   chosen: GpuSelection | None = None) -> dict[str, NodeProcesses]:
+    """Every GPU process of each host, or those on the `chosen` GPUs (reap --gpus)."""
     result = session.map(hosts, lambda c: _list_on(c, inventory))
     listed = dict(result.values)
     for host, failure in result.failures.items():
         listed[host] = NodeProcesses(host, error=failure.message)
+    if chosen is not None:
+        listed = {host: _on(node, chosen) for host, node in listed.items()}
     return {h.name: listed[h.name] for h in hosts}
+
+
+def _on(node: NodeProcesses, chosen: GpuSelection) -> NodeProcesses:
+    kept = tuple(p for p in node.processes if chosen.holds(p.gpu_index, p.gpu_uuid))
+    return dataclasses.replace(node, processes=kept,
+                               elsewhere=len(node.processes) - len(kept))
 
 
 def targets(listed: NodeProcesses, foreign: bool) -> list[GpuProcess]:

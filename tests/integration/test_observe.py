@@ -445,9 +445,9 @@ def _gpu_processes_check(cluster: Sandbox, node: str) -> str:
     return _gpu_processes_finding(cluster, node)["status"]
 
 
-def _gpu_processes_finding(cluster: Sandbox, node: str) -> dict:
+def _gpu_processes_finding(cluster: Sandbox, node: str, *args: str) -> dict:
     done = gpucluster("doctor", "-i", str(cluster.inventory), "-w", node, "--json",
-                      "--only", "gpu-processes")
+                      "--only", "gpu-processes", *args)
     payload = json.loads(done.stdout)
     return next(r for r in payload["results"] if r["check"] == "gpu-processes")
 
@@ -484,6 +484,8 @@ def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, j
         assert dead["status"] == "FAIL"
         assert f"GPUs held by leftovers of job {dead_job}" in dead["message"], dead
         assert "gpucluster reap --yes" in dead["remedy"]
+        chosen = _gpu_processes_finding(cluster, "node3", "--gpus", "0,1")
+        assert "end them: gpucluster reap --gpus 0-1 --yes" in chosen["remedy"], chosen
         busy = _gpu_processes_finding(cluster, "node1")
         assert f"GPUs held by running job {running_job} (2 processes)" in busy["message"], busy
         assert f"gpucluster stop {running_job}" in busy["remedy"]
@@ -523,8 +525,18 @@ def test_reap_ends_a_dead_jobs_leftovers_and_leaves_the_rest(cluster: Sandbox, j
         assert foreign.poll() is None  # foreign: only with --foreign
         assert _gpu_processes_check(cluster, "node3") == "OK"
 
+        # --gpus: the processes on those GPUs alone, listed and ended; GPU 5's left.
+        spared = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node1", "--gpus",
+                            "0-4", "--yes", "--foreign", "--grace", "3")
+        assert spared.code == 0, spared.stderr
+        assert "node1: 1 process on GPUs other than GPU 0-4: left alone" in spared.stderr
+        assert foreign.poll() is None and not any(gone(pid) for pid in running)
+        on_five = json.loads(gpucluster("reap", "-i", str(cluster.inventory), "-w", "node1",
+                                        "--gpus", "5", "--json").stdout)
+        assert on_five["gpus"] == "5" and on_five["nodes"][0]["on_other_gpus"] == 2
+        assert [p["pid"] for p in on_five["nodes"][0]["processes"]] == [foreign.pid]
         foreign_reap = gpucluster("reap", "-i", str(cluster.inventory), "-w", "node1",
-                                  "--yes", "--foreign", "--grace", "3")
+                                  "--gpus", "5", "--yes", "--foreign", "--grace", "3")
         assert foreign_reap.code == 0, foreign_reap.stderr
         assert foreign.wait(timeout=10) != 0  # ended by TERM
         assert not any(gone(pid) for pid in running)

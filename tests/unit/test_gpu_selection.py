@@ -138,6 +138,17 @@ def test_jobs_on_other_gpus_are_apart_and_uuids_against_indices_are_not() -> Non
     assert (ours.indices, gpu_selection.GpuSelection(("GPU-a",)).indices) == ("4,5", "")
 
 
+def test_a_process_is_on_the_chosen_gpus_by_its_index_or_uuid() -> None:
+    """reap --gpus: a process's GPU by nvidia-smi's index or UUID, as CUDA reads the
+    list; and the option a command on the same GPUs takes."""
+    chosen = gpu_selection.from_option("5,0-1")
+    assert chosen.entries == ("5", "0", "1") and chosen.option == "--gpus 0-1,5 "
+    assert [chosen.holds(i, None) for i in (0, 2, 5, None)] == [True, False, True, False]
+    by_uuid = gpu_selection.GpuSelection(("GPU-8932f937",))
+    assert by_uuid.holds(None, "GPU-8932f937-a1b2") and not by_uuid.holds(3, "GPU-1234")
+    assert by_uuid.option == ""  # reap --gpus takes indices
+
+
 def test_a_job_on_gpu_k_takes_the_rendezvous_port_k_up(tmp_path: Path) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text("cluster:\n  rendezvous_ports: 8\nhosts: [a, b]\n")

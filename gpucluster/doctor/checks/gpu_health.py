@@ -186,7 +186,8 @@ def gpu_processes(context: Context) -> list[CheckResult]:
         for (job, state), held in sorted(by_owner.items()):
             listed = ", ".join(f"pid {p.pid} {p.name} ({p.used_mib} MiB)" for p in held)
             if job.startswith(SLURM_JOB):
-                what, fix = _slurm_holder(job.removeprefix(SLURM_JOB), state, held, listed)
+                what, fix = _slurm_holder(job.removeprefix(SLURM_JOB), state, held, listed,
+                                          _reap_fix(context))
                 said.append(what)
                 fixes.append(fix)
             elif state == "running":  # a job's ranks: no pids, never advise killing a rank
@@ -196,7 +197,7 @@ def gpu_processes(context: Context) -> list[CheckResult]:
             elif job:
                 said.append(f"GPUs held by leftovers of job {job} (its torchrun ended): "
                             f"{listed}")
-                fixes.append("end them: gpucluster reap --yes (gpucluster reap lists them)")
+                fixes.append(_reap_fix(context))
             else:
                 said.append(f"GPUs held by: {listed}")
                 fixes.append(f"see whose they are (gpucluster reap lists them with their "
@@ -226,13 +227,19 @@ def _process_data(process: nvidia_smi.GpuProcess, job: str, state: str) -> dict[
             "bus_id": process.bus_id, "job": job or None, "job_state": state or None}
 
 
+def _reap_fix(context: Context) -> str:
+    """Ending the leftovers, on the GPUs judged only (launch --gpus: those of the job)."""
+    only = context.gpus.option if context.gpus is not None else ""
+    return f"end them: gpucluster reap {only}--yes (gpucluster reap {only}lists them)"
+
+
 def _slurm_holder(job: str, state: str, held: list[nvidia_smi.GpuProcess],
-                  listed: str) -> tuple[str, str]:
+                  listed: str, reap_fix: str) -> tuple[str, str]:
     """What a Slurm job's processes are, and the fix: never killing them while Slurm has
     the job."""
     if state == "ended":
         return (f"GPUs held by leftovers of Slurm job {job} (Slurm has ended it): {listed}",
-                "end them: gpucluster reap --yes (gpucluster reap lists them)")
+                reap_fix)
     unsure = " (squeue could not say whether it still runs)" if state == "unknown" else ""
     return (f"GPUs held by Slurm job {job} ({counted(len(held), 'process', 'processes')})"
             f"{unsure}", f"let Slurm job {job} finish, or end it: gpucluster stop slurm-{job} "
