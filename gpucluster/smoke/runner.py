@@ -3,6 +3,7 @@ and judge it: correctness, bus bandwidth against a threshold, and the slow node.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -52,6 +53,7 @@ class SmokeReport:
     slow: dict[str, str]  # node -> why it is named slow
     problems: list[str]  # why the test failed; empty when it passed
     node_errors: dict[str, str] = field(default_factory=dict)
+    gpus: str | None = None  # its CUDA_VISIBLE_DEVICES (--gpus); None: every GPU
 
     @property
     def passed(self) -> bool:
@@ -165,7 +167,8 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
                f"frames the network between the nodes does not carry: gpucluster doctor "
                f"--only rendezvous-port,peer-ports,path-mtu names either"] if hung else [])],
             errors)
-    return judge(found, errors, min_busbw_gbps)
+    return dataclasses.replace(judge(found, errors, min_busbw_gbps),
+                               gpus=",".join(chosen.entries) if chosen else None)
 
 
 def _refusals(inventory: Inventory, written: FanoutResult[CommandResult],

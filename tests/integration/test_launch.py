@@ -284,6 +284,7 @@ def test_gpus_leaves_a_held_gpu_out_and_jobs_run_side_by_side_on_their_own(
         beside = gpucluster("smoke", "-i", inventory, "--gpus", "4-5", "--nproc-per-node",
                             "2", "--sizes", "64K", "--json", timeout=180)
         assert beside.code == 0 and beside.json()["world_size"] == 6, beside.stdout
+        assert beside.json()["gpus"] == "4,5"
         assert len(_placed(inventory, jobs[0], 6)) == 6
     finally:
         for job in jobs:

@@ -448,7 +448,10 @@ def test_a_one_rank_smoke_says_it_measured_no_link() -> None:
     assert "all-reduce, 1 rank, backend gloo" in alone and "crossed no link" in alone
     two = _text(lambda console: print_smoke(console, SmokeReport("gloo", 2, sweep, {}, {},
                                                                  [])))
-    assert "2 ranks" in two and "crossed no link" not in two
+    assert "2 ranks" in two and "crossed no link" not in two and "on GPU" not in two
+    some = _text(lambda console: print_smoke(console, SmokeReport("nccl", 2, sweep, {}, {},
+                                                                  [], gpus="2,3")))
+    assert "all-reduce, 2 ranks, backend nccl, on GPU 2,3" in some
 
 
 def test_an_outcome_without_any_nodes_state_says_so(tmp_path: Path) -> None:

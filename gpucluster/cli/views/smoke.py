@@ -32,7 +32,8 @@ def print_smoke(console: Console, report: SmokeReport) -> None:
 
 def _sweep_table(report: SmokeReport) -> Table:
     table = Table(title=f"all-reduce, {counted(report.world_size, 'rank')}, backend "
-                        f"{report.backend or '?'}")
+                        f"{report.backend or '?'}"
+                        + (f", on GPU {report.gpus}" if report.gpus else ""))
     for column in ("size", "time", "algbw Gbit/s", "busbw Gbit/s", "correct"):
         table.add_column(column, justify="right")
     for entry in report.sweep:
