@@ -14,12 +14,14 @@ from gpucluster.numerals import is_number
 from gpucluster.wording import counted
 
 
-def count_gpus(visible: Sequence[str] = ()) -> str:
+def count_gpus(visible: Sequence[str] | None = None) -> str:
     """A command counting a node's GPUs and those of them in MIG mode, for the round trip
     that already goes there: "8 0" (a wedged driver hangs nvidia-smi, hence the limit; no
     driver: "0 0"). With `visible` (a job's CUDA_VISIBLE_DEVICES entries: indices, UUIDs
     or their starts, as CUDA reads them), those GPUs only: nvidia-smi lists every one."""
-    wanted = shlex.quote(",".join(visible))
+    if visible is not None and not visible:
+        return "echo 0 0"  # CUDA_VISIBLE_DEVICES="": CUDA sees no GPU
+    wanted = shlex.quote(",".join(visible or ()))
     return ("{ timeout 20 nvidia-smi --query-gpu=index,uuid,mig.mode.current --format=csv,"
             f"noheader 2>/dev/null || :; }} | awk -F', *' -v visible={wanted} "
             "'BEGIN { n = split(visible, want, \",\") } /^[0-9]+,/ { "

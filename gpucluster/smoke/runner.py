@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster import hostrange, reports
-from gpucluster.doctor import gpu_selection
 from gpucluster.doctor.checks.network import SIDE_BY_SIDE_FIX
-from gpucluster.doctor.gpu_selection import GpuSelection
+from gpucluster.doctor.gpu_selection import VISIBLE_DEVICES, GpuSelection, from_env
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
 from gpucluster.launch.known_causes import error_lines, known_cause
@@ -105,8 +104,8 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
     job = JOB.read_bytes()
     env = dict(inventory.cluster.env)
     if chosen is not None:
-        env[gpu_selection.VISIBLE_DEVICES] = ",".join(chosen.entries)
-    chosen = gpu_selection.from_env(env)
+        env[VISIBLE_DEVICES] = ",".join(chosen.entries)
+    chosen = from_env(env)
     inventory = job_inventory(inventory, chosen)
     work_dir = shell_path(inventory.cluster.work_dir)
     port = inventory.cluster.rendezvous_port
@@ -123,7 +122,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
         return connection.run(
             f"{held}mkdir -p {work_dir} && t=$(mktemp {work_dir}/.{SCRIPT}.XXXXXX) && "
             f'cat > "$t" && chmod 644 "$t" && mv -f "$t" {work_dir}/{SCRIPT} && '
-            f"{count_gpus(chosen.entries if chosen else ())}", timeout=30, stdin=job)
+            f"{count_gpus(chosen.entries if chosen else None)}", timeout=30, stdin=job)
 
     def start(connection: Connection) -> CommandResult:
         host = inventory.host(connection.host)

@@ -114,13 +114,16 @@ def test_without_gpus_in_the_inventory_smoke_runs_a_rank_per_gpu_found(
 
     def count(*visible: str) -> GpuCount | None:
         return counted_gpus("x\n" + subprocess.run(
-            ["/bin/sh", "-c", count_gpus(visible)], env=env, capture_output=True, text=True,
-            check=True).stdout)
+            ["/bin/sh", "-c", count_gpus(visible or None)], env=env, capture_output=True,
+            text=True, check=True).stdout)
 
     assert (count(), counted_gpus("")) == (GpuCount(2, mig=0), None)
     # CUDA_VISIBLE_DEVICES' reading: an index, a UUID or its start; nothing unknown
     assert [count("1"), count(real["uuid"][:12]), count("GPU-2", "0"), count("2")] == [
         GpuCount(1, 0), GpuCount(1, 0), GpuCount(2, 0), GpuCount(0, 0)]
+    none_visible = subprocess.run(["/bin/sh", "-c", count_gpus(())], env=env,
+                                  capture_output=True, text=True, check=True).stdout
+    assert counted_gpus(none_visible) == GpuCount(0, 0)  # CUDA_VISIBLE_DEVICES=
     done = gpucluster("smoke", "-i", str(inventory), "--sizes", "64K", "--json", env=env,
                       timeout=120)
     assert "--nproc-per-node 2 " in (tmp_path / "torchrun-args").read_text()
