@@ -65,8 +65,9 @@ ModuleOption = Annotated[
 ]
 GpusOption = Annotated[str | None, typer.Option(
     "--gpus", metavar="LIST",
-    help="Only these GPUs of each node, e.g. 4-7 or 0,2 (a job's CUDA_VISIBLE_DEVICES): the "
-         "GPU checks judge these alone; launch starts one process per GPU listed.")]
+    help="Only these GPUs of each node, e.g. 4-7 or 0,2, as a job's CUDA_VISIBLE_DEVICES: "
+         "one process per GPU listed, on the rendezvous port such a job takes; the GPU "
+         "checks judge these alone.")]
 ImageOption = Annotated[
     str | None,
     typer.Option("--image", metavar="IMAGE",
