@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucluster import hostrange, reports
-from gpucluster.doctor.checks.network import SIDE_BY_SIDE_FIX
+from gpucluster import hostrange
 from gpucluster.doctor.gpu_selection import VISIBLE_DEVICES, GpuSelection, from_env
 from gpucluster.errors import GpuclusterError
 from gpucluster.inventory import Host, Inventory
@@ -23,6 +22,7 @@ from gpucluster.nproc import check_fit, count_gpus, counted_gpus, known_gpus, np
 from gpucluster.remote.connection import Connection, shell_path
 from gpucluster.remote.result import CommandResult, FailureKind, FanoutResult
 from gpucluster.remote.session import Session
+from gpucluster.smoke import first_round
 from gpucluster.torchrun import (
     JOB_VARIABLE,
     TorchrunSpec,
@@ -34,7 +34,6 @@ from gpucluster.torchrun import (
 JOB = Path(__file__).with_name("allreduce_job.py")
 SCRIPT = "smoke_allreduce.py"  # its name in the work dir on each node
 MARKER = "GPUCLUSTER_SMOKE "
-PORT_HELD = "@@gpc port-busy"  # reports' marker format: the head's rendezvous port is taken
 SLOW_BANDWIDTH = 0.5  # a node below half the median of its peers is named slow
 SLOW_COMPUTE = 2.0  # ...or taking over twice the median time
 ERROR_CHARS = 300  # of a rank's error line: gloo's run to 250 and more
@@ -100,7 +99,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
               chosen: GpuSelection | None = None) -> SmokeReport:
     """On every GPU of each node, or on those `chosen` (smoke --gpus; else the
     inventory's CUDA_VISIBLE_DEVICES), as a job on them runs: its rendezvous port too."""
-    rendezvous_id = f"gpucluster-smoke-{uuid.uuid4().hex[:8]}"
+    rendezvous_id = f"{first_round.SMOKE_PREFIX}{uuid.uuid4().hex[:8]}"
     job = JOB.read_bytes()
     env = dict(inventory.cluster.env)
     if chosen is not None:
@@ -108,19 +107,15 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
     chosen = from_env(env)
     inventory = job_inventory(inventory, chosen)
     work_dir = shell_path(inventory.cluster.work_dir)
-    port = inventory.cluster.rendezvous_port
 
     def write(connection: Connection) -> CommandResult:
         # Written beside and renamed: on a work dir every node shares (an NFS home), a
         # node still writing must not hand another's torchrun half a script. Its GPUs
-        # are counted on the way: a process each where the inventory gives no `gpus`.
-        # The head's torchrun must own the port: found held (a job's), it would join
-        # whatever holds it.
-        held = (f"! {{ command -v ss >/dev/null 2>&1 && ss -Hltn 'sport = :{port}' | "
-                f"grep -q .; }} || echo '{PORT_HELD} {port}'; "
-                if connection.host == inventory.head.name else "")
+        # are counted on the way: a process each where the inventory gives no `gpus`;
+        # and what would refuse the run (first_round).
         return connection.run(
-            f"{held}mkdir -p {work_dir} && t=$(mktemp {work_dir}/.{SCRIPT}.XXXXXX) && "
+            f"{first_round.command(inventory, inventory.host(connection.host))}\n"
+            f"mkdir -p {work_dir} && t=$(mktemp {work_dir}/.{SCRIPT}.XXXXXX) && "
             f'cat > "$t" && chmod 644 "$t" && mv -f "$t" {work_dir}/{SCRIPT} && '
             f"{count_gpus(chosen.entries if chosen else None)}", timeout=30, stdin=job)
 
@@ -141,7 +136,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
         return SmokeReport(None, 0, [], {}, {}, [
             f"not run: {hostrange.fold(errors)} could not take part",
             *_folded(errors)], errors)
-    refused = _refusals(inventory, written, chosen)
+    refused = first_round.refusals(inventory, written, chosen)
     if refused:
         return SmokeReport(None, 0, [], {}, {}, [f"not run: {problem}" for problem in refused])
     gpus = check_fit(inventory, nproc, {node: count for node, done in written.values.items()
@@ -168,32 +163,6 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
             errors)
     return dataclasses.replace(judge(found, errors, min_busbw_gbps),
                                gpus=",".join(chosen.entries) if chosen else None)
-
-
-def _refusals(inventory: Inventory, written: FanoutResult[CommandResult],
-              chosen: GpuSelection | None) -> list[str]:
-    """What the first round found that no run on these GPUs survives: the rendezvous
-    port held on the head, a GPU chosen that a node lacks."""
-    problems = []
-    head = inventory.head.name
-    said = written.values.get(head)
-    for port in reports.by_kind(said.stdout if said else "").get("port-busy", []):
-        problems.append(
-            f"{head}: port {port} (the rendezvous port) is already held there, by a running "
-            f"job of ours or another program (fix: see which with gpucluster jobs, or sudo "
-            f"ss -ltnp 'sport = :{port}'; let it finish, or test the GPUs it leaves free: "
-            f"smoke --gpus LIST" + (SIDE_BY_SIDE_FIX if inventory.cluster.rendezvous_ports
-                                    == 1 else "") + ")")
-    if chosen is not None:
-        short = [host.name for host in inventory.hosts if host.torch_device == "cuda"
-                 and (done := written.values.get(host.name)) is not None
-                 and (count := counted_gpus(done.stdout)) is not None
-                 and count.gpus < len(chosen.entries)]
-        if short:
-            problems.append(f"{hostrange.fold(short)}: nvidia-smi lists not every GPU of "
-                            f"{chosen} there (fix: choose GPUs that nvidia-smi -L lists on "
-                            f"every node)")
-    return problems
 
 
 def _folded(errors: dict[str, str]) -> list[str]:

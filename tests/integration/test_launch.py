@@ -276,11 +276,14 @@ def test_gpus_leaves_a_held_gpu_out_and_jobs_run_side_by_side_on_their_own(
         stopped = gpucluster("stop", "-i", inventory, jobs[1], timeout=60)
         assert stopped.code == 0, stopped.stderr
         assert len(_placed(inventory, jobs[0], 6)) == 6  # the first runs on
-        # smoke on GPU 2 would take the first job's port; on the GPUs it left, it runs.
-        held = gpucluster("smoke", "-i", inventory, "--gpus", "2", "--json", timeout=60)
-        assert held.code == 1 and held.json()["problems"][0].startswith(
-            "not run: node1: port 29502 (the rendezvous port) is already held there"), \
-            held.stdout
+        # smoke on a GPU of the first job's is refused naming it; on those it left, it runs.
+        for args in (("--gpus", "2"), ()):
+            held = gpucluster("smoke", "-i", inventory, *args, "--json", timeout=60)
+            assert held.code == 1 and held.json()["problems"] == [
+                f"not run: node[1-3]: job {jobs[0]} runs on GPU 2,3 there, GPUs this test "
+                f"would share with it (fix: let it finish, or end it: gpucluster stop "
+                f"{jobs[0]}; or test the GPUs it leaves free: smoke --gpus LIST)"], \
+                held.stdout
         beside = gpucluster("smoke", "-i", inventory, "--gpus", "4-5", "--nproc-per-node",
                             "2", "--sizes", "64K", "--json", timeout=180)
         assert beside.code == 0 and beside.json()["world_size"] == 6, beside.stdout

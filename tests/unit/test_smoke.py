@@ -239,3 +239,52 @@ def test_a_failed_node_is_told_by_its_ranks_error_and_its_likely_cause() -> None
         "other node went away, or the network between them drops packets: the full-size "
         "ones where the nodes' MTU is larger than the path's; `gpucluster doctor --only "
         "ssh,peer-ports,path-mtu` says which)"]
+
+
+def test_smoke_refuses_gpus_a_job_of_ours_runs_on_and_names_it(tmp_path: Path) -> None:
+    """The first round, run here for real, finds a job's process by its marker and its
+    CUDA_VISIBLE_DEVICES; smoke on a GPU of the job's is refused naming it and the way
+    out, on others it may run. A job on every GPU refuses any smoke; another smoke test
+    is named as one."""
+    import os
+
+    from gpucluster.doctor.gpu_selection import from_option
+    from gpucluster.remote.result import CommandResult, FanoutResult
+    from gpucluster.smoke import first_round
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts: [gpc-unit-node]\n")
+    loaded = inventory_module.load(path)
+    host = loaded.hosts[0]
+    env = {**os.environ, "GPUCLUSTER_JOB": "20261207-120000-abcd@gpc-unit-node",
+           "CUDA_VISIBLE_DEVICES": "2, 3"}
+    job = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        said = subprocess.run(["/bin/bash", "-c", first_round.command(loaded, host)],
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+    finally:
+        job.kill()
+        job.wait()
+    assert "@@gpc job-gpus 20261207-120000-abcd 2,3\n" in said, said
+
+    def refused(stdout: str, gpus: str | None) -> list[str]:
+        answer = CommandResult(host.name, "first round", 0, stdout, "", 0.1)
+        written: FanoutResult[CommandResult] = FanoutResult((host.name,),
+                                                            {host.name: answer}, {})
+        return first_round.refusals(loaded, written, from_option(gpus) if gpus else None)
+
+    assert refused(said, "0-1") == [] and refused(said, "4") == []
+    assert refused(said, "3-4") == refused(said, None) == [
+        "gpc-unit-node: job 20261207-120000-abcd runs on GPU 2,3 there, GPUs this test "
+        "would share with it (fix: let it finish, or end it: gpucluster stop "
+        "20261207-120000-abcd; or test the GPUs it leaves free: smoke --gpus LIST)"]
+    every = "@@gpc job-gpus 20261207-130000-beef -\n@@gpc port-busy 29500\n"
+    assert refused(every, "7") == [
+        "gpc-unit-node: job 20261207-130000-beef runs on every GPU there, GPUs this test "
+        "would share with it (fix: let it finish, or end it: gpucluster stop "
+        "20261207-130000-beef; or test the GPUs it leaves free: smoke --gpus LIST)"]
+    assert refused("@@gpc job-gpus gpucluster-smoke-0123abcd 0\n", "0") == [
+        "gpc-unit-node: another smoke test (gpucluster-smoke-0123abcd) runs on GPU 0 there "
+        "(fix: let it finish, then run this one)"]
+    assert refused("@@gpc port-busy 29500\n", None)[0].startswith(
+        "gpc-unit-node: port 29500 (the rendezvous port) is already held there")
