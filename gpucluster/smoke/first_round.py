@@ -65,10 +65,10 @@ def _shared_gpus(said: Mapping[str, Mapping[str, list[str]]],
             problems.append(f"{hostrange.fold(nodes)}: another smoke test ({job}) runs on "
                             f"{where} there (fix: let it finish, then run this one)")
             continue
+        others = "" if gpus == EVERY_GPU else "; or test the GPUs it leaves free: smoke --gpus LIST"
         problems.append(f"{hostrange.fold(nodes)}: job {job} runs on {where} there, GPUs "
                         f"this test would share with it (fix: let it finish, or end it: "
-                        f"gpucluster stop {job}; or test the GPUs it leaves free: smoke "
-                        f"--gpus LIST)")
+                        f"gpucluster stop {job}{others})")
     return problems
 
 

@@ -282,7 +282,7 @@ def test_smoke_refuses_gpus_a_job_of_ours_runs_on_and_names_it(tmp_path: Path) -
     assert refused(every, "7") == [
         "gpc-unit-node: job 20261207-130000-beef runs on every GPU there, GPUs this test "
         "would share with it (fix: let it finish, or end it: gpucluster stop "
-        "20261207-130000-beef; or test the GPUs it leaves free: smoke --gpus LIST)"]
+        "20261207-130000-beef)"]  # it leaves no GPU free: no --gpus to offer
     assert refused("@@gpc job-gpus gpucluster-smoke-0123abcd 0\n", "0") == [
         "gpc-unit-node: another smoke test (gpucluster-smoke-0123abcd) runs on GPU 0 there "
         "(fix: let it finish, then run this one)"]
