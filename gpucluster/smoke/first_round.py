@@ -16,9 +16,9 @@ from gpucluster.launch.node_scripts import any_job_pattern
 from gpucluster.nproc import counted_gpus
 from gpucluster.remote.result import CommandResult, FanoutResult
 from gpucluster.templating import render
+from gpucluster.torchrun import SMOKE_PREFIX
 
 EVERY_GPU = "-"  # a job's CUDA_VISIBLE_DEVICES as the node reports it, where it has none
-SMOKE_PREFIX = "gpucluster-smoke-"  # a smoke test's rendezvous id, and its marker's job
 
 
 def command(inventory: Inventory, host: Host) -> str:

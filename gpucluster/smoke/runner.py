@@ -25,6 +25,7 @@ from gpucluster.remote.session import Session
 from gpucluster.smoke import first_round
 from gpucluster.torchrun import (
     JOB_VARIABLE,
+    SMOKE_PREFIX,
     TorchrunSpec,
     command_line,
     interface_exports,
@@ -99,7 +100,7 @@ def run_smoke(session: Session, inventory: Inventory, nproc: int | None = None,
               chosen: GpuSelection | None = None) -> SmokeReport:
     """On every GPU of each node, or on those `chosen` (smoke --gpus; else the
     inventory's CUDA_VISIBLE_DEVICES), as a job on them runs: its rendezvous port too."""
-    rendezvous_id = f"{first_round.SMOKE_PREFIX}{uuid.uuid4().hex[:8]}"
+    rendezvous_id = f"{SMOKE_PREFIX}{uuid.uuid4().hex[:8]}"
     job = JOB.read_bytes()
     env = dict(inventory.cluster.env)
     if chosen is not None:

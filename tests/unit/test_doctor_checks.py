@@ -182,6 +182,13 @@ def test_a_job_whose_torchrun_is_gone_is_named_as_leftovers_not_as_running(
     assert results["b"].message == f"job {left} left processes behind (its torchrun ended)"
     assert results["b"].remedy == f"end them: gpucluster stop {left} (gpucluster jobs lists them)"
     assert results["c"].message == "job old still running"  # a probe's line of before
+    # A smoke test has no record for stop to find: it is named as one, left to finish.
+    smoke = facts(jobs="GPUCLUSTER_JOB=gpucluster-smoke-0123abcd@a running -\n")
+    (result,) = REGISTRY["jobs"].run(context(tmp_path, {"a": smoke}))
+    assert (result.status, result.message) == (
+        Status.WARN, "a smoke test runs here (gpucluster-smoke-0123abcd)")
+    assert result.remedy == ("let the smoke test finish: it ends within its --timeout "
+                             "(300 s unless given)")
 
 
 def test_torch_and_nccl_parity(tmp_path: Path) -> None:

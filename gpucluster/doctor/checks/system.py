@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpucluster.doctor import node_tools
 from gpucluster.doctor.checks.gpu import gpu_hosts, runs_on_cpu
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
+from gpucluster.torchrun import SMOKE_PREFIX
 
 GIB = 1024**3
 SHM_MIN_BYTES = 1 * GIB
@@ -187,19 +188,7 @@ def running_jobs(context: Context) -> list[CheckResult]:
         beside = _jobs_beside(context, host.name)
         found = {job: state for job, state in found.items() if job not in beside}
         if found:
-            jobs = list(found)
-            running = [job for job, state in found.items() if state == "running"]
-            left = [job for job, state in found.items() if state == "ended"]
-            said = ([f"job {', '.join(running)} still running"] if running else []) + (
-                [f"job {', '.join(left)} left processes behind (its torchrun ended)"]
-                if left else [])
-            fix = (f"let it finish, or end it: gpucluster stop {running[0]}" if running
-                   else f"end them: gpucluster stop {left[0]}")
-            elsewhere = "; or give this job GPUs none of them uses (--gpus)" if (
-                context.gpus is not None and running) else ""
-            results.append(CheckResult(
-                "jobs", host.name, Status.WARN, "; ".join(said),
-                f"{fix} (gpucluster jobs lists them){elsewhere}", {"jobs": jobs, "ended": left}))
+            results.append(_collides(context, host.name, found))
         elif beside:
             results.append(CheckResult("jobs", host.name, Status.OK, "; ".join(
                 f"job {job} runs here on GPU {gpus}, none of this job's ({context.gpus})"
@@ -207,6 +196,28 @@ def running_jobs(context: Context) -> list[CheckResult]:
         else:
             results.append(CheckResult("jobs", host.name, Status.OK, "no gpucluster job running"))
     return results
+
+
+def _collides(context: Context, node: str, found: dict[str, str]) -> CheckResult:
+    """The WARN for the jobs (job -> running or ended) a new one would collide with.
+    A smoke test has no record, so nothing for stop to find: it ends by itself."""
+    smokes = [job for job in found if job.startswith(SMOKE_PREFIX)]
+    running = [job for job, state in found.items() if state == "running" and job not in smokes]
+    left = [job for job, state in found.items() if state == "ended" and job not in smokes]
+    said = ([f"job {', '.join(running)} still running"] if running else []) + (
+        [f"job {', '.join(left)} left processes behind (its torchrun ended)"] if left else []
+    ) + ([f"a smoke test runs here ({', '.join(smokes)})"] if smokes else [])
+    fixes = ([f"let it finish, or end it: gpucluster stop {running[0]}"] if running else
+             [f"end them: gpucluster stop {left[0]}"] if left else [])
+    if fixes:
+        fixes[0] += " (gpucluster jobs lists them)"
+    if smokes:
+        fixes.append("let the smoke test finish: it ends within its --timeout (300 s unless "
+                     "given)")
+    if context.gpus is not None and (running or smokes):
+        fixes.append("or give this job GPUs none of them uses (--gpus)")
+    return CheckResult("jobs", node, Status.WARN, "; ".join(said), "; ".join(fixes),
+                       {"jobs": list(found), "ended": left})
 
 
 def _jobs_beside(context: Context, node: str) -> dict[str, str]:
