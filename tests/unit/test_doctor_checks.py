@@ -560,6 +560,13 @@ def test_a_refusal_while_a_job_holds_the_head_port_is_not_called_a_firewall(
     assert results["b"].status is Status.SKIP and "firewall" not in results["b"].remedy
     assert "see a's finding" in results["b"].message
     assert results["c"].status is Status.FAIL and "a firewall drops it" in results["c"].message
+    smoke = dataclasses.replace(  # no record for stop to find: left to finish
+        ctx, rendezvous_note="busy: port 29500 is held by gpucluster job "
+                             "gpucluster-smoke-0123abcd")
+    held = {r.host: r for r in REGISTRY["rendezvous-port"].run(smoke)}["a"]
+    assert (held.message, held.remedy) == (
+        "port 29500 is held by a smoke test (gpucluster-smoke-0123abcd) on the head node",
+        "let it finish: it ends within its --timeout (300 s unless given)")
     free = dataclasses.replace(ctx, rendezvous_note=None)  # nothing held: a refusal is one
     assert {r.host: r.status for r in REGISTRY["rendezvous-port"].run(free)}["b"] is \
         Status.FAIL

@@ -863,3 +863,28 @@ def test_top_job_picks_the_nodes_the_job_runs_on(tmp_path: Path) -> None:
     assert done.code == 2 and done.stderr.strip() == (
         "gpucluster: error: job 'nope' matches no job (fix: gpucluster jobs lists them)"), \
         done.stderr
+
+
+def test_a_marker_without_a_job_dir_is_a_running_smoke_test_never_a_leftover(
+        tmp_path: Path) -> None:
+    """A smoke test's processes carry the job marker but it has no job dir: read as a
+    job whose torchrun had ended, reap --yes took a running smoke test for leftovers and
+    ended it. Nothing tells such a marker ended: it runs; a job's dir with its leader
+    gone is still a leftover."""
+    import runpy
+
+    sampler = runpy.run_path(str(template_dir() / "observe" / "node_gpus.py"))
+    job_running = sampler["job_running"]
+    assert job_running(str(tmp_path), "gpucluster-smoke-0123abcd", "node1") is True
+    node_dir = tmp_path / "20261207-120000-abcd" / "node1"
+    node_dir.mkdir(parents=True)
+    (node_dir / "leader.pid").write_text(f"{2 ** 22 + 1}\n")  # no such process
+    assert job_running(str(tmp_path), "20261207-120000-abcd", "node1") is False
+    leader = subprocess.Popen(["sleep", "30"], env={
+        **os.environ, "GPUCLUSTER_JOB": "20261207-120000-abcd@node1"})
+    try:
+        (node_dir / "leader.pid").write_text(f"{leader.pid}\n")
+        assert job_running(str(tmp_path), "20261207-120000-abcd", "node1") is True
+    finally:
+        leader.kill()
+        leader.wait()

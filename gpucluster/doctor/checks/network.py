@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from gpucluster import hostrange
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 from gpucluster.inventory import Host, is_ip
+from gpucluster.torchrun import SMOKE_PREFIX
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
 PORT_STATES = {"timeout": "no answer (a firewall drops it)",
@@ -150,7 +151,12 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
     for host in context.answering():
         if host.name == head.name:
             job = note.partition("gpucluster job ")[2] if note else ""
-            if busy and job:
+            if busy and job.startswith(SMOKE_PREFIX):  # no record: nothing to stop
+                results.append(CheckResult(
+                    "rendezvous-port", host.name, Status.FAIL,
+                    f"port {port} is held by a smoke test ({job}) on the head node",
+                    "let it finish: it ends within its --timeout (300 s unless given)"))
+            elif busy and job:
                 results.append(CheckResult(
                     "rendezvous-port", host.name, Status.FAIL,
                     f"port {port} is held by gpucluster job {job} on the head node",
