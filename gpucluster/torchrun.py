@@ -19,6 +19,7 @@ SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # GPUCLUSTER_JOB=<id>@<node>, so jobs, stop and doctor find them all the same way.
 JOB_VARIABLE = "GPUCLUSTER_JOB"
 SMOKE_PREFIX = "gpucluster-smoke-"  # a smoke test's id, its marker's: it has no job record
+SMOKE_ENDS = "it ends within its --timeout (300 s unless given)"  # the fix: let it finish
 FILE_IMAGE_SUFFIXES = (".sif", ".sqsh")  # Apptainer, enroot: run from the file itself
 # torchrun's per-rank logs (its tee's files), inside the node's job dir, as a word of its
 # command line and as the node's shell is to expand it.

@@ -191,6 +191,37 @@ def test_a_job_whose_torchrun_is_gone_is_named_as_leftovers_not_as_running(
                              "(300 s unless given)")
 
 
+def test_a_smoke_tests_gpu_processes_are_its_own_not_leftovers_to_reap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe, run here, with an nvidia-smi listing a smoke test's rank: it has no job
+    dir, and was read as a job whose torchrun had ended, its fix `gpucluster reap --yes`
+    (which would have ended the running test). It is a smoke test, left to finish."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"cluster:\n  work_dir: {tmp_path / 'work'}\nhosts: [localhost]\n")
+    rank = subprocess.Popen(["sleep", "60"], env={
+        **os.environ, "GPUCLUSTER_JOB": "gpucluster-smoke-0123abcd@localhost"})
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'gpu_bus_id, pid, process_name, used_gpu_memory [MiB]'\n"
+        f"echo '00000000:18:00.0, {rank.pid}, python3, 239'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    try:
+        script = probe.render_probe(inventory_module.load(path), frozenset({"app_jobs"}))
+        output = LocalConnection("localhost").run(script, timeout=60).stdout
+    finally:
+        rank.kill()
+        rank.wait()
+    assert f"{rank.pid} gpucluster-smoke-0123abcd running" in output, output
+    found = probe.parse_facts(output, time.time()).sections
+    said = facts(apps=found["apps"].output, app_jobs=found["app_jobs"].output)
+    (result,) = REGISTRY["gpu-processes"].run(context(tmp_path, {"a": said}))
+    assert (result.message, result.remedy.split(";")[0]) == (
+        "GPUs held by a smoke test (gpucluster-smoke-0123abcd, 1 process)",
+        "let it finish: it ends within its --timeout (300 s unless given)")
+
+
 def test_torch_and_nccl_parity(tmp_path: Path) -> None:
     other = '{"torch": "2.4.0", "cuda": "12.4", "nccl": "2.20.5"}'
     ctx = context(tmp_path, {"a": facts(), "b": facts(), "c": facts(torch=other)})

@@ -9,6 +9,7 @@ from gpucluster.doctor import nvidia_smi
 from gpucluster.doctor.checks.gpu import gpu_hosts
 from gpucluster.doctor.model import CheckResult, Context, Status, check
 from gpucluster.hostrange import spans
+from gpucluster.torchrun import SMOKE_ENDS, SMOKE_PREFIX
 from gpucluster.wording import counted
 
 
@@ -190,6 +191,10 @@ def gpu_processes(context: Context) -> list[CheckResult]:
                                           _reap_fix(context))
                 said.append(what)
                 fixes.append(fix)
+            elif state == "running" and job.startswith(SMOKE_PREFIX):  # no record to stop
+                said.append(f"GPUs held by a smoke test ({job}, "
+                            f"{counted(len(held), 'process', 'processes')})")
+                fixes.append(f"let it finish: {SMOKE_ENDS}")
             elif state == "running":  # a job's ranks: no pids, never advise killing a rank
                 said.append(f"GPUs held by running job {job} "
                             f"({counted(len(held), 'process', 'processes')})")

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from gpucluster import hostrange
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
 from gpucluster.inventory import Host, is_ip
-from gpucluster.torchrun import SMOKE_PREFIX
+from gpucluster.torchrun import SMOKE_ENDS, SMOKE_PREFIX
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "localhost6"}
 PORT_STATES = {"timeout": "no answer (a firewall drops it)",
@@ -155,7 +155,7 @@ def rendezvous_port(context: Context) -> list[CheckResult]:
                 results.append(CheckResult(
                     "rendezvous-port", host.name, Status.FAIL,
                     f"port {port} is held by a smoke test ({job}) on the head node",
-                    "let it finish: it ends within its --timeout (300 s unless given)"))
+                    f"let it finish: {SMOKE_ENDS}"))
             elif busy and job:
                 results.append(CheckResult(
                     "rendezvous-port", host.name, Status.FAIL,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpucluster.doctor import node_tools
 from gpucluster.doctor.checks.gpu import gpu_hosts, runs_on_cpu
 from gpucluster.doctor.model import CheckResult, Context, Status, check, parity
-from gpucluster.torchrun import SMOKE_PREFIX
+from gpucluster.torchrun import SMOKE_ENDS, SMOKE_PREFIX
 
 GIB = 1024**3
 SHM_MIN_BYTES = 1 * GIB
@@ -212,8 +212,7 @@ def _collides(context: Context, node: str, found: dict[str, str]) -> CheckResult
     if fixes:
         fixes[0] += " (gpucluster jobs lists them)"
     if smokes:
-        fixes.append("let the smoke test finish: it ends within its --timeout (300 s unless "
-                     "given)")
+        fixes.append(f"let the smoke test finish: {SMOKE_ENDS}")
     if context.gpus is not None and (running or smokes):
         fixes.append("or give this job GPUs none of them uses (--gpus)")
     return CheckResult("jobs", node, Status.WARN, "; ".join(said), "; ".join(fixes),
